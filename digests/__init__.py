@@ -1,0 +1,1 @@
+"""Digests: one immutable file per dataset version (path → size, blake3 hash, location)."""

@@ -1,0 +1,1 @@
+"""mountd: the per-machine cache server that owns the shared, verified, content-addressed store."""

@@ -1,0 +1,265 @@
+"""The one interface every remote store is used through.
+
+A :class:`Backend` is rooted at a URL (``s3://bucket/prefix``, ``az://account/container/prefix``,
+``gs://bucket/prefix``, ``file:///path``); every key it takes or returns is relative to that root,
+with ``/`` separators. The public API is async (trio). Subclasses implement a handful of
+*blocking* methods (``_list_page``, ``_stat``, ``_read_range``, ``_close``) that call their SDK;
+this base class runs them in worker threads under a per-backend :class:`trio.CapacityLimiter`
+sized to the SDK's connection pool, translates SDK exceptions with the subclass's one table
+(:meth:`Backend._translate`), and retries :class:`TemporaryFailure` with exponential backoff and
+full jitter until a deadline. SDK-level retries are switched off by each subclass so the two
+layers never multiply.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import ClassVar, TypeVar
+
+import trio
+
+from quiverfs.backends.settings import RemoteSettings
+from quiverfs.errors import BackendError, PermanentFailure, TemporaryFailure
+
+T = TypeVar("T")
+
+#: Reads larger than this are split into ranged requests by :meth:`Backend.iter_chunks`.
+DEFAULT_CHUNK = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One object as a listing or stat sees it.
+
+    ``key`` is relative to the backend root; ``version`` is the store's change tag (S3/Azure
+    ETag, GCS generation, file mtime in ns) or ``""`` when the store gives none.
+    """
+
+    key: str
+    size: int
+    version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with full jitter, bounded by a total deadline.
+
+    Attempt *n* (0-based) waits ``uniform(0, min(max_delay, initial_delay * multiplier**n))``
+    before retrying; no retry starts after ``deadline`` seconds from the first attempt.
+    """
+
+    deadline: float = 60.0
+    initial_delay: float = 0.05
+    max_delay: float = 5.0
+    multiplier: float = 2.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """The sleep before retry number ``attempt`` (0-based)."""
+        cap = min(self.max_delay, self.initial_delay * self.multiplier**attempt)
+        return rng.uniform(0, cap)
+
+
+@dataclass
+class RemoteCounters:
+    """What this backend asked of the remote: requests by kind, bytes received, retries.
+
+    Kinds are ``GET`` (reads), ``HEAD`` (stat) and ``LIST`` (one per listing page). Counted in
+    the trio thread after each attempt returns, so reads of these fields need no lock.
+    """
+
+    requests: Counter[str] = field(default_factory=Counter)
+    bytes_read: int = 0
+    retries: int = 0
+    failures: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendOptions:
+    """Tuning shared by all backends; credentials are never here (each SDK's chain has them)."""
+
+    #: Concurrent SDK calls, and the size of the SDK connection pool.
+    concurrency: int = 16
+    #: Per-request socket timeout in seconds.
+    timeout: float = 30.0
+    retry: RetryPolicy = RetryPolicy()
+
+
+class Backend(ABC):
+    """A remote object store rooted at one URL. Use :func:`quiverfs.backends.open_backend`."""
+
+    #: URL scheme served by the subclass (``"s3"``, ``"az"``, ``"gs"``, ``"file"``).
+    scheme: ClassVar[str]
+
+    def __init__(self, url: str, options: BackendOptions, settings: RemoteSettings) -> None:
+        self.url = url
+        self.options = options
+        self.settings = settings
+        self.limiter = trio.CapacityLimiter(options.concurrency)
+        self.counters = RemoteCounters()
+        self._rng = random.Random()
+
+    # -- what subclasses implement (blocking; called in worker threads) -------------------
+
+    @abstractmethod
+    def _list_page(self, prefix: str, token: str | None) -> tuple[list[ObjectInfo], str | None]:
+        """One page of objects whose relative key starts with ``prefix``, and the next token.
+
+        Keys are relative to the root; pages come in ascending key order where the store
+        gives one. ``None`` as the returned token means this was the last page.
+        """
+
+    @abstractmethod
+    def _stat(self, key: str) -> ObjectInfo:
+        """Size and version of one object; raises the SDK's not-found error when absent."""
+
+    @abstractmethod
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes from ``offset`` (fewer only where the object ends), ``length > 0``."""
+
+    def _close(self) -> None:
+        """Release SDK clients and pools. Default: nothing to release."""
+
+    @abstractmethod
+    def _translate(self, exc: BaseException, key: str) -> BackendError | None:
+        """Map an SDK exception to our vocabulary with the backend's one table.
+
+        Return ``None`` for exceptions the table does not know; :meth:`_classify` then falls
+        back to the generic network rules and finally to :class:`PermanentFailure`.
+        """
+
+    # -- the async API ---------------------------------------------------------------------
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """Every object whose relative key starts with ``prefix``, page by page.
+
+        Each page is one ``LIST`` request, retried on its own, so a long listing survives a
+        transient fault in the middle without starting over.
+        """
+        token: str | None = None
+        while True:
+            page, token = await self._call(
+                "LIST", prefix, self._list_page, prefix, token, count_bytes=False
+            )
+            for info in page:
+                yield info
+            if token is None:
+                return
+
+    async def stat(self, key: str) -> ObjectInfo:
+        """Size and version of one object (``NotFound`` when absent)."""
+        return await self._call("HEAD", key, self._stat, key, count_bytes=False)
+
+    async def read_range(self, key: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset``, like ``pread``: short only at the object's end.
+
+        ``offset`` at or past the end gives ``b""``; ``length == 0`` sends no request.
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(f"negative offset or length: {offset}, {length}")
+        if length == 0:
+            return b""
+        return await self._call("GET", key, self._read_range, key, offset, length)
+
+    async def read(self, key: str) -> bytes:
+        """The whole object. Costs a ``HEAD`` then one ``GET`` per :data:`DEFAULT_CHUNK`."""
+        parts = [part async for part in self.iter_chunks(key)]
+        return b"".join(parts)
+
+    async def iter_chunks(
+        self, key: str, size: int | None = None, chunk: int = DEFAULT_CHUNK
+    ) -> AsyncIterator[bytes]:
+        """The object's bytes in order, one ranged ``GET`` per ``chunk``.
+
+        Pass ``size`` when a listing already gave it, to save the ``HEAD``. Stops early if the
+        object turns out shorter than ``size`` (the caller's size check catches that).
+        """
+        if size is None:
+            size = (await self.stat(key)).size
+        offset = 0
+        while offset < size:
+            data = await self.read_range(key, offset, min(chunk, size - offset))
+            if not data:
+                return
+            yield data
+            offset += len(data)
+
+    async def aclose(self) -> None:
+        """Release the SDK's clients and connection pools."""
+        await trio.to_thread.run_sync(self._close)
+
+    async def __aenter__(self) -> Backend:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def is_temp_failure(self, exc: BaseException) -> bool:
+        """True when ``exc`` (ours or the SDK's) is worth retrying."""
+        return isinstance(self._classify(exc, ""), TemporaryFailure)
+
+    # -- retry and translation ---------------------------------------------------------------
+
+    def _classify(self, exc: BaseException, key: str) -> BackendError:
+        if isinstance(exc, BackendError):
+            return exc
+        mapped = self._translate(exc, key)
+        if mapped is not None:
+            return mapped
+        if isinstance(exc, ConnectionError | TimeoutError):
+            return TemporaryFailure(f"network error ({type(exc).__name__})", url=self.url, key=key)
+        return PermanentFailure(
+            f"unexpected {type(exc).__name__} from {self.scheme} backend", url=self.url, key=key
+        )
+
+    async def _call(
+        self, kind: str, key: str, fn: Callable[..., T], *args: object, count_bytes: bool = True
+    ) -> T:
+        """Run blocking ``fn(*args)`` in a thread, counting, translating and retrying it.
+
+        Cancellation: these calls only read, so a cancelled caller abandons the thread
+        (``abandon_on_cancel=True``); the SDK call finishes in the background and is dropped.
+        """
+        start = trio.current_time()
+        attempt = 0
+        while True:
+            self.counters.requests[kind] += 1
+            try:
+                result = await trio.to_thread.run_sync(
+                    fn, *args, limiter=self.limiter, abandon_on_cancel=True
+                )
+            except Exception as exc:
+                error = self._classify(exc, key)
+                self.counters.failures[type(error).__name__] += 1
+                delay = self.options.retry.delay(attempt, self._rng)
+                elapsed = trio.current_time() - start
+                if not isinstance(error, TemporaryFailure) or elapsed + delay > self.options.retry.deadline:
+                    if error is exc:
+                        raise
+                    raise error from exc
+                attempt += 1
+                self.counters.retries += 1
+                await trio.sleep(delay)
+                continue
+            if count_bytes and isinstance(result, bytes | bytearray):
+                self.counters.bytes_read += len(result)
+            return result
+
+
+def join_key(prefix: str, key: str) -> str:
+    """``prefix`` and ``key`` joined with exactly one ``/`` (either may be empty)."""
+    if not prefix:
+        return key
+    if not key:
+        return prefix
+    return prefix.rstrip("/") + "/" + key
+
+
+def split_root(rest: str) -> tuple[str, str]:
+    """``"bucket/some/prefix"`` → ``("bucket", "some/prefix")``; the prefix may be empty."""
+    head, _, tail = rest.partition("/")
+    return head, tail.strip("/")
+

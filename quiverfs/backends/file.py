@@ -1,0 +1,115 @@
+"""``file:///path``: a local or shared (NFS, Lustre) directory tree as an object store.
+
+The test baseline, and the way to front slow shared storage. Keys are POSIX paths relative to
+the root directory; only regular files are objects (symlinks are followed, directories are
+not objects). Listing is a sorted walk, paged so it behaves like the cloud backends.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from urllib.parse import unquote
+
+from quiverfs.backends.base import Backend, BackendOptions, ObjectInfo
+from quiverfs.backends.settings import RemoteSettings
+from quiverfs.errors import AccessDenied, BackendError, NotFound, TemporaryFailure
+
+PAGE_SIZE = 1000
+
+#: The one table: errno → our error class. Anything else is a permanent failure.
+ERRNO_TABLE: dict[int, type[BackendError]] = {
+    errno.ENOENT: NotFound,
+    errno.ENOTDIR: NotFound,
+    errno.EISDIR: NotFound,
+    errno.EACCES: AccessDenied,
+    errno.EPERM: AccessDenied,
+    errno.EAGAIN: TemporaryFailure,
+    errno.EINTR: TemporaryFailure,
+    errno.ETIMEDOUT: TemporaryFailure,
+    errno.ESTALE: TemporaryFailure,  # NFS handle went stale: reopening usually works
+    errno.EIO: TemporaryFailure,
+}
+
+
+class FileBackend(Backend):
+    """Objects are the regular files under a root directory."""
+
+    scheme = "file"
+
+    def __init__(self, url: str, options: BackendOptions, settings: RemoteSettings) -> None:
+        super().__init__(url, options, settings)
+        self.root = unquote(url[len("file://") :])
+        # Listing walks the whole tree once, then serves pages from this sorted list.
+        self._listings: dict[str, list[ObjectInfo]] = {}
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def _info(self, key: str, st: os.stat_result) -> ObjectInfo:
+        return ObjectInfo(key=key, size=st.st_size, version=str(st.st_mtime_ns))
+
+    def _walk(self, prefix: str) -> list[ObjectInfo]:
+        # Walk only the directory the prefix's directory part names, then filter by string
+        # prefix, which is what S3-style listing means.
+        base = prefix.rpartition("/")[0]
+        start = self._path(base) if base else self.root
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such directory", self.root)
+        found: list[ObjectInfo] = []
+        for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
+            dirnames.sort()
+            for name in filenames:
+                full = os.path.join(dirpath, name)
+                key = os.path.relpath(full, self.root).replace(os.sep, "/")
+                if not key.startswith(prefix):
+                    continue
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue  # removed while we walked
+                if not os.path.isfile(full):
+                    continue
+                found.append(self._info(key, st))
+        found.sort(key=lambda info: info.key)
+        return found
+
+    def _list_page(self, prefix: str, token: str | None) -> tuple[list[ObjectInfo], str | None]:
+        if token is None:
+            self._listings[prefix] = self._walk(prefix)
+        listing = self._listings[prefix]
+        start = int(token or 0)
+        page = listing[start : start + PAGE_SIZE]
+        end = start + len(page)
+        if end >= len(listing):
+            self._listings.pop(prefix, None)
+            return page, None
+        return page, str(end)
+
+    def _stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        st = os.stat(path)
+        if not os.path.isfile(path):
+            raise IsADirectoryError(errno.EISDIR, "not a regular file", path)
+        return self._info(key, st)
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            chunks = []
+            while length > 0:
+                data = os.pread(fd, length, offset)
+                if not data:
+                    break
+                chunks.append(data)
+                offset += len(data)
+                length -= len(data)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _translate(self, exc: BaseException, key: str) -> BackendError | None:
+        if isinstance(exc, OSError) and exc.errno in ERRNO_TABLE:
+            cls = ERRNO_TABLE[exc.errno]
+            return cls(os.strerror(exc.errno).lower(), url=self.url, key=key)
+        return None

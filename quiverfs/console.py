@@ -1,0 +1,53 @@
+"""Running a typer app the way every quiverfs command behaves.
+
+Errors from our vocabulary print as one line ``PROG: error: MESSAGE`` and exit with the error
+class's code; anything unexpected prints one line asking for ``--debug``, which shows the full
+traceback instead. Exit codes: 0 ok, 1 failure, 2 bad usage, 3 remote error, 4 invalid digest,
+70 internal error, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import click
+import typer
+
+from quiverfs.errors import QuiverError
+
+INTERNAL_ERROR = 70
+INTERRUPTED = 130
+
+
+def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
+    """Run ``app`` with ``argv`` (default ``sys.argv[1:]``) and exit with its status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    if debug:
+        args.remove("--debug")
+    try:
+        result = app(args=args, prog_name=prog, standalone_mode=False)
+    except QuiverError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, click.exceptions.Abort):
+        print(f"{prog}: interrupted", file=sys.stderr)
+        sys.exit(INTERRUPTED)
+    except Exception as exc:
+        if debug:
+            traceback.print_exc()
+        else:
+            print(
+                f"{prog}: internal error: {type(exc).__name__}: {exc} (rerun with --debug for details)",
+                file=sys.stderr,
+            )
+        sys.exit(INTERNAL_ERROR)
+    sys.exit(result if isinstance(result, int) else 0)
