@@ -120,7 +120,7 @@ class Backend(ABC):
     def _read_range(self, key: str, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset`` (fewer only where the object ends), ``length > 0``."""
 
-    def _close(self) -> None:
+    def _close(self) -> None:  # noqa: B027 (optional hook, deliberately not abstract)
         """Release SDK clients and pools. Default: nothing to release."""
 
     @abstractmethod

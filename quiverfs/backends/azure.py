@@ -1,0 +1,183 @@
+"""``az://account/container/prefix``: Azure Blob Storage through azure-storage-blob.
+
+The client comes from ``AZURE_STORAGE_CONNECTION_STRING`` when it is set (read by
+:class:`~quiverfs.backends.settings.RemoteSettings`; this is also how Azurite is reached), and
+must then name the URL's account. Otherwise the client talks to
+``https://{account}.blob.core.windows.net`` with :class:`azure.identity.DefaultAzureCredential`
+(environment, workload identity, managed identity, Azure CLI, ...). Secrets are never logged.
+
+azure-core's retry policy is switched off (``retry_total=0``) so that only the base class
+retries. One SDK-internal loop remains: ``download_blob`` re-reads a body that breaks off
+mid-stream up to 3 times (azure-storage-blob ``_download.py``); it cannot be configured.
+"""
+
+from __future__ import annotations
+
+import azure.core.exceptions as ace
+import requests
+import requests.exceptions as rqe
+import urllib3.exceptions as u3e
+from azure.core.pipeline.transport import RequestsTransport
+from azure.storage.blob import BlobServiceClient
+from urllib3.util.retry import Retry
+
+from quiverfs.backends.base import Backend, BackendOptions, ObjectInfo, split_root
+from quiverfs.backends.settings import RemoteSettings
+from quiverfs.errors import AccessDenied, BackendError, NotFound, TemporaryFailure, UsageError
+
+#: Blobs per ``List Blobs`` page (the service allows up to 5,000).
+PAGE_SIZE = 1000
+
+#: The one table. Keys are storage error codes (``x-ms-error-code``), HTTP status codes and
+#: exception classes (matched along the exception's MRO), looked up in that order; anything
+#: not here is a permanent failure.
+ERROR_TABLE: dict[str | int | type[BaseException], type[BackendError]] = {
+    # error codes
+    "BlobNotFound": NotFound,
+    "ContainerNotFound": NotFound,
+    "ResourceNotFound": NotFound,
+    "AuthenticationFailed": AccessDenied,
+    "AuthorizationFailure": AccessDenied,
+    "AuthorizationPermissionMismatch": AccessDenied,
+    "InsufficientAccountPermissions": AccessDenied,
+    "ServerBusy": TemporaryFailure,
+    "OperationTimedOut": TemporaryFailure,
+    "InternalError": TemporaryFailure,
+    # HTTP status codes
+    401: AccessDenied,
+    403: AccessDenied,
+    404: NotFound,
+    408: TemporaryFailure,
+    429: TemporaryFailure,
+    500: TemporaryFailure,
+    502: TemporaryFailure,
+    503: TemporaryFailure,
+    504: TemporaryFailure,
+    # exception classes (a response-less failure, or a class that says it all)
+    ace.ResourceNotFoundError: NotFound,
+    ace.ClientAuthenticationError: AccessDenied,  # also azure-identity's credential errors
+    ace.ServiceRequestError: TemporaryFailure,  # connect failures and timeouts
+    ace.ServiceResponseError: TemporaryFailure,  # resets and read timeouts
+    ace.IncompleteReadError: TemporaryFailure,
+    rqe.ConnectionError: TemporaryFailure,
+    rqe.Timeout: TemporaryFailure,
+    rqe.ChunkedEncodingError: TemporaryFailure,
+    u3e.ProtocolError: TemporaryFailure,
+    u3e.TimeoutError: TemporaryFailure,
+    ConnectionError: TemporaryFailure,
+    TimeoutError: TemporaryFailure,
+}
+
+
+def translate_error(exc: BaseException, url: str, key: str) -> BackendError | None:
+    """``exc`` as one of our errors, by :data:`ERROR_TABLE`; ``None`` when it has no entry."""
+    if isinstance(exc, ace.HttpResponseError):
+        # error_code is a plain str or a StorageErrorCode (a str enum whose str() is its name).
+        raw_code = getattr(exc, "error_code", None) or ""
+        code = str(getattr(raw_code, "value", raw_code))
+        status = int(exc.status_code or 0)
+        cls = ERROR_TABLE.get(code) or ERROR_TABLE.get(status)
+        if cls is not None:
+            what = f"{code} (HTTP {status})" if code else f"HTTP {status}"
+            return cls(f"Azure {what}", url=url, key=key)
+    for klass in type(exc).__mro__:
+        cls = ERROR_TABLE.get(klass)
+        if cls is not None:
+            return cls(f"Azure request failed ({type(exc).__name__})", url=url, key=key)
+    return None
+
+
+def connection_string_account(connection_string: str) -> str:
+    """The ``AccountName=`` of a storage connection string (``""`` when absent)."""
+    for part in connection_string.split(";"):
+        name, _, value = part.partition("=")
+        if name.strip().lower() == "accountname":
+            return value.strip()
+    return ""
+
+
+class AzureBackend(Backend):
+    """Blobs under ``az://account/container/prefix``; versions are ETags (without quotes)."""
+
+    scheme = "az"
+
+    def __init__(self, url: str, options: BackendOptions, settings: RemoteSettings) -> None:
+        super().__init__(url, options, settings)
+        self.account, rest = split_root(url[len("az://") :])
+        self.container, self.prefix = split_root(rest)
+        # azure-core's default requests pool holds 10 connections; size it to our limiter.
+        session = requests.Session()
+        adapter = requests.adapters.HTTPAdapter(
+            pool_connections=1,
+            pool_maxsize=options.concurrency,
+            max_retries=Retry(total=False, redirect=False, raise_on_status=False),
+        )
+        session.mount("https://", adapter)
+        session.mount("http://", adapter)
+        transport = RequestsTransport(
+            session=session,
+            session_owner=True,
+            connection_timeout=options.timeout,
+            read_timeout=options.timeout,
+        )
+        common = {"retry_total": 0, "transport": transport}
+        self._credential = None
+        conn = settings.azure_connection_string
+        if conn:
+            named = connection_string_account(conn)
+            if named != self.account:
+                raise UsageError(
+                    f"AZURE_STORAGE_CONNECTION_STRING is for account {named or '(none)'!r} but the "
+                    f"URL names account {self.account!r}: fix the URL or unset the variable"
+                )
+            service = BlobServiceClient.from_connection_string(conn, **common)
+        else:
+            from azure.identity import DefaultAzureCredential
+
+            self._credential = DefaultAzureCredential()
+            service = BlobServiceClient(
+                f"https://{self.account}.blob.core.windows.net",
+                credential=self._credential,
+                **common,
+            )
+        self.service = service
+        self.container_client = service.get_container_client(self.container)
+
+    def _full_key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _list_page(self, prefix: str, token: str | None) -> tuple[list[ObjectInfo], str | None]:
+        root = f"{self.prefix}/" if self.prefix else ""
+        pager = self.container_client.list_blobs(
+            name_starts_with=root + prefix, results_per_page=PAGE_SIZE
+        ).by_page(continuation_token=token)
+        page = [
+            ObjectInfo(
+                key=blob.name[len(root) :], size=int(blob.size), version=str(blob.etag).strip('"')
+            )
+            for blob in next(pager)
+        ]
+        return page, pager.continuation_token or None
+
+    def _stat(self, key: str) -> ObjectInfo:
+        props = self.container_client.get_blob_client(self._full_key(key)).get_blob_properties()
+        return ObjectInfo(key=key, size=int(props.size), version=str(props.etag).strip('"'))
+
+    def _read_range(self, key: str, offset: int, length: int) -> bytes:
+        blob = self.container_client.get_blob_client(self._full_key(key))
+        try:
+            return blob.download_blob(offset=offset, length=length, max_concurrency=1).readall()
+        except ace.HttpResponseError as exc:
+            # 416 InvalidRange: the range starts at or after the end; pread semantics say b"".
+            # A missing blob is a 404 first, so this never hides NotFound.
+            if exc.status_code == 416 or getattr(exc, "error_code", None) == "InvalidRange":
+                return b""
+            raise
+
+    def _close(self) -> None:
+        self.service.close()
+        if self._credential is not None:
+            self._credential.close()
+
+    def _translate(self, exc: BaseException, key: str) -> BackendError | None:
+        return translate_error(exc, self.url, key)
