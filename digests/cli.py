@@ -1,22 +1,244 @@
-"""``digests``: build, inspect, verify and diff dataset digests."""
+"""``digests``: build, inspect, verify and diff dataset digests.
+
+A thin layer over the Python API with the same names: :func:`digests.build.build`,
+:class:`digests.digest.Digest`, :func:`digests.verify.verify`, :func:`digests.diff.diff`.
+Errors print one line (``digests: error: ...``) with the exit codes of
+:mod:`quiverfs.console`; ``--debug`` shows tracebacks.
+"""
 
 from __future__ import annotations
 
+import json
+import sys
+from typing import Annotated
+
+import trio
 import typer
 
+from digests.build import build as build_digest
+from digests.diff import diff as diff_digests
+from digests.digest import Digest
+from digests.errors import Interrupted
+from digests.progress import make_progress
+from digests.verify import verify as verify_digest
 from quiverfs.console import run_app
 
 app = typer.Typer(
-    help="Build, inspect, verify and diff quiverfs dataset digests.",
+    help="Build, inspect, verify and diff quiverfs dataset digests.\n\n"
+    "Add --debug to any command for full tracebacks.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
 
 @app.callback()
 def _root() -> None:
     """Build, inspect, verify and diff quiverfs dataset digests."""
+
+
+@app.command()
+def build(
+    source_url: Annotated[
+        str, typer.Argument(help="What to hash: s3://, az://, gs://, file:// URL or a local path.")
+    ],
+    out: Annotated[str, typer.Option("-o", "--out", help="Digest file to write.")],
+    location: Annotated[
+        str | None,
+        typer.Option(
+            help="URL to record as the files' location instead of SOURCE_URL (same relative keys)."
+        ),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Objects hashed concurrently.")] = 16,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Hash every object under SOURCE_URL into a digest; rerun the same command to resume.
+
+    Example: digests build s3://bucket/imagenet -o imagenet.qd
+
+    Example: digests build file:///data/imagenet --location s3://bucket/imagenet -o imagenet.qd
+    """
+    progress = make_progress("build", quiet)
+    try:
+        result = trio.run(
+            lambda: build_digest(
+                source_url, out, location=location, workers=workers, progress=progress
+            )
+        )
+    except KeyboardInterrupt:
+        progress.abort()
+        raise Interrupted(
+            f"interrupted; finished hashes are kept in {out}.partial: rerun the same command "
+            "to resume"
+        ) from None
+    except BaseException:
+        progress.abort()
+        raise
+    progress.close()
+    if as_json:
+        _print_json(
+            {
+                "out": result.out,
+                "dataset_id": result.dataset_id,
+                "files": result.files,
+                "total_bytes": result.total_bytes,
+                "hashed_files": result.hashed_files,
+                "hashed_bytes": result.hashed_bytes,
+                "reused_files": result.reused_files,
+                "directory_markers": result.markers,
+                "skipped": result.skipped_count,
+                "skipped_examples": [{"key": k, "reason": r} for k, r in result.skipped],
+            }
+        )
+        return
+    typer.echo(
+        f"wrote {result.out}: {result.files} files, {result.total_bytes} bytes, "
+        f"dataset id {result.dataset_id}"
+    )
+    typer.echo(
+        f"hashed {result.hashed_files} objects ({result.hashed_bytes} bytes), reused "
+        f"{result.reused_files} from an earlier run, skipped {result.markers} directory markers"
+    )
+    if result.skipped_count:
+        typer.echo(
+            f"warning: skipped {result.skipped_count} objects that cannot be files "
+            "(see the warnings above; docs/digest-format.md)",
+            err=True,
+        )
+
+
+@app.command()
+def inspect(
+    file: Annotated[str, typer.Argument(help="Digest file.")],
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Also run SQLite's quick_check and recompute the dataset id."),
+    ] = False,
+    top: Annotated[
+        int, typer.Option(help="How many of the largest files and directories to show.")
+    ] = 5,
+    as_json: JsonOpt = False,
+) -> None:
+    """Show a digest's id, version, counts, size, sources, largest files and directories.
+
+    Example: digests inspect imagenet.qd --check
+    """
+    with Digest.open(file, check="full" if check else "rows") as d:
+        info = {
+            "file": file,
+            "dataset_id": d.dataset_id,
+            "dataset_id_checked": check,
+            "format_version": d.format_version,
+            "created_at": d.created_at,
+            "files": d.file_count,
+            "directories": d.dir_count,
+            "total_bytes": d.total_bytes,
+            "sources": list(d.sources.values()),
+            "largest_files": [{"path": f.path, "size": f.size} for f in d.largest_files(top)],
+            "largest_directories": [
+                {"path": e.path or "/", "files": n} for e, n in d.largest_dirs(top)
+            ],
+        }
+    if as_json:
+        _print_json(info)
+        return
+    typer.echo(f"dataset id      {info['dataset_id']}{' (checked)' if check else ''}")
+    typer.echo(f"format version  {info['format_version']}")
+    typer.echo(f"created         {info['created_at']}")
+    typer.echo(f"files           {info['files']}")
+    typer.echo(f"directories     {info['directories']}")
+    typer.echo(f"total size      {info['total_bytes']} bytes")
+    for url in info["sources"]:
+        typer.echo(f"source          {url}")
+    for f in info["largest_files"]:
+        typer.echo(f"largest file    {f['size']:>14}  {f['path']}")
+    for e in info["largest_directories"]:
+        typer.echo(f"largest dir     {e['files']:>8} files  {e['path']}")
+
+
+@app.command()
+def verify(
+    file: Annotated[str, typer.Argument(help="Digest file.")],
+    workers: Annotated[int, typer.Option(help="Objects read concurrently.")] = 16,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-read every file from its location; report each missing or different one (exit 1).
+
+    Also recomputes the dataset id. Example: digests verify imagenet.qd --workers 32
+    """
+    with Digest.open(file, check="full") as d:
+        progress = make_progress("verify", quiet)
+        try:
+            result = trio.run(lambda: verify_digest(d, workers=workers, progress=progress))
+        except KeyboardInterrupt:
+            progress.abort()
+            raise Interrupted("interrupted; nothing was changed") from None
+        except BaseException:
+            progress.abort()
+            raise
+        progress.close()
+    if as_json:
+        _print_json(
+            {
+                "ok": result.ok,
+                "checked": result.checked,
+                "bytes": result.bytes,
+                "missing": [{"path": p, "reason": r} for p, r in result.missing],
+                "mismatched": [{"path": p, "reason": r} for p, r in result.mismatched],
+            }
+        )
+    else:
+        for path, reason in result.missing + result.mismatched:
+            typer.echo(f"{path}: {reason}")
+        typer.echo(
+            f"checked {result.checked} files ({result.bytes} bytes): {len(result.missing)} "
+            f"missing, {len(result.mismatched)} different"
+        )
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+def diff(
+    a: Annotated[str, typer.Argument(help="Old digest.")],
+    b: Annotated[str, typer.Argument(help="New digest.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Paths added (+), removed (-) and changed (M) from A to B; exit 0 if identical, 1 if not.
+
+    Locations are ignored, as in the dataset id. Example: digests diff old.qd new.qd
+    """
+    with Digest.open(a, check="rows") as da, Digest.open(b, check="rows") as db:
+        result = diff_digests(da, db)
+    if as_json:
+        _print_json(
+            {
+                "identical": result.identical,
+                "same_id": result.same_id,
+                "a_id": result.a_id,
+                "b_id": result.b_id,
+                "added": result.added,
+                "removed": result.removed,
+                "changed": result.changed,
+            }
+        )
+    else:
+        for sign, paths in (("+", result.added), ("-", result.removed), ("M", result.changed)):
+            for path in paths:
+                typer.echo(f"{sign} {path}")
+        if result.identical:
+            typer.echo(f"identical: dataset id {result.a_id}")
+    if not result.identical:
+        raise typer.Exit(1)
+
+
+def _print_json(obj: object) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
 
 
 def main() -> None:

@@ -50,4 +50,7 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
                 file=sys.stderr,
             )
         sys.exit(INTERNAL_ERROR)
+    if result == INTERRUPTED:
+        # typer turns Ctrl-C into a return value of 130 rather than raising.
+        print(f"{prog}: interrupted", file=sys.stderr)
     sys.exit(result if isinstance(result, int) else 0)

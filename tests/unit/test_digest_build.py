@@ -1,0 +1,242 @@
+"""digests build: hashing through the Backend interface, progress, resume, --location."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import blake3
+import pytest
+import trio
+
+from digests import build as build_module
+from digests.build import build, hash_object
+from digests.digest import Digest
+from digests.progress import Progress
+from quiverfs.backends import BackendOptions, RemoteSettings, open_backend
+from quiverfs.errors import AccessDenied, CorruptObject, UsageError
+
+FILES = {f"train/c{i % 5}/img_{i:03d}.jpg": os.urandom(100 + i * 37) for i in range(60)}
+FILES["big/blob.bin"] = os.urandom(3 * 1024 * 1024 + 17)
+FILES["empty"] = b""
+
+
+def url(path: Path) -> str:
+    return "file://" + str(path)
+
+
+def backend(path: Path, **kw):
+    return open_backend(url(path), BackendOptions(**kw), RemoteSettings())
+
+
+@pytest.fixture
+def tree(tmp_path, make_tree) -> Path:
+    return make_tree(tmp_path / "data", FILES)
+
+
+async def test_build_hashes_every_file(tree, tmp_path):
+    out = tmp_path / "d.qd"
+    progress = Progress()
+    result = await build(url(tree), out, workers=4, progress=progress, settings=RemoteSettings())
+    assert result.files == len(FILES) == result.hashed_files
+    assert result.total_bytes == sum(map(len, FILES.values()))
+    assert (progress.done_files, progress.done_bytes) == (len(FILES), result.total_bytes)
+    assert progress.total_known and progress.total_files == len(FILES)
+    assert not (tmp_path / "d.qd.partial").exists()
+    assert sorted(os.listdir(tmp_path)) == ["d.qd", "data"]
+    with Digest.open(out, check="full") as d:
+        assert d.dataset_id == result.dataset_id
+        assert d.sources == {1: url(tree)}
+        for path, data in FILES.items():
+            entry = d.lookup_path(path)
+            assert entry.hash == blake3.blake3(data).digest()
+            assert entry.size == len(data)
+            assert entry.location.key == path
+
+
+async def test_large_object_read_in_chunks(tree, monkeypatch):
+    monkeypatch.setattr(build_module, "DEFAULT_CHUNK", 1024 * 1024)
+    b = backend(tree)
+    info = await b.stat("big/blob.bin")
+    size, _, digest = await hash_object(b, info)
+    assert (size, digest) == (
+        len(FILES["big/blob.bin"]),
+        blake3.blake3(FILES["big/blob.bin"]).digest(),
+    )
+    # 4 ranged GETs of 1 MiB (the last one short) + 1 probe past the end; a HEAD for the version
+    assert b.counters.requests["GET"] == 5 and b.counters.requests["HEAD"] == 2
+
+
+async def test_location_records_other_url(tree, tmp_path):
+    out = tmp_path / "d.qd"
+    plain = await build(backend(tree), tmp_path / "plain.qd")
+    result = await build(backend(tree), out, location="s3://bucket/imagenet/")
+    assert result.dataset_id == plain.dataset_id  # location is not content
+    with Digest.open(out) as d:
+        assert d.sources == {1: "s3://bucket/imagenet"}
+        loc = d.lookup_path("train/c1/img_001.jpg").location
+        assert (loc.source, loc.key) == ("s3://bucket/imagenet", "train/c1/img_001.jpg")
+
+
+class FailAfter:
+    """Wraps a backend's _read_range to fail permanently after ``n`` reads."""
+
+    def __init__(self, backend, n):
+        self.n, self.reads, self.inner = n, 0, backend._read_range
+        backend._read_range = self
+
+    def __call__(self, *args):
+        self.reads += 1
+        if self.reads > self.n:
+            raise PermissionError(13, "injected failure")
+        return self.inner(*args)
+
+
+async def test_resume_after_failure_rereads_nothing_done(tree, tmp_path):
+    out = tmp_path / "d.qd"
+    first = backend(tree, concurrency=2)
+    FailAfter(first, 25)
+    with pytest.raises(Exception) as info:
+        await build(first, out, workers=2)
+    assert isinstance(info.value, AccessDenied)  # one error, not a group
+    assert not out.exists() and (tmp_path / "d.qd.partial").exists()
+    done = (
+        sqlite3.connect(tmp_path / "d.qd.partial")
+        .execute("SELECT count(*) FROM hashed")
+        .fetchone()[0]
+    )
+    assert 20 <= done <= 25  # everything hashed before the failure was committed
+    second = backend(tree)
+    result = await build(second, out, workers=4)
+    assert result.reused_files == done
+    assert result.hashed_files == len(FILES) - done
+    # Only the objects not hashed in the first run were read (empty and big files: 1 GET each)
+    assert second.counters.requests["GET"] == len(FILES) - done
+    with Digest.open(out, check="full") as d:
+        assert d.file_count == len(FILES)
+        assert d.lookup_path("big/blob.bin").hash == blake3.blake3(FILES["big/blob.bin"]).digest()
+
+
+class CancelAfter(Progress):
+    def __init__(self, n, scope):
+        super().__init__()
+        self.n, self.scope = n, scope
+
+    def advance(self, files, nbytes):
+        super().advance(files, nbytes)
+        if self.done_files >= self.n:
+            self.scope.cancel()
+
+
+async def test_resume_after_cancellation(tree, tmp_path):
+    out = tmp_path / "d.qd"
+    with trio.CancelScope() as scope:
+        await build(backend(tree), out, workers=3, progress=CancelAfter(10, scope))
+    assert scope.cancelled_caught and not out.exists()
+    second = backend(tree)
+    progress = Progress()
+    result = await build(second, out, workers=3, progress=progress)
+    assert result.reused_files >= 10
+    assert (
+        second.counters.requests["GET"] == result.hashed_files == len(FILES) - result.reused_files
+    )
+    assert progress.done_files == len(FILES)
+
+
+async def test_resume_rehashes_changed_objects(tree, tmp_path):
+    out = tmp_path / "d.qd"
+    with trio.CancelScope() as scope:
+        await build(backend(tree), out, workers=2, progress=CancelAfter(10, scope))
+    partial = sqlite3.connect(tmp_path / "d.qd.partial")
+    keys = [k for (k,) in partial.execute("SELECT key FROM hashed WHERE key LIKE 'train/%'")]
+    (done,) = partial.execute("SELECT count(*) FROM hashed").fetchone()
+    partial.close()
+    changed = tree / keys[0]
+    changed.write_bytes(b"new content")  # a new size and a new mtime (the file version)
+    result = await build(backend(tree), out)
+    assert result.reused_files == done - 1
+    with Digest.open(out, check="full") as d:
+        assert d.lookup_path(keys[0]).hash == blake3.blake3(b"new content").digest()
+
+
+async def test_partial_of_another_build_refused(tree, tmp_path):
+    out = tmp_path / "d.qd"
+    with trio.CancelScope() as scope:
+        await build(backend(tree), out, progress=CancelAfter(5, scope))
+    with pytest.raises(UsageError, match="belongs to another build"):
+        await build(backend(tree), out, location="s3://elsewhere/x")
+
+
+async def test_markers_and_invalid_keys_skipped(tmp_path, memory_backend):
+    objects = {
+        "ok/a.jpg": b"a",
+        "ok/": b"",  # S3 console directory marker
+        "bad//double": b"x",
+        "../escape": b"x",
+        "dir": b"clash",  # also the directory of dir/inner
+        "dir/inner": b"in",
+    }
+    mem = memory_backend(objects)
+    progress = Progress()
+    result = await build(mem, tmp_path / "m.qd", progress=progress)
+    assert result.markers == 1
+    assert result.skipped_count == 3
+    assert {k for k, _ in result.skipped} == {"bad//double", "../escape", "dir"}
+    assert len(progress.notes) == 3
+    with Digest.open(tmp_path / "m.qd") as d:
+        assert sorted(f.path for f in d.iter_files()) == ["dir/inner", "ok/a.jpg"]
+
+
+async def test_object_growing_during_build_is_rehashed(tmp_path, memory_backend):
+    mem = memory_backend({"a": b"12345", "b": b"b"})
+    grown = []
+
+    def on_read(key):
+        if key == "a" and not grown:
+            grown.append(1)
+            mem.put("a", b"1234567")  # grows right after being listed/read
+
+    mem.on_read = on_read
+    await build(mem, tmp_path / "g.qd", workers=1)
+    with Digest.open(tmp_path / "g.qd") as d:
+        entry = d.lookup_path("a")
+        # Listed at 5 bytes, read at 7: re-stat and record the content actually hashed.
+        assert (entry.size, entry.hash) == (7, blake3.blake3(b"1234567").digest())
+        assert d.total_bytes == 8
+
+
+async def test_object_changing_forever_is_an_error(tmp_path, memory_backend):
+    mem = memory_backend({"a": b"x"})
+    mem.on_read = lambda key: mem.put(key, mem.objects[key] + b"x")
+    with pytest.raises(CorruptObject, match="keeps changing"):
+        await build(mem, tmp_path / "c.qd")
+    assert not (tmp_path / "c.qd").exists()
+
+
+async def test_stale_tmp_removed_and_missing_out_dir(tree, tmp_path):
+    stale = tmp_path / "d.qd.tmp-999999999"
+    stale.write_bytes(b"half a digest")
+    await build(backend(tree), tmp_path / "d.qd")
+    assert not stale.exists()
+    with pytest.raises(UsageError, match="output directory does not exist"):
+        await build(backend(tree), tmp_path / "nope" / "d.qd")
+
+
+def test_progress_kinds():
+    import io
+
+    from digests.progress import LineProgress, make_progress
+
+    assert type(make_progress("build", quiet=True)) is Progress
+    stream = io.StringIO()
+    progress = make_progress("build", stream=stream)
+    assert isinstance(progress, LineProgress)
+    progress.add_total(3, 3000)
+    progress.totals_known()
+    progress.advance(2, 2000)
+    progress.note("skipping 'x': empty path component")
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[-2] == "build: warning: skipping 'x': empty path component"
+    assert lines[-1].startswith("build: 2/3 files, 2.0 KB of 3.0 KB, ")
