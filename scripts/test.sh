@@ -3,6 +3,6 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-scripts/setup.sh
+scripts/setup.sh --torch
 .venv/bin/ruff check quiverfs digests mountd tests scripts
 exec .venv/bin/python -m pytest "$@"
