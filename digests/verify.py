@@ -1,7 +1,8 @@
 """``digests verify``: read every file back from its location and compare with the digest.
 
 Reports every object that is missing, unreadable, of the wrong length or with other content;
-never stops at the first. Reads go through the same backends as the mount, ``workers`` at a
+never stops at the first, except on AccessDenied (missing or refused credentials), which would
+fail every object alike and ends the run with one line. Reads go through the same backends as the mount, ``workers`` at a
 time; each file's bytes are hashed as they arrive, so memory stays at ``workers`` chunks.
 """
 
@@ -18,7 +19,7 @@ from digests.errors import single_error
 from digests.progress import Progress
 from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
 from quiverfs.backends.base import DEFAULT_CHUNK
-from quiverfs.errors import BackendError, NotFound
+from quiverfs.errors import AccessDenied, BackendError, NotFound
 
 
 @dataclass
@@ -109,6 +110,10 @@ async def _check_one(backend: Backend, entry: FileEntry, result: VerifyResult) -
             seen += len(data)
             if len(data) < want:
                 break
+    except AccessDenied:
+        # Missing or refused credentials fail every object alike: stop with one line rather
+        # than report each file.
+        raise
     except NotFound:
         result.missing.append((entry.path, f"missing: {loc.source}/{loc.key}"))
         return

@@ -88,7 +88,10 @@ def translate_error(exc: BaseException, url: str, key: str) -> BackendError | No
     for klass in type(exc).__mro__:
         cls = ERROR_TABLE.get(klass)
         if cls is not None:
-            return cls(f"S3 request failed ({type(exc).__name__})", url=url, key=key)
+            # botocore's own messages ("Unable to locate credentials", "Could not connect to
+            # the endpoint URL: ...") tell the user what to fix and never carry secrets.
+            detail = f": {exc}" if isinstance(exc, bce.BotoCoreError) else ""
+            return cls(f"S3 request failed ({type(exc).__name__}{detail})", url=url, key=key)
     return None
 
 
