@@ -1,11 +1,15 @@
-"""``quiverfs``: the admin command line (mount, stats, ... grow here as mountd lands)."""
+"""``quiverfs``: the admin command line: mountd, stats, ls, evict, scrub (mount grows here)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import typer
 
 from quiverfs import __version__
 from quiverfs.console import run_app
+from quiverfs.errors import UsageError
 
 app = typer.Typer(
     help="quiverfs: training data in cloud buckets, read like a fast local directory.\n\n"
@@ -27,6 +31,190 @@ def version() -> None:
     typer.echo(__version__)
 
 
+# -- mountd and its admin commands -------------------------------------------------------------
+#
+# Thin wrappers over mountd.client (sync) and mountd.daemon; heavy imports happen inside the
+# commands so `quiverfs --help` stays fast.
+
+#: Cache size used when --cache-size is not given: a share of the cache directory's filesystem.
+DEFAULT_CACHE_SIZE = "10%"
+
+_CACHE_DIR_HELP = "Cache directory (default: $XDG_CACHE_HOME/quiverfs or ~/.cache/quiverfs)."
+
+
+def _cache_dir(value: Path | None) -> Path:
+    from mountd import layout
+
+    return (value or layout.default_cache_dir()).expanduser().absolute()
+
+
+def _print_json(value: object) -> None:
+    typer.echo(json.dumps(value, indent=2, sort_keys=True))
+
+
+def _rate(text: str | None, what: str) -> float | None:
+    from mountd import layout
+
+    if text is None:
+        return None
+    if "%" in text:
+        raise UsageError(f"{what} cannot be a percentage: {text!r}")
+    return float(layout.parse_size(text))
+
+
+@app.command("mountd")
+def mountd_command(
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    cache_size: str = typer.Option(
+        DEFAULT_CACHE_SIZE, "--cache-size",
+        help="Cap on cached bytes: 10G, 512M, or a percentage of the cache filesystem (20%).",
+    ),
+    remote_bandwidth: str | None = typer.Option(
+        None, "--remote-bandwidth", help="Cap on remote bytes/s across all fills, e.g. 50M."
+    ),
+    remote_requests: float | None = typer.Option(
+        None, "--remote-requests", help="Cap on remote requests/s across all fills.", min=0.001
+    ),
+    remote_concurrency: int = typer.Option(
+        16, "--remote-concurrency", help="Remote reads in flight at once.", min=1
+    ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port",
+        help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port).",
+        min=0, max=65535,
+    ),
+) -> None:
+    """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
+
+    It serves the control socket DIR/mountd.sock (mode 0600) until SIGTERM or SIGINT. Exit status 75 means another mountd already owns the cache directory.
+
+    Example: quiverfs mountd --cache-dir /var/cache/quiverfs --cache-size 200G --remote-bandwidth 500M
+    """
+    from mountd import layout
+    from mountd.cache import CacheConfig
+    from mountd.daemon import DaemonConfig, main
+
+    directory = _cache_dir(cache_dir)
+    config = CacheConfig(
+        cache_dir=directory,
+        cache_size=layout.parse_size(cache_size, directory),
+        remote_bandwidth=_rate(remote_bandwidth, "--remote-bandwidth"),
+        remote_requests=remote_requests,
+        remote_concurrency=remote_concurrency,
+    )
+    main(DaemonConfig(cache=config, metrics_port=metrics_port))
+
+
+@app.command()
+def stats(
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    in_region: bool = typer.Option(
+        False, "--in-region",
+        help="Price no egress (this machine is in the buckets' region, where egress is free).",
+    ),
+) -> None:
+    """Show mountd's counters, hit ratio and what the cache saved in requests, bytes and money.
+
+    Costs follow DELI's model (requests x price + bytes x egress) with the list prices in mountd/costs.py (docs/operations.md names the date and sources).
+
+    Example: quiverfs stats --cache-dir /var/cache/quiverfs --json
+    """
+    from mountd.client import SyncClient
+    from mountd.costs import stats_report
+
+    with SyncClient.connect(_cache_dir(cache_dir)) as client:
+        report = stats_report(client.stats(), in_region=in_region)
+    if as_json:
+        _print_json(report)
+    else:
+        from quiverfs.mountd_views import print_stats
+
+        print_stats(report)
+
+
+@app.command("ls")
+def ls_command(
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """List cached datasets, registered mounts and cache usage.
+
+    Example: quiverfs ls --json
+    """
+    from mountd.client import SyncClient
+
+    with SyncClient.connect(_cache_dir(cache_dir)) as client:
+        listing = client.ls()
+    if as_json:
+        _print_json(listing)
+    else:
+        from quiverfs.mountd_views import print_ls
+
+        print_ls(listing)
+
+
+@app.command()
+def evict(
+    dataset: str | None = typer.Argument(None, help="Dataset id whose cached files to remove."),
+    everything: bool = typer.Option(False, "--all", help="Remove every cached file."),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Evict one dataset's files (or --all) from the cache. Needs root or mountd's user.
+
+    Example: quiverfs evict 3f9a0c...e1   |   quiverfs evict --all
+    """
+    from mountd.client import SyncClient
+
+    if everything == (dataset is not None):
+        raise UsageError("give a DATASET or --all (not both)")
+    with SyncClient.connect(_cache_dir(cache_dir)) as client:
+        result = client.evict(dataset, all=everything)
+    if as_json:
+        _print_json(result)
+    else:
+        from quiverfs.mountd_views import human_bytes
+
+        typer.echo(f"evicted {result['files']} files ({human_bytes(result['bytes'])})")
+
+
+@app.command()
+def scrub(
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> int:
+    """Re-hash every cached file and remove those that no longer match. Needs root or mountd's user.
+
+    Exit status 1 when bad or missing files were found (they are removed: the next read fetches them again).
+
+    Example: quiverfs scrub --cache-dir /var/cache/quiverfs
+    """
+    from mountd.client import SyncClient
+    from quiverfs.mountd_views import print_scrub, scrub_progress
+
+    with SyncClient.connect(_cache_dir(cache_dir)) as client:
+        if as_json:
+            report = client.scrub()
+        else:
+            with scrub_progress() as update:
+                report = client.scrub(progress=update)
+    if as_json:
+        _print_json(report)
+    else:
+        print_scrub(report)
+    return 1 if isinstance(report, dict) and (report.get("bad") or report.get("missing")) else 0
+
+
+# mount, umount, mounts (quiverfs/mount_cli.py)
+from quiverfs import mount_cli  # noqa: E402
+
+mount_cli.register(app)
+
 def main() -> None:
     """Console-script entry point."""
     run_app(app, "quiverfs")
+
+
+if __name__ == "__main__":  # ``python -m quiverfs.cli``: how mountd is started on demand
+    main()

@@ -1,0 +1,579 @@
+"""The mountd cache: one shared, verified, content-addressed store per machine.
+
+:class:`Cache` ties the pieces together: the directory lock, recovery on open
+(:mod:`mountd.recovery`), the index (:mod:`mountd.index`), single-flight fills
+(:mod:`mountd.fill`) under the shared remote limits (:mod:`mountd.limits`), space accounting
+with a pluggable eviction policy (:mod:`mountd.policy`), scrub and counters.
+
+Lifetime (one nursery owns it)::
+
+    cache = Cache(CacheConfig(cache_dir=..., cache_size=parse_size("100G", ...)))
+    await cache.open()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        path = await cache.ensure(hash, size, Location("s3://b/p", "shard-0.tar", 512, size))
+        ...
+        await cache.aclose()
+
+Invariants (everything below runs in the trio thread; code between two awaits is atomic):
+
+* ``used`` = sum of indexed sizes; ``reserved`` = sizes of fills in flight. A fill reserves its
+  size before it fetches, so ``used + reserved <= cache_size`` always holds: the store never
+  exceeds the cap, even counting temp files (the cap is exceeded by nothing in flight).
+* A row is inserted in the same trio step as the fill's reservation becomes ``used``; a row
+  is deleted in the same step as its file is unlinked. Hence the index and the accounting
+  never disagree while mountd runs.
+* Deliberate blocking calls in the trio thread: eviction's ``unlink`` (it must happen in the
+  same step as the row delete, or a refill of the same hash could be renamed into place and
+  then unlinked by a late eviction), the ``stat`` of a hit in :meth:`Cache.ensure`, and the
+  temp-file cleanup of a failed fill (so cancellation cannot skip it). Each is microseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import sqlite3
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from mountd import layout, store
+from mountd.config import CacheConfig, Location
+from mountd.counters import Counters
+from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked
+from mountd.fill import Filler
+from mountd.index import Index
+from mountd.limits import RemoteLimits
+from mountd.policy import EvictionPolicy, make_policy
+from mountd.recovery import RecoveryReport, recover
+from mountd.scrub import ScrubReport, scrub
+from quiverfs.backends import Backend, normalize_url, open_backend
+from quiverfs.errors import CorruptObject, QuiverError
+
+__all__ = [
+    "Cache",
+    "CacheClosed",
+    "CacheConfig",
+    "CacheError",
+    "CacheFull",
+    "CacheLocked",
+    "Location",
+    "RecoveryReport",
+    "ScrubReport",
+]
+
+log = logging.getLogger("mountd.cache")
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One fill in progress; every ensure() of the same hash waits on it (single-flight)."""
+
+    hash: bytes
+    size: int
+    location: Location
+    dataset: str | None
+    prefetch: bool
+    done: trio.Event = field(default_factory=trio.Event)
+    path: str | None = None
+    error: BaseException | None = None
+    #: The task running the fill was cancelled: waiters start a new flight.
+    cancelled: bool = False
+
+
+class Cache:
+    """The store, its index and the fills that populate it. See the module docstring."""
+
+    def __init__(
+        self, config: CacheConfig, backend_factory: Callable[[str], Backend] | None = None
+    ) -> None:
+        self.config = config
+        self.counters = Counters()
+        self.limits = RemoteLimits(
+            config.remote_bandwidth,
+            config.remote_requests,
+            config.remote_concurrency,
+            config.burst_seconds,
+        )
+        self.recovery: RecoveryReport | None = None
+        self._factory = backend_factory or (lambda url: open_backend(url))
+        self._backends: dict[str, Backend] = {}
+        self._index: Index | None = None
+        self._policy: EvictionPolicy | None = None
+        self._lock_fd: int | None = None
+        self._flights: dict[bytes, _Flight] = {}
+        self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
+        self._io_limiter = trio.CapacityLimiter(config.io_threads)
+        self._filler = Filler(
+            config.cache_dir,
+            self.limits,
+            self.counters,
+            self._io_limiter,
+            config.chunk_size,
+            self._free_disk,
+        )
+        self.used = 0
+        self.reserved = 0
+        self.entries = 0
+        #: Set and replaced whenever space is released or a fill ends (waiters for room).
+        self._space_changed = trio.Event()
+        self._prefetch_send, self._prefetch_recv = trio.open_memory_channel(config.prefetch_queue)
+        self._queued: set[bytes] = set()
+        self._nursery: trio.Nursery | None = None
+        self._run_done: trio.Event | None = None
+        self._closed = False
+        #: An index write failed while running (rows may disagree with the store): the next
+        #: open must reconcile, so aclose does not mark the index clean.
+        self._dirty = False
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def open(self, *, reconcile: bool = False) -> None:
+        """Take the directory lock, recover from any crash (see :mod:`mountd.recovery`), load
+        the accounting. Raises :class:`CacheLocked` if another mountd owns the directory.
+
+        After a clean shutdown the store scan is skipped unless ``reconcile`` is true."""
+        cache_dir = self.config.cache_dir
+        await trio.to_thread.run_sync(store.prepare, cache_dir)
+        self._lock()
+        try:
+            self._index, self.recovery = await recover(cache_dir, reconcile)
+        except BaseException:
+            self._unlock()
+            raise
+        self._policy = make_policy(self.config.policy, self._index)
+        self.entries, self.used = self.recovery.entries, self.recovery.bytes
+        if self.used > self.config.cache_size:
+            # The cap was lowered since the last run: shrink now.
+            self._evict_until(self.used - self.config.cache_size)
+
+    def _lock(self) -> None:
+        path = layout.lock_path(self.config.cache_dir)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            owner = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise CacheLocked(
+                    f"cache directory {self.config.cache_dir} is in use by another mountd "
+                    f"(pid {owner}); stop it or pick another --cache-dir"
+                ) from None
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the only descriptor releases the flock
+            self._lock_fd = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background workers: the prefetch queue, and the home of fills (so a cancelled
+        requester does not cancel a fill others wait for). Start with ``nursery.start``;
+        returns when :meth:`aclose` is called."""
+        self._require_open()
+        self._run_done = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for _ in range(self.config.prefetch_concurrency):
+                    nursery.start_soon(self._prefetch_worker)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            self._run_done.set()
+
+    async def aclose(self) -> None:
+        """Stop workers (fills in flight are cancelled; their temp files removed), close the
+        backends and the index, release the directory lock. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        if self._run_done is not None:
+            with trio.CancelScope(shield=True):
+                await self._run_done.wait()
+        backends, self._backends = list(self._backends.values()), {}
+        for backend in backends:
+            with trio.CancelScope(shield=True):
+                try:
+                    await backend.aclose()
+                except Exception:  # closing must go on for the others
+                    log.exception("closing backend %s failed", backend.url)
+        if self._index is not None:
+            # Clean only if nothing is in flight and no index write was lost while running.
+            if not self._flights and not self._dirty:
+                try:
+                    self._index.set_clean(True)
+                except sqlite3.Error:
+                    log.exception("could not mark the index clean")
+            self._index.close()
+            self._index = None
+        self._unlock()
+
+    def _require_open(self) -> Index:
+        if self._index is None or self._closed:
+            raise CacheClosed("the cache is not open (call open() first, or it was closed)")
+        return self._index
+
+    @property
+    def index(self) -> Index:
+        """The open index (trio thread only)."""
+        return self._require_open()
+
+    # -- lookups -------------------------------------------------------------------------------
+
+    def store_path(self, hash: bytes) -> str:
+        """Final path of ``hash`` in the store (exists or not); see :func:`layout.store_path`."""
+        return str(layout.store_path(self.config.cache_dir, hash))
+
+    def contains(self, hash: bytes) -> bool:
+        """True when ``hash`` is indexed (its file is complete and verified)."""
+        return self._require_open().size_of(layout.check_hash(hash)) is not None
+
+    # -- fills --------------------------------------------------------------------------------
+
+    def _backend(self, url: str) -> Backend:
+        try:
+            key = normalize_url(url)
+        except QuiverError:
+            key = url
+        backend = self._backends.get(key)
+        if backend is None:
+            backend = self._backends[key] = self._factory(url)
+        return backend
+
+    async def ensure(
+        self, hash: bytes, size: int, location: Location, dataset: str | None = None
+    ) -> str:
+        """Path of the verified store file for ``hash``, fetching it from ``location`` if needed.
+
+        Concurrent calls for one hash share one fill (one remote read); all get its path or
+        its error. Raises :class:`CorruptObject` (bytes do not match ``hash``/``size``; nothing
+        is cached), :class:`CacheFull` (larger than the cache, everything else pinned, or no
+        disk), backend errors (``NotFound``, ``AccessDenied``, ...), :class:`CacheClosed`.
+
+        Cancellation: cancelling a caller never leaves a partial file. With :meth:`run`
+        started the fill goes on for the other waiters; without it the caller runs the fill
+        itself and the other waiters start over.
+        """
+        index = self._require_open()
+        hash = layout.check_hash(hash)
+        if index.size_of(hash) is not None:
+            path = self.store_path(hash)
+            # Clients call ensure() when they did not find the file, so check it is really
+            # there (a row without a file: removed behind our back). One stat, no thread.
+            if os.path.exists(path):
+                index.touch([hash], dataset)
+                assert self._policy is not None
+                self._policy.on_access([hash])
+                self.counters.add_hits(dataset, 1, size)
+                return path
+            log.warning("indexed file %s is missing; refetching it", path)
+            self._drop_entries([hash], reason="missing")
+        self.counters.add_miss(dataset)
+        return await self._await_fill(hash, size, location, dataset, prefetch=False)
+
+    async def _await_fill(
+        self, hash: bytes, size: int, location: Location, dataset: str | None, prefetch: bool
+    ) -> str:
+        while True:
+            index = self._require_open()
+            if index.size_of(hash) is not None:  # filled while we looped
+                index.touch([hash], dataset)
+                return self.store_path(hash)
+            flight = self._flights.get(hash)
+            if flight is None:
+                if size > self.config.cache_size:
+                    self.counters.add_fill_error(dataset)
+                    raise CacheFull(
+                        f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
+                        f"({self.config.cache_size} bytes); raise --cache-size"
+                    )
+                flight = _Flight(hash, size, location, dataset, prefetch)
+                self._flights[hash] = flight
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._run_flight, flight)
+                else:
+                    await self._run_flight(flight)
+            await flight.done.wait()
+            if flight.cancelled:
+                continue
+            if flight.error is not None:
+                # The same error object for every waiter (the fill's traceback is in the log);
+                # reset its traceback so fifty waiters do not stack fifty tracebacks.
+                raise flight.error.with_traceback(None)
+            assert flight.path is not None
+            if dataset is not None and dataset != flight.dataset:
+                index.touch([hash], dataset)
+            return flight.path
+
+    async def _run_flight(self, flight: _Flight) -> None:
+        counters = self.counters
+        counters.fills_in_flight += 1
+        if flight.prefetch:
+            counters.add_prefetch(flight.dataset)
+        start = trio.current_time()
+        try:
+            async with self._fill_limiter:
+                await self._reserve(flight.size)
+                try:
+                    backend = self._backend(flight.location.url)
+                    path = await self._filler.fill(
+                        backend, flight.hash, flight.size, flight.location, flight.dataset
+                    )
+                    # The file is at its final name: index it in this same trio step as the
+                    # reservation turns into use (no await in between).
+                    self._index_new(flight)
+                    self.used += flight.size
+                    self.entries += 1
+                    assert self._policy is not None
+                    self._policy.on_insert(flight.hash, flight.size)
+                finally:
+                    self.reserved -= flight.size
+                    self._notify_space()
+            flight.path = str(path)
+            counters.add_fill(flight.dataset, flight.size, trio.current_time() - start)
+        except trio.Cancelled:
+            flight.cancelled = True
+            raise
+        except CorruptObject as exc:
+            counters.add_verify_failure(flight.dataset)
+            log.warning("verify failure: %s", exc)  # once per event, with the location
+            flight.error = exc
+        except QuiverError as exc:
+            counters.add_fill_error(flight.dataset)
+            log.warning("fill of %s failed: %s", flight.hash.hex(), exc)
+            flight.error = exc
+        except Exception as exc:
+            counters.add_fill_error(flight.dataset)
+            log.exception("fill of %s failed unexpectedly", flight.hash.hex())
+            error = CacheError(f"fill of {flight.hash.hex()} failed: {type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+            flight.error = error
+        finally:
+            counters.fills_in_flight -= 1
+            if self._flights.get(flight.hash) is flight:
+                del self._flights[flight.hash]
+            flight.done.set()
+
+    def _index_new(self, flight: _Flight) -> None:
+        """Insert the row of a file just renamed into place. On "disk full" from SQLite, free
+        some space and retry once; failing that, remove the file (never an unindexed,
+        unaccounted file while running) and raise :class:`CacheFull`."""
+        index = self._require_open()
+        try:
+            index.insert(flight.hash, flight.size, flight.dataset)
+            return
+        except sqlite3.OperationalError as exc:
+            log.warning(
+                "indexing %s failed (%s); evicting and retrying once", flight.hash.hex(), exc
+            )
+            self._free_disk(max(flight.size, 1 << 20))
+        try:
+            index.insert(flight.hash, flight.size, flight.dataset)
+        except sqlite3.OperationalError as exc:
+            store.remove(layout.store_path(self.config.cache_dir, flight.hash))
+            raise CacheFull(f"cannot index {flight.hash.hex()}: {exc}; free disk space") from exc
+
+    # -- space -------------------------------------------------------------------------------
+
+    def _notify_space(self) -> None:
+        self._space_changed.set()
+        self._space_changed = trio.Event()
+
+    async def _reserve(self, size: int) -> None:
+        """Reserve ``size`` bytes under the cap, evicting; waits for fills in flight when only
+        they stand in the way; :class:`CacheFull` when pinned entries leave no room."""
+        cap = self.config.cache_size
+        while True:
+            over = self.used + self.reserved + size - cap
+            if over > 0:
+                self._evict_until(over)
+                over = self.used + self.reserved + size - cap
+            if over <= 0:
+                self.reserved += size
+                return
+            if self.reserved > 0:
+                # Fills in flight hold the space; once they finish their files are evictable.
+                await self._space_changed.wait()
+                continue
+            raise CacheFull(
+                f"cannot make room for {size} bytes: {self.used} of {cap} bytes are pinned; "
+                "unpin datasets or raise --cache-size"
+            )
+
+    def _evict_until(self, need: int) -> tuple[int, int]:
+        """Evict by policy until ``need`` bytes are freed (or nothing evictable is left)."""
+        assert self._policy is not None
+        victims: list[tuple[bytes, int]] = []
+        freed = 0
+        for hash, size in self._policy.victims():
+            if freed >= need:
+                break
+            if hash in self._flights:
+                continue  # being refilled right now (cannot happen for indexed rows; be safe)
+            victims.append((hash, size))
+            freed += size
+        return self._remove(victims, reason="evict")
+
+    def _free_disk(self, need: int) -> int:
+        """ENOSPC while writing: evict ``need`` bytes beyond the accounting (the disk is
+        smaller than the cap, or shared with others); returns bytes freed."""
+        return self._evict_until(need)[1]
+
+    def _remove(self, victims: Sequence[tuple[bytes, int]], reason: str) -> tuple[int, int]:
+        """Unlink files, then delete their rows, in one trio step; count evictions.
+
+        Files go first: on a full disk the row delete itself needs space (SQLite's WAL), which
+        the unlinks provide. A crash in between leaves rows without files (recovery state C).
+        """
+        if not victims:
+            return 0, 0
+        index = self._require_open()
+        hashes = [h for h, _ in victims]
+        refs = index.refs_of(hashes) if reason == "evict" else {}
+        files = nbytes = 0
+        for hash, size in victims:
+            store.remove(layout.store_path(self.config.cache_dir, hash))
+            files += 1
+            nbytes += size
+            if reason == "evict":
+                self.counters.add_eviction(refs.get(hash, []), 1, size)
+        self.used -= nbytes
+        self.entries -= files
+        assert self._policy is not None
+        self._policy.on_remove(hashes)
+        self._notify_space()
+        try:
+            index.delete(hashes)
+        except sqlite3.Error:
+            # Rows without files are harmless here (contains() may say yes until the next
+            # open repairs state C; the FUSE client then falls back to ensure()).
+            log.exception("could not drop %d evicted rows from the index", len(hashes))
+            self._dirty = True
+        return files, nbytes
+
+    def _drop_entries(self, hashes: Sequence[bytes], reason: str) -> None:
+        """Scrub found these bad or missing: remove them (never evictions in the counters)."""
+        index = self._require_open()
+        victims = [(h, s) for h in hashes if (s := index.size_of(h)) is not None]
+        self._remove(victims, reason=reason)
+        self.counters.scrub_removed += len(victims)
+
+    def evict(self, dataset: str | None = None) -> tuple[int, int]:
+        """Remove unpinned content of ``dataset`` (``None``: of every dataset, i.e. all
+        unpinned entries); returns ``(files, bytes)`` removed. Content that another dataset
+        also references stays (only this dataset's reference to it is dropped)."""
+        index = self._require_open()
+        if dataset is None:
+            victims = [(h, s) for h, s in index.evictable() if h not in self._flights]
+            return self._remove(victims, reason="evict")
+        victims = index.exclusive_to(dataset)
+        result = self._remove(victims, reason="evict")
+        index.drop_refs(dataset)
+        return result
+
+    def pin(self, hashes: Sequence[bytes]) -> int:
+        """Never evict these (indexed) hashes until :meth:`unpin`; returns entries pinned."""
+        return self._require_open().set_pinned([layout.check_hash(h) for h in hashes], True)
+
+    def unpin(self, hashes: Sequence[bytes]) -> int:
+        """Make pinned hashes evictable again; returns entries changed."""
+        changed = self._require_open().set_pinned([layout.check_hash(h) for h in hashes], False)
+        self._notify_space()
+        return changed
+
+    # -- prefetch and hits ---------------------------------------------------------------------
+
+    def prefetch(
+        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None
+    ) -> int:
+        """Queue fills to run in the background (``prefetch_concurrency`` at once) and return
+        how many were queued: cached, in-flight and already-queued hashes are skipped, and
+        items beyond the queue's capacity are dropped. Errors are counted and logged only."""
+        index = self._require_open()
+        queued = 0
+        for hash, size, location in items:
+            hash = layout.check_hash(hash)
+            if hash in self._queued or hash in self._flights or index.size_of(hash) is not None:
+                continue
+            try:
+                self._prefetch_send.send_nowait((hash, size, location, dataset))
+            except trio.WouldBlock:
+                break
+            self._queued.add(hash)
+            queued += 1
+        return queued
+
+    async def _prefetch_worker(self) -> None:
+        async for hash, size, location, dataset in self._prefetch_recv:
+            self._queued.discard(hash)
+            # Errors are counted and logged by the flight; a prefetch has nobody to tell.
+            with contextlib.suppress(QuiverError):
+                await self._await_fill(hash, size, location, dataset, prefetch=True)
+
+    def record_hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int) -> None:
+        """Hits that clients served from the store without an RPC: refresh their last use
+        (LRU), add ``dataset`` references, and count ``len(hashes)`` hits of ``nbytes``."""
+        index = self._require_open()
+        hashes = [layout.check_hash(h) for h in hashes]
+        index.touch(hashes, dataset)
+        assert self._policy is not None
+        self._policy.on_access(hashes)
+        self.counters.add_hits(dataset, len(hashes), nbytes)
+
+    # -- datasets and reports ------------------------------------------------------------------
+
+    def register_dataset(self, dataset_id: str, info: dict) -> None:
+        """Make a dataset known (``info`` is stored as JSON and shown by :meth:`usage`)."""
+        self._require_open().register(dataset_id, info)
+
+    def unregister_dataset(self, dataset_id: str) -> None:
+        """Forget a dataset's registration; its content stays cached (and referenced) until
+        evicted, so a returning dataset finds it."""
+        self._require_open().unregister(dataset_id)
+
+    async def scrub(self, progress: Callable[[int, int], object] | None = None) -> ScrubReport:
+        """Re-hash every entry; remove files whose bytes do not match (and rows whose file
+        is gone). ``progress(done, total)`` is called after each entry."""
+        self._require_open()
+        return await scrub(self, progress)
+
+    def usage(self) -> dict:
+        """``{"used_bytes", "cap_bytes", "reserved_bytes", "entries", "fills_in_flight",
+        "datasets": {id: {"entries", "bytes", "registered", "info"}}}`` (bytes of content;
+        a file shared by datasets counts in each)."""
+        index = self._require_open()
+        return {
+            "cache_dir": str(self.config.cache_dir),
+            "used_bytes": self.used,
+            "cap_bytes": self.config.cache_size,
+            "reserved_bytes": self.reserved,
+            "entries": self.entries,
+            "fills_in_flight": self.counters.fills_in_flight,
+            "policy": self.config.policy,
+            "datasets": index.dataset_usage(),
+        }
+
+    def backend_counters(self) -> dict[str, dict]:
+        """Raw counters of each backend opened so far (includes retries and failures)."""
+        return {
+            url: {
+                "requests": dict(b.counters.requests),
+                "bytes_read": b.counters.bytes_read,
+                "retries": b.counters.retries,
+                "failures": dict(b.counters.failures),
+            }
+            for url, b in self._backends.items()
+        }

@@ -1,0 +1,77 @@
+"""The cache's typed configuration, validated in one place, and :class:`Location`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from quiverfs.errors import UsageError
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a content hash's bytes live remotely: ``length`` bytes at ``offset`` of ``key``."""
+
+    #: Backend root URL, e.g. ``"s3://bucket/prefix"`` or ``"file:///data"``.
+    url: str
+    #: Object key relative to ``url`` (``/`` separators).
+    key: str
+    #: Byte offset of the content inside the object (non-zero for packed shards).
+    offset: int
+    #: Bytes of content; equals the content size named in the digest.
+    length: int
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Everything :class:`mountd.cache.Cache` needs; the CLI/daemon fill it from flags/config.
+
+    Sizes are bytes (use :func:`mountd.layout.parse_size` for ``"10G"``/``"20%"``); rates are
+    per second; ``None`` means unlimited.
+    """
+
+    cache_dir: Path
+    #: Cap on the bytes of verified content in the store (temp files of fills count too).
+    cache_size: int
+    #: Remote bytes/s across all fills (token bucket); None = unlimited.
+    remote_bandwidth: float | None = None
+    #: Remote requests/s across all fills (token bucket); None = unlimited.
+    remote_requests: float | None = None
+    #: Remote reads in flight at once, across all backends.
+    remote_concurrency: int = 16
+    #: Fills (ensure + prefetch) writing at once; bounds memory to about fill_concurrency × chunk.
+    fill_concurrency: int = 32
+    #: Background prefetch workers.
+    prefetch_concurrency: int = 8
+    #: Queued prefetch items beyond which :meth:`Cache.prefetch` drops the rest.
+    prefetch_queue: int = 100_000
+    #: Eviction policy name in :data:`mountd.policy.POLICIES`.
+    policy: str = "lru"
+    #: Bytes per remote request when streaming a large object (bounded memory per fill).
+    chunk_size: int = 8 * 1024 * 1024
+    #: Threads hashing/writing/fsyncing at once (disk work, not network).
+    io_threads: int = 8
+    #: Token-bucket burst, in seconds of the configured rate.
+    burst_seconds: float = 0.1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        if self.cache_size <= 0:
+            raise UsageError(f"cache size must be positive, got {self.cache_size}")
+        for name in ("remote_bandwidth", "remote_requests"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise UsageError(f"{name.replace('_', ' ')} must be positive or unset, got {value}")
+        for name in (
+            "remote_concurrency",
+            "fill_concurrency",
+            "prefetch_concurrency",
+            "chunk_size",
+            "io_threads",
+        ):
+            if getattr(self, name) < 1:
+                raise UsageError(
+                    f"{name.replace('_', ' ')} must be at least 1, got {getattr(self, name)}"
+                )
+        if self.prefetch_queue < 0 or self.burst_seconds <= 0:
+            raise UsageError("prefetch queue must be >= 0 and burst seconds > 0")

@@ -1,0 +1,160 @@
+"""What the cache did, per dataset and in total, as plain numbers for stats and Prometheus.
+
+Updated from the trio thread only, so reads need no lock. :meth:`Counters.snapshot` gives a
+JSON-ready dict; the serving side renders it (stats table, Prometheus, cost estimate).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass, field
+
+#: Upper bounds (seconds) of the fill-latency histogram buckets; a final +Inf bucket is implied.
+LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0)
+#: Remote request kinds, always present in snapshots (zero when unused).
+REQUEST_KINDS: tuple[str, ...] = ("GET", "HEAD", "LIST")
+
+
+@dataclass
+class Histogram:
+    """Count, sum and cumulative-free bucket counts of observations (seconds)."""
+
+    count: int = 0
+    sum: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.sum += seconds
+        self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+
+    def snapshot(self) -> dict:
+        """``{"count", "sum", "buckets": {"0.001": n, …, "+Inf": n}}`` (per-bucket, not cumulative)."""
+        names = [repr(b) for b in LATENCY_BUCKETS] + ["+Inf"]
+        return {
+            "count": self.count,
+            "sum": self.sum,
+            "buckets": dict(zip(names, self.buckets, strict=True)),
+        }
+
+
+@dataclass
+class DatasetCounters:
+    """One dataset's (or the total's) counters. Bytes are content bytes."""
+
+    #: Reads answered from the store (ensure() on a cached hash, or record_hits from clients).
+    hits: int = 0
+    #: ensure() calls that had to wait for a fill (their own or one already in flight).
+    misses: int = 0
+    #: Fills started by prefetch() (no client waiting).
+    prefetches: int = 0
+    bytes_from_cache: int = 0
+    bytes_from_remote: int = 0
+    #: Remote requests issued by fills, by kind (GET/HEAD/LIST), counted once per logical request.
+    remote_requests: Counter[str] = field(default_factory=Counter)
+    #: Bytes received from the remote (equals bytes_from_remote unless a fill failed midway).
+    remote_bytes: int = 0
+    #: Fills rejected because size or blake3 did not match the hash.
+    verify_failures: int = 0
+    #: Fills that failed for any other reason (remote error, cache full, disk).
+    fill_errors: int = 0
+    evicted_files: int = 0
+    evicted_bytes: int = 0
+    fill_latency: Histogram = field(default_factory=Histogram)
+
+    def snapshot(self) -> dict:
+        requests = {kind: self.remote_requests.get(kind, 0) for kind in REQUEST_KINDS}
+        requests.update(self.remote_requests)
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "prefetches": self.prefetches,
+            "bytes_from_cache": self.bytes_from_cache,
+            "bytes_from_remote": self.bytes_from_remote,
+            "remote_requests": requests,
+            "remote_bytes": self.remote_bytes,
+            "verify_failures": self.verify_failures,
+            "fill_errors": self.fill_errors,
+            "evicted_files": self.evicted_files,
+            "evicted_bytes": self.evicted_bytes,
+            "fill_latency": self.fill_latency.snapshot(),
+        }
+
+
+class Counters:
+    """Totals plus one :class:`DatasetCounters` per dataset id seen (``None`` = no dataset).
+
+    Every ``add_*`` updates the total and, when given a dataset, that dataset's counters.
+    """
+
+    def __init__(self) -> None:
+        self.total = DatasetCounters()
+        self.datasets: dict[str, DatasetCounters] = {}
+        #: Fills currently running (a gauge).
+        self.fills_in_flight = 0
+        #: Entries removed by scrub (bad bytes on disk) and by recovery (rows without files).
+        self.scrub_removed = 0
+
+    def _targets(self, dataset: str | None) -> tuple[DatasetCounters, ...]:
+        if dataset is None:
+            return (self.total,)
+        per = self.datasets.get(dataset)
+        if per is None:
+            per = self.datasets[dataset] = DatasetCounters()
+        return (self.total, per)
+
+    def dataset(self, dataset: str) -> DatasetCounters:
+        """The counters of one dataset (created empty if unseen)."""
+        return self._targets(dataset)[1]
+
+    def add_hits(self, dataset: str | None, files: int, nbytes: int) -> None:
+        for c in self._targets(dataset):
+            c.hits += files
+            c.bytes_from_cache += nbytes
+
+    def add_miss(self, dataset: str | None) -> None:
+        for c in self._targets(dataset):
+            c.misses += 1
+
+    def add_prefetch(self, dataset: str | None) -> None:
+        for c in self._targets(dataset):
+            c.prefetches += 1
+
+    def add_request(self, dataset: str | None, kind: str, nbytes: int = 0) -> None:
+        """One remote request of ``kind`` that returned ``nbytes``."""
+        for c in self._targets(dataset):
+            c.remote_requests[kind] += 1
+            c.remote_bytes += nbytes
+
+    def add_fill(self, dataset: str | None, nbytes: int, seconds: float) -> None:
+        """A fill that stored ``nbytes`` of verified content in ``seconds``."""
+        for c in self._targets(dataset):
+            c.bytes_from_remote += nbytes
+            c.fill_latency.observe(seconds)
+
+    def add_verify_failure(self, dataset: str | None) -> None:
+        for c in self._targets(dataset):
+            c.verify_failures += 1
+
+    def add_fill_error(self, dataset: str | None) -> None:
+        for c in self._targets(dataset):
+            c.fill_errors += 1
+
+    def add_eviction(self, datasets: list[str], files: int, nbytes: int) -> None:
+        """``files``/``nbytes`` evicted; attributed to the total once and to each dataset."""
+        self.total.evicted_files += files
+        self.total.evicted_bytes += nbytes
+        for name in datasets:
+            per = self.dataset(name)
+            per.evicted_files += files
+            per.evicted_bytes += nbytes
+
+    def snapshot(self) -> dict:
+        """JSON-ready: ``{"total": {...}, "datasets": {id: {...}}, "fills_in_flight": n, ...}``."""
+        return {
+            "total": self.total.snapshot(),
+            "datasets": {name: c.snapshot() for name, c in sorted(self.datasets.items())},
+            "fills_in_flight": self.fills_in_flight,
+            "scrub_removed": self.scrub_removed,
+        }

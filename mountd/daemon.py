@@ -1,0 +1,124 @@
+"""The mountd process: one nursery and one exit stack own the cache, the socket and metrics.
+
+Start-up order (each step registers its teardown, which runs in reverse):
+
+1. ``Cache.open()`` takes the cache directory's lock and recovers from any crash; a second
+   mountd on the same directory stops here with :class:`AlreadyRunning` (exit status 75).
+2. The socket file is (re)created ``0600`` at ``layout.socket_path`` — any old file is stale,
+   since we hold the lock — and removed again on the way out.
+3. ``cache.run`` (background workers) starts with ``nursery.start``, then the server and the
+   optional metrics endpoint; only then is the process ready.
+
+SIGTERM and SIGINT (and the ``shutdown`` request) cancel the nursery: in-flight requests are
+cancelled, the socket is removed, the cache is closed (its lock released). A ``kill -9``
+leaves the socket file behind; the next mountd removes it, and the cache's crash recovery
+deals with half-written fills.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from mountd import layout
+from mountd.cache import Cache, CacheConfig
+from mountd.errors import CacheLocked
+from mountd.server import Server, bind_socket, check_socket_path
+
+log = logging.getLogger("mountd")
+
+#: ``quiverfs mountd`` exit status when another mountd already owns the cache directory.
+EXIT_ALREADY_RUNNING = 75
+
+
+class AlreadyRunning(CacheLocked):
+    """Another mountd owns this cache directory (``quiverfs stats`` talks to it)."""
+
+    exit_code = EXIT_ALREADY_RUNNING
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """What ``quiverfs mountd`` was asked for: the cache's config plus serving options."""
+
+    cache: CacheConfig
+    #: Port for the Prometheus endpoint on 127.0.0.1; None = no endpoint, 0 = any free port.
+    metrics_port: int | None = None
+
+
+@dataclass(frozen=True)
+class Running:
+    """What :func:`serve` hands to ``nursery.start`` callers once ready."""
+
+    server: Server
+    socket_path: Path
+    metrics_port: int | None
+
+
+def _remove_socket(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+async def _watch_signals(shutdown: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("%s: shutting down", signal.Signals(signum).name)
+            shutdown.set()
+
+
+async def serve(config: DaemonConfig, *, handle_signals: bool = True,
+                task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
+    """Run mountd until SIGTERM/SIGINT or a ``shutdown`` request; see the module doc."""
+    cache_dir = Path(config.cache.cache_dir)
+    socket_path = layout.socket_path(cache_dir)
+    check_socket_path(socket_path)  # before touching the cache directory
+    async with AsyncExitStack() as stack:
+        cache = Cache(config.cache)
+        try:
+            await cache.open()
+        except CacheLocked as exc:
+            if isinstance(exc, AlreadyRunning):
+                raise
+            raise AlreadyRunning(f"{exc} (another mountd serves {cache_dir}; use it)") from exc
+        stack.push_async_callback(cache.aclose)
+
+        _remove_socket(socket_path)  # stale from a killed mountd: we hold the lock, nobody owns it
+        listener = bind_socket(socket_path)
+        stack.callback(_remove_socket, socket_path)
+        stack.callback(listener.close)
+
+        server = Server(cache, cache_dir)
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        await nursery.start(cache.run)
+        await nursery.start(server.serve, listener)
+        metrics_port = None
+        if config.metrics_port is not None:
+            from mountd.metrics import serve_metrics
+
+            metrics_port = await nursery.start(serve_metrics, server, config.metrics_port)
+            log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
+        if handle_signals:
+            nursery.start_soon(_watch_signals, server.shutdown)
+        log.info("mountd %d ready: cache %s, socket %s", os.getpid(), cache_dir, socket_path)
+        task_status.started(Running(server, socket_path, metrics_port))
+        await server.shutdown.wait()
+        nursery.cancel_scope.cancel()
+    log.info("mountd %d stopped", os.getpid())
+
+
+def main(config: DaemonConfig) -> None:
+    """Run mountd in the foreground (``quiverfs mountd``); logs go to stderr."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr,
+        format="%(asctime)s mountd[%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    trio.run(serve, config)

@@ -1,0 +1,193 @@
+"""One fill: fetch a hash's bytes through the remote limits, verify them, store them durably.
+
+Small objects (one chunk) are verified in memory before anything is written, so bad bytes
+never touch the disk. Larger ones stream chunk by chunk (memory bounded by ``chunk_size``),
+hashed incrementally and written to the temp file at explicit offsets; a mismatch at the end
+unlinks the temp file. Either way nothing reaches a final name unverified.
+
+Disk full: a write that fails with ENOSPC asks the cache to evict (``free_space``), then
+rewrites the same range once (``pwrite`` makes the retry idempotent). A second ENOSPC, or
+ENOSPC from ``fsync`` (after which the page cache may have dropped the data, so retrying the
+fsync would lie), fails the fill with :class:`CacheFull`; the temp file is always removed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+import blake3
+import trio
+
+from mountd import store
+from mountd.config import Location
+from mountd.counters import Counters
+from mountd.errors import CacheFull
+from mountd.limits import RemoteLimits
+from quiverfs.backends import Backend
+from quiverfs.errors import CorruptObject
+
+log = logging.getLogger("mountd.fill")
+
+#: Buffers smaller than this are hashed in the trio thread (~17 µs for 110 KiB): a thread hop
+#: costs more than the hash.
+INLINE_HASH = 512 * 1024
+
+
+class Filler:
+    """Runs fills for the cache; holds no per-fill state."""
+
+    def __init__(
+        self,
+        cache_dir: Path,
+        limits: RemoteLimits,
+        counters: Counters,
+        io_limiter: trio.CapacityLimiter,
+        chunk_size: int,
+        free_space: Callable[[int], int],
+    ) -> None:
+        self.cache_dir = cache_dir
+        self.limits = limits
+        self.counters = counters
+        self.io = io_limiter
+        self.chunk_size = chunk_size
+        self.free_space = free_space
+
+    async def fill(
+        self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
+    ) -> Path:
+        """Fetch, verify and store; returns the final path. Raises CorruptObject, CacheFull,
+        backend errors. The caller has reserved ``size`` bytes and indexes the result."""
+        if location.length != size:
+            raise self._corrupt(
+                hash, location, f"digest says {size} bytes but its location has {location.length}"
+            )
+        if size <= self.chunk_size:
+            data = await self._read(backend, location, 0, size, dataset) if size else b""
+            self._check_size(hash, location, len(data), size)
+            if len(data) < INLINE_HASH:
+                digest = blake3.blake3(data).digest()
+            else:
+                digest = await trio.to_thread.run_sync(_digest, data, limiter=self.io)
+            self._check_hash(hash, location, digest)
+            return await self._store_verified(hash, data)
+        return await self._stream(backend, hash, size, location, dataset)
+
+    # -- pieces ------------------------------------------------------------------------------
+
+    async def _read(
+        self, backend: Backend, location: Location, offset: int, length: int, dataset: str | None
+    ) -> bytes:
+        async with self.limits.request(length):
+            data = await backend.read_range(location.key, location.offset + offset, length)
+        self.counters.add_request(dataset, "GET", len(data))
+        return data
+
+    async def _store_verified(self, hash: bytes, data: bytes) -> Path:
+        # Never abandon a thread that writes: cancellation waits for it to finish.
+        try:
+            return await trio.to_thread.run_sync(
+                store.write_file, self.cache_dir, hash, data, limiter=self.io
+            )
+        except OSError as exc:
+            if not store.is_enospc(exc):
+                raise
+            self._make_room(len(data), exc)
+        try:
+            return await trio.to_thread.run_sync(
+                store.write_file, self.cache_dir, hash, data, limiter=self.io
+            )
+        except OSError as exc:
+            if store.is_enospc(exc):
+                raise self._disk_full(len(data)) from exc
+            raise
+
+    async def _stream(
+        self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
+    ) -> Path:
+        temp = await trio.to_thread.run_sync(store.TempFile, self.cache_dir, hash, limiter=self.io)
+        committed = False
+        try:
+            hasher = blake3.blake3()
+            retried = False
+            offset = 0
+            while offset < size:
+                n = min(self.chunk_size, size - offset)
+                data = await self._read(backend, location, offset, n, dataset)
+                self._check_size(hash, location, offset + len(data), size, partial=len(data) == n)
+                update = True
+                while True:
+                    try:
+                        await trio.to_thread.run_sync(
+                            _update_write, hasher, temp, data, offset, update, limiter=self.io
+                        )
+                        break
+                    except OSError as exc:
+                        if not store.is_enospc(exc):
+                            raise
+                        if retried:
+                            raise self._disk_full(size) from exc
+                        retried, update = True, False
+                        self._make_room(size - offset, exc)
+                offset += n
+            self._check_hash(hash, location, hasher.digest())
+            try:
+                path = await trio.to_thread.run_sync(temp.commit, limiter=self.io)
+            except OSError as exc:
+                if store.is_enospc(exc):
+                    raise self._disk_full(size) from exc
+                raise
+            committed = True
+            return path
+        finally:
+            # Failed or cancelled: the temp file goes. Synchronous so cancellation cannot skip it.
+            if not committed:
+                temp.discard()
+
+    def _make_room(self, need: int, exc: OSError) -> None:
+        freed = self.free_space(need)
+        log.warning("disk full while filling (%s); evicted %d bytes and retrying once", exc, freed)
+
+    def _disk_full(self, size: int) -> CacheFull:
+        return CacheFull(
+            f"no space left on the device holding {self.cache_dir} for a {size}-byte file, "
+            "even after evicting; lower the cache size or free disk space"
+        )
+
+    def _check_size(
+        self, hash: bytes, location: Location, got: int, size: int, partial: bool = False
+    ) -> None:
+        if partial and got <= size:
+            return
+        if got != size:
+            raise self._corrupt(hash, location, f"remote returned {got} bytes, digest says {size}")
+
+    def _check_hash(self, hash: bytes, location: Location, digest: bytes) -> None:
+        if digest != hash:
+            raise self._corrupt(
+                hash,
+                location,
+                f"blake3 of the bytes is {digest.hex()[:16]}…, expected {hash.hex()[:16]}…",
+            )
+
+    def _corrupt(self, hash: bytes, location: Location, why: str) -> CorruptObject:
+        return CorruptObject(
+            f"content of {hash.hex()} does not verify ({why}; {location.length} bytes at offset "
+            f"{location.offset}); not cached",
+            url=location.url,
+            key=location.key,
+        )
+
+
+def _digest(data: bytes) -> bytes:
+    return blake3.blake3(
+        data, max_threads=blake3.blake3.AUTO if len(data) >= 1 << 20 else 1
+    ).digest()
+
+
+def _update_write(hasher, temp: store.TempFile, data: bytes, offset: int, update: bool) -> None:
+    # Hash once per chunk (a retry after ENOSPC only rewrites); the write is idempotent.
+    if update:
+        hasher.update(data)
+    temp.write_at(data, offset)

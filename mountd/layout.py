@@ -1,0 +1,121 @@
+"""Where things live in a cache directory: a contract shared with the FUSE clients.
+
+FUSE processes open store files directly, by hash, with :func:`store_path` and no RPC, so the
+names below must not change without a format bump (see ``docs/store-layout.md``)::
+
+    CACHE_DIR/
+      lock                      flock'd by the one mountd that owns this directory
+      index.sqlite (+ -wal, -shm)   the index (rebuildable from store/)
+      mountd.sock               the control socket
+      tmp/                      fills in progress: <64-hex>.<random>.tmp (wiped on open)
+      store/ab/cd/abcd…(64 hex)   verified content, named by its blake3 hash
+
+These helpers are pure (no I/O) except :func:`default_cache_dir`, the one place that reads the
+environment, and :func:`parse_size`, which may ``statvfs`` the filesystem for a percentage.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from quiverfs.errors import UsageError
+
+#: Bytes in a blake3 hash, and hex characters in a store file name.
+HASH_BYTES = 32
+HASH_HEX = 2 * HASH_BYTES
+#: Store format version, recorded in the index's ``meta`` table.
+LAYOUT_VERSION = 1
+
+STORE = "store"
+TMP = "tmp"
+INDEX = "index.sqlite"
+LOCK = "lock"
+SOCKET = "mountd.sock"
+TMP_SUFFIX = ".tmp"
+
+
+def check_hash(hash: bytes) -> bytes:
+    """``hash`` if it is 32 bytes, else :class:`ValueError` (never build a path from junk)."""
+    if not isinstance(hash, bytes | bytearray) or len(hash) != HASH_BYTES:
+        raise ValueError(f"a content hash is {HASH_BYTES} bytes, got {hash!r:.80}")
+    return bytes(hash)
+
+
+def store_dir(cache_dir: str | os.PathLike[str]) -> Path:
+    """The root of the content-addressed store."""
+    return Path(cache_dir) / STORE
+
+
+def store_path(cache_dir: str | os.PathLike[str], hash: bytes) -> Path:
+    """Final path of ``hash``: ``store/<hex[0:2]>/<hex[2:4]>/<64 hex>`` (lower case)."""
+    name = check_hash(hash).hex()
+    return Path(cache_dir) / STORE / name[0:2] / name[2:4] / name
+
+
+def tmp_dir(cache_dir: str | os.PathLike[str]) -> Path:
+    """Where fills write before the rename; same filesystem as the store (rename is atomic)."""
+    return Path(cache_dir) / TMP
+
+
+def index_path(cache_dir: str | os.PathLike[str]) -> Path:
+    """The SQLite index."""
+    return Path(cache_dir) / INDEX
+
+
+def lock_path(cache_dir: str | os.PathLike[str]) -> Path:
+    """The file mountd holds an exclusive ``flock`` on while it owns the directory."""
+    return Path(cache_dir) / LOCK
+
+
+def socket_path(cache_dir: str | os.PathLike[str]) -> Path:
+    """mountd's control socket."""
+    return Path(cache_dir) / SOCKET
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/quiverfs``, else ``~/.cache/quiverfs`` (the only environment read)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "quiverfs"
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(I?B)?\s*$", re.IGNORECASE)
+_PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+
+
+def parse_size(text: str | int, fs_path: str | os.PathLike[str] | None = None) -> int:
+    """Bytes from ``"10G"``, ``"512M"``, ``"1.5T"``, ``"1073741824"`` or ``"20%"``.
+
+    Units are binary (``K`` = 1024); ``KB``/``KiB`` spellings are accepted. A percentage is of
+    the total size of the filesystem holding ``fs_path`` (its nearest existing ancestor).
+    Raises :class:`UsageError` with one line on anything else.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text <= 0:
+            raise UsageError(f"size must be positive, got {text}")
+        return text
+    raw = str(text)
+    match = _PERCENT.match(raw)
+    if match:
+        pct = float(match.group(1))
+        if not 0 < pct <= 100:
+            raise UsageError(f"size percentage must be in (0, 100], got {raw!r}")
+        if fs_path is None:
+            raise UsageError(f"size {raw!r} is a percentage but no filesystem was given")
+        path = Path(fs_path)
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        st = os.statvfs(path)
+        return max(1, int(st.f_blocks * st.f_frsize * pct / 100))
+    match = _SIZE.match(raw)
+    if not match:
+        raise UsageError(
+            f"bad size {raw!r}: use bytes or a number with K, M, G, T (e.g. 10G, 512M) or a percentage (20%)"
+        )
+    value = float(match.group(1)) * _UNITS[match.group(2).upper()]
+    if value < 1:
+        raise UsageError(f"size must be positive, got {raw!r}")
+    return int(value)

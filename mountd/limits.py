@@ -1,0 +1,90 @@
+"""Remote limits shared by every fill: bytes/s, requests/s and requests in flight.
+
+Each backend ``read_range`` goes through :meth:`RemoteLimits.request` (the length is known up
+front, so the bandwidth tokens are taken before the request, not after the bytes arrive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+
+class TokenBucket:
+    """``rate`` tokens per second, at most ``burst`` saved up; requests may go into debt.
+
+    ``acquire(n)`` takes ``n`` tokens at once and sleeps until the balance is non-negative
+    again, so a request larger than the burst still passes (after waiting ``n / rate``) and the
+    long-run rate is exactly ``rate``. Callers queue in order: each later caller sees the debt of
+    the earlier ones. Code between awaits is atomic in trio, so no lock is needed.
+
+    Cancellation: a caller cancelled while it waits gives its tokens back.
+    """
+
+    def __init__(self, rate: float, burst: float | None = None, *, clock=trio.current_time) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate}")
+        self.rate = float(rate)
+        self.burst = float(burst if burst is not None else rate * 0.1)
+        self._clock = clock
+        self._tokens = self.burst
+        self._stamp: float | None = None
+
+    def _refill(self) -> None:
+        now = self._clock()
+        if self._stamp is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+
+    def take(self, n: float) -> float:
+        """Take ``n`` tokens now; return the seconds to wait before using them (0 if none)."""
+        self._refill()
+        self._tokens -= n
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+    async def acquire(self, n: float) -> None:
+        """Take ``n`` tokens and wait until they are paid for."""
+        if n <= 0:
+            return
+        wait = self.take(n)
+        if wait <= 0:
+            return
+        try:
+            await trio.sleep(wait)
+        except trio.Cancelled:
+            self._tokens += n
+            raise
+
+
+class RemoteLimits:
+    """The three limits every remote read is placed under; ``None`` disables one."""
+
+    def __init__(
+        self,
+        bandwidth: float | None,
+        requests: float | None,
+        concurrency: int,
+        burst_seconds: float = 0.1,
+    ) -> None:
+        self.bandwidth = TokenBucket(bandwidth, bandwidth * burst_seconds) if bandwidth else None
+        # At least one request of burst so a lone request never waits.
+        self.requests = (
+            TokenBucket(requests, max(1.0, requests * burst_seconds)) if requests else None
+        )
+        self.concurrency = trio.CapacityLimiter(concurrency)
+
+    @asynccontextmanager
+    async def request(self, length: int) -> AsyncIterator[None]:
+        """Hold a concurrency slot, then pay one request token and ``length`` byte tokens.
+
+        Tokens are taken while holding the slot so waiting requests do not bank tokens and
+        then burst together when slots free up.
+        """
+        async with self.concurrency:
+            if self.requests is not None:
+                await self.requests.acquire(1)
+            if self.bandwidth is not None:
+                await self.bandwidth.acquire(length)
+            yield

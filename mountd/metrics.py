@@ -1,0 +1,165 @@
+"""Prometheus metrics: mountd's counters in the text exposition format, over a tiny HTTP server.
+
+``GET /metrics`` on ``127.0.0.1:PORT`` (``quiverfs mountd --metrics-port PORT``) answers with
+format 0.0.4 text. It is loopback-only on purpose: scrape it with a local agent, or put a
+proxy in front. Totals have no label (``quiverfs_hits_total``); per-dataset series carry a
+``dataset`` label (``quiverfs_dataset_hits_total{dataset="…"}``), so neither double-counts.
+
+The responder reads one request (at most 8 KiB, within 5 s), answers and closes: enough for a
+scraper, with nothing to configure and no dependency.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+log = logging.getLogger("mountd.metrics")
+
+#: counter key in a counters snapshot → (metric suffix, help text). Order is output order.
+COUNTERS: dict[str, tuple[str, str]] = {
+    "hits": ("hits_total", "Reads served from the cache (RPC or client-reported)."),
+    "misses": ("misses_total", "ensure() calls that waited for a remote fill."),
+    "prefetches": ("prefetches_total", "Fills started by prefetch."),
+    "bytes_from_cache": ("cache_bytes_total", "Content bytes served from the cache."),
+    "bytes_from_remote": ("remote_fill_bytes_total", "Verified content bytes fetched from remotes."),
+    "remote_bytes": ("remote_received_bytes_total", "Bytes received from remotes."),
+    "verify_failures": ("verify_failures_total", "Fills rejected: size or blake3 mismatch."),
+    "fill_errors": ("fill_errors_total", "Fills that failed for other reasons."),
+    "evicted_files": ("evicted_files_total", "Files evicted from the cache."),
+    "evicted_bytes": ("evicted_bytes_total", "Bytes evicted from the cache."),
+}
+
+MAX_REQUEST = 8192
+REQUEST_TIMEOUT = 5.0
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return repr(value)
+    return str(int(value))
+
+
+class _Writer:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._declared: set[str] = set()
+
+    def sample(self, name: str, kind: str, help_text: str, value: Any,
+               labels: dict[str, str] | None = None) -> None:
+        if name not in self._declared:
+            self._declared.add(name)
+            self.lines.append(f"# HELP {name} {help_text}")
+            self.lines.append(f"# TYPE {name} {kind}")
+        self.lines.append(f"{name}{_labels(labels or {})} {_number(value)}")
+
+    def histogram(self, name: str, help_text: str, snapshot: dict[str, Any],
+                  labels: dict[str, str]) -> None:
+        if name not in self._declared:
+            self._declared.add(name)
+            self.lines.append(f"# HELP {name} {help_text}")
+            self.lines.append(f"# TYPE {name} histogram")
+        cumulative = 0
+        for bound, count in snapshot.get("buckets", {}).items():  # per-bucket → cumulative
+            cumulative += count
+            self.lines.append(f"{name}_bucket{_labels({**labels, 'le': bound})} {cumulative}")
+        self.lines.append(f"{name}_sum{_labels(labels)} {_number(snapshot.get('sum', 0.0))}")
+        self.lines.append(f"{name}_count{_labels(labels)} {_number(snapshot.get('count', 0))}")
+
+
+def _counter_set(out: _Writer, prefix: str, counters: dict[str, Any], labels: dict[str, str]) -> None:
+    for key, (suffix, help_text) in COUNTERS.items():
+        if key in counters:
+            out.sample(f"{prefix}_{suffix}", "counter", help_text, counters[key], labels)
+    for kind, count in sorted(counters.get("remote_requests", {}).items()):
+        out.sample(f"{prefix}_remote_requests_total", "counter", "Remote requests by kind.",
+                   count, {**labels, "kind": kind})
+    if "fill_latency" in counters:
+        out.histogram(f"{prefix}_fill_latency_seconds", "Seconds from fill start to stored.",
+                      counters["fill_latency"], labels)
+
+
+def render(stats: dict[str, Any], usage: dict[str, Any] | None = None) -> str:
+    """The exposition text for a ``stats`` answer (and ``usage``, when given)."""
+    out = _Writer()
+    counters = stats.get("counters", {})
+    _counter_set(out, "quiverfs", counters.get("total", {}), {})
+    for dataset, per in counters.get("datasets", {}).items():
+        _counter_set(out, "quiverfs_dataset", per, {"dataset": dataset})
+    if "fills_in_flight" in counters:
+        out.sample("quiverfs_fills_in_flight", "gauge", "Fills running now.", counters["fills_in_flight"])
+    if "scrub_removed" in counters:
+        out.sample("quiverfs_scrub_removed_total", "counter",
+                   "Entries removed by scrub and recovery.", counters["scrub_removed"])
+    server = stats.get("server", {})
+    for key, kind, help_text in (
+        ("connections", "gauge", "Client connections open now."),
+        ("mounts", "gauge", "Registered mounts."),
+        ("uptime", "gauge", "Seconds since mountd started."),
+        ("requests_served", "counter", "Requests answered."),
+        ("protocol_errors", "counter", "Malformed frames and requests."),
+    ):
+        if key in server:
+            name = f"quiverfs_mountd_{key}" + ("_total" if kind == "counter" else "")
+            if key == "uptime":
+                name = "quiverfs_mountd_uptime_seconds"
+            out.sample(name, kind, help_text, server[key])
+    for key, value in sorted((usage or {}).items()):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out.sample(f"quiverfs_cache_{key}", "gauge", f"Cache usage: {key}.", value)
+    return "\n".join(out.lines) + "\n"
+
+
+async def _respond(stream: trio.SocketStream, server: Any) -> None:
+    request = b""
+    with trio.move_on_after(REQUEST_TIMEOUT):
+        while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST:
+            data = await stream.receive_some(4096)
+            if not data:
+                break
+            request += data
+    line = request.split(b"\r\n", 1)[0].decode("latin-1", "replace").split()
+    if len(line) >= 2 and line[0] in ("GET", "HEAD") and line[1].split("?")[0] == "/metrics":
+        body = render(server.stats_snapshot(), server.cache.usage()).encode()
+        status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+    elif len(line) >= 2 and line[0] in ("GET", "HEAD") and line[1] == "/":
+        body, status, ctype = b"quiverfs mountd: see /metrics\n", "200 OK", "text/plain"
+    else:
+        body, status, ctype = b"not found: try /metrics\n", "404 Not Found", "text/plain"
+    head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n").encode()
+    await stream.send_all(head + (b"" if line[:1] == ["HEAD"] else body))
+
+
+async def serve_metrics(server: Any, port: int, *, host: str = "127.0.0.1",
+                        task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve ``/metrics`` for ``server`` on ``host:port``; ``task_status`` gets the bound port."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            async with stream:
+                await _respond(stream, server)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:
+            log.exception("metrics request failed")
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(bound)

@@ -1,0 +1,79 @@
+"""Eviction policies: which entries to remove when a fill needs room.
+
+A policy only *chooses*; the cache removes the files and rows, keeps the byte accounting and
+never offers pinned entries (the index query excludes them) or fills in flight (not indexed
+yet). Add a policy by subclassing :class:`EvictionPolicy` and calling :func:`register_policy`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from typing import ClassVar
+
+from mountd.index import Index
+
+
+class EvictionPolicy(ABC):
+    """Chooses victims among the evictable (unpinned, indexed) entries.
+
+    All methods run in the trio thread, between awaits.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+
+    @abstractmethod
+    def victims(self) -> Iterator[tuple[bytes, int]]:
+        """Evictable ``(hash, size)`` in the order to evict; the caller stops when it has room."""
+
+    def on_insert(self, hash: bytes, size: int) -> None:  # noqa: B027 - optional hook
+        """A file was stored."""
+
+    def on_access(self, hashes: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
+        """Files were read (the index's last_use is already updated)."""
+
+    def on_remove(self, hashes: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
+        """Files were removed (evicted, scrubbed or dropped by recovery)."""
+
+
+class LRUPolicy(EvictionPolicy):
+    """Least recently used first, by the index's ``last_use`` column (hits and fills update it)."""
+
+    name = "lru"
+    page = 256
+
+    def victims(self) -> Iterator[tuple[bytes, int]]:
+        after: tuple[int, bytes] = (-1, b"")
+        while True:
+            rows = self.index.lru(self.page, after)
+            if not rows:
+                return
+            for hash, size, last_use in rows:
+                after = (last_use, hash)
+                yield hash, size
+
+
+#: Policy name → class; :class:`mountd.config.CacheConfig.policy` picks one.
+POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy}
+
+
+def register_policy(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
+    """Make ``cls`` selectable by ``cls.name`` (usable as a class decorator)."""
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, index: Index) -> EvictionPolicy:
+    """The policy called ``name``; :class:`UsageError` for an unknown name."""
+    from quiverfs.errors import UsageError
+
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise UsageError(
+            f"unknown eviction policy {name!r} (known: {', '.join(sorted(POLICIES))})"
+        ) from None
+    return cls(index)

@@ -1,0 +1,385 @@
+"""The mountd wire protocol: framing, messages, argument checks and error transport.
+
+Pure code (no sockets, no trio), shared by :mod:`mountd.server` and :mod:`mountd.client` and
+documented for other implementations in ``docs/mountd-protocol.md``.
+
+**Framing.** Every message is one *frame*: a 4-byte big-endian unsigned length ``N`` followed
+by ``N`` bytes of UTF-8 JSON encoding one object. ``N`` is at most :data:`MAX_FRAME`; a larger
+length cannot be skipped safely, so the server answers with a ``ProtocolError`` and closes
+that connection (only that one).
+
+**Requests** are ``{"id": ID, "op": NAME, "args": {...}}``. ``ID`` is an integer or a string
+chosen by the client; responses carry it back, so one connection carries many concurrent
+requests and responses may arrive in any order. A request without ``id`` is a
+*notification*: it is executed but never answered (used for ``hits`` and ``prefetch``).
+
+**Responses** are ``{"id": ID, "ok": true, "result": ...}`` or ``{"id": ID, "ok": false,
+"error": {"type": CLASS, "bases": [...], "message": TEXT, ...attributes}}``. A long request
+(``scrub``) may first send any number of ``{"id": ID, "progress": {...}}`` frames.
+A request that cannot even be parsed is answered with ``"id": null``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mountd.errors  # noqa: F401  (the cache's error classes, so clients can re-raise them)
+from quiverfs.errors import BackendError, QuiverError
+
+#: Protocol version; ``hello`` refuses a client whose major version differs.
+PROTOCOL_VERSION = 1
+
+#: Largest frame body accepted, in bytes (a prefetch of ~50k items fits comfortably).
+MAX_FRAME = 16 * 1024 * 1024
+
+#: Frame header: the body's length as a big-endian unsigned 32-bit integer.
+HEADER = struct.Struct(">I")
+
+#: Length of a content hash (blake3, 32 bytes = 64 hex digits).
+HASH_BYTES = 32
+
+#: Most items one ``prefetch`` or ``hits`` request may carry.
+MAX_ITEMS = 100_000
+
+#: Longest dataset id, mountpoint, URL or key accepted, in characters.
+MAX_TEXT = 4096
+
+#: Operations only root or the uid that owns mountd may call (checked with SO_PEERCRED).
+ADMIN_OPS = frozenset({"evict", "scrub", "shutdown"})
+
+#: Every operation the server knows.
+OPS = frozenset(
+    {"hello", "ensure", "prefetch", "register", "unregister", "hits", "stats", "usage", "ls"}
+    | ADMIN_OPS
+)
+
+
+# -- errors that exist only because there is a protocol --------------------------------------
+
+
+class ProtocolError(QuiverError):
+    """A malformed frame, request or response, or an incompatible protocol version."""
+
+
+class MountdUnavailable(QuiverError):
+    """No mountd answers on the socket (and none could be started), or it went away."""
+
+
+class PermissionDenied(QuiverError):
+    """The caller's uid may not run this admin operation (only root or mountd's owner may)."""
+
+
+class MountdInternalError(QuiverError):
+    """mountd hit an unexpected error (a bug) while serving the request; see its log."""
+
+    exit_code = 70
+
+
+# -- framing ----------------------------------------------------------------------------------
+
+
+def encode_frame(message: Mapping[str, Any]) -> bytes:
+    """One frame: the length header and the compact JSON of ``message``.
+
+    Raises :class:`ProtocolError` when the message is not JSON-able or larger than
+    :data:`MAX_FRAME`.
+    """
+    try:
+        body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:  # not JSON-able (a bug in whoever built it)
+        raise ProtocolError(f"message cannot be encoded as JSON: {exc}") from None
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte frame limit")
+    return HEADER.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """The body length announced by a 4-byte header; :class:`ProtocolError` when too large."""
+    (length,) = HEADER.unpack(header)
+    if length > MAX_FRAME:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_FRAME}-byte limit")
+    return length
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    """The JSON object in a frame body; :class:`ProtocolError` for anything else."""
+    try:
+        message = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"frame is not UTF-8 JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"frame must hold a JSON object, not {type(message).__name__}")
+    return message
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, take complete frame bodies out.
+
+    Used by the blocking client; the async side reads exact lengths instead. Raises
+    :class:`ProtocolError` from :meth:`feed` when a header announces an oversized frame.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Append ``data``; return the bodies of every frame now complete."""
+        self._buffer += data
+        bodies = []
+        while len(self._buffer) >= HEADER.size:
+            length = frame_length(bytes(self._buffer[: HEADER.size]))
+            end = HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            bodies.append(bytes(self._buffer[HEADER.size : end]))
+            del self._buffer[:end]
+        return bodies
+
+    @property
+    def pending(self) -> int:
+        """Bytes received but not yet part of a complete frame."""
+        return len(self._buffer)
+
+
+class ExactReader:
+    """Exact-length reads over an async stream with ``receive_some`` (trio's streams).
+
+    Frames may span several ``receive_some`` results or share one; this buffers the rest.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def read_exactly(self, n: int, *, eof_ok: bool) -> bytes | None:
+        """``n`` bytes; None at a clean end of stream when ``eof_ok`` and nothing is buffered.
+
+        Raises :class:`ProtocolError` when the stream ends inside a frame.
+        """
+        while len(self._buffer) < n:
+            data = await self._stream.receive_some(max(65536, n - len(self._buffer)))
+            if not data:
+                if eof_ok and not self._buffer:
+                    return None
+                raise ProtocolError("connection closed in the middle of a frame")
+            self._buffer += data
+        out = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return out
+
+    async def read_frame(self) -> dict[str, Any] | None:
+        """The next message, or None at a clean end of stream."""
+        header = await self.read_exactly(HEADER.size, eof_ok=True)
+        if header is None:
+            return None
+        body = await self.read_exactly(frame_length(header), eof_ok=False)
+        assert body is not None
+        return decode_body(body)
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+RequestId = int | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A parsed request. ``id`` is None for a notification (no response is sent)."""
+
+    id: RequestId
+    op: str
+    args: dict[str, Any]
+
+    @property
+    def wants_response(self) -> bool:
+        return self.id is not None
+
+
+def request_id_of(message: Mapping[str, Any]) -> RequestId:
+    """The id to answer a (possibly malformed) message with: its id when valid, else None."""
+    rid = message.get("id")
+    if isinstance(rid, bool) or not isinstance(rid, int | str):
+        return None
+    if isinstance(rid, str) and len(rid) > 128:
+        return None
+    return rid
+
+
+def parse_request(message: Mapping[str, Any]) -> Request:
+    """Check the envelope of a request; arguments are checked per op by the ``check_*`` helpers."""
+    rid = message.get("id")
+    if rid is not None and request_id_of(message) is None:
+        raise ProtocolError("request id must be an integer or a string of at most 128 characters")
+    op = message.get("op")
+    if not isinstance(op, str):
+        raise ProtocolError("request needs an 'op' string")
+    if op not in OPS:
+        raise ProtocolError(f"unknown op {op[:64]!r} (known: {', '.join(sorted(OPS))})")
+    args = message.get("args", {})
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ProtocolError(f"'args' of {op} must be an object")
+    unknown = set(message) - {"id", "op", "args"}
+    if unknown:
+        raise ProtocolError(f"unknown request fields: {', '.join(sorted(unknown))}")
+    return Request(rid, op, args)
+
+
+def make_request(rid: RequestId, op: str, args: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A request message (``rid=None`` makes a notification)."""
+    message: dict[str, Any] = {"op": op, "args": dict(args or {})}
+    if rid is not None:
+        message["id"] = rid
+    return message
+
+
+# -- argument checks (the server calls these; each raises ProtocolError) ---------------------
+
+
+def check_int(args: Mapping[str, Any], name: str, *, minimum: int = 0, default: int | None = None) -> int:
+    """``args[name]`` as a non-negative integer (bools refused)."""
+    value = args.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ProtocolError(f"{name!r} must be an integer")
+    if value < minimum:
+        raise ProtocolError(f"{name!r} must be at least {minimum}, not {value}")
+    return value
+
+
+def check_text(
+    args: Mapping[str, Any], name: str, *, optional: bool = False, empty: bool = False
+) -> str | None:
+    """``args[name]`` as a string of at most :data:`MAX_TEXT` characters, without NUL."""
+    value = args.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"{name!r} must be a string")
+    if not value and not empty:
+        raise ProtocolError(f"{name!r} must not be empty")
+    if len(value) > MAX_TEXT or "\x00" in value:
+        raise ProtocolError(f"{name!r} is too long or contains NUL")
+    return value
+
+
+def check_hash(value: Any, name: str = "hash") -> bytes:
+    """A content hash given as 64 hex digits, returned as 32 bytes."""
+    if not isinstance(value, str) or len(value) != 2 * HASH_BYTES:
+        raise ProtocolError(f"{name!r} must be {2 * HASH_BYTES} hex digits")
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        raise ProtocolError(f"{name!r} must be {2 * HASH_BYTES} hex digits") from None
+
+
+def check_location(value: Any) -> dict[str, Any]:
+    """A location object ``{url, key, offset, length}``; returned with the same fields."""
+    if not isinstance(value, dict):
+        raise ProtocolError("'location' must be an object {url, key, offset, length}")
+    unknown = set(value) - {"url", "key", "offset", "length"}
+    if unknown:
+        raise ProtocolError(f"unknown location fields: {', '.join(sorted(unknown))}")
+    return {
+        "url": check_text(value, "url"),
+        "key": check_text(value, "key", empty=True),
+        "offset": check_int(value, "offset"),
+        "length": check_int(value, "length"),
+    }
+
+
+def check_item(value: Any) -> tuple[bytes, int, dict[str, Any]]:
+    """One ``{hash, size, location}`` item of ``ensure`` or ``prefetch``."""
+    if not isinstance(value, dict):
+        raise ProtocolError("each item must be an object {hash, size, location}")
+    return check_hash(value.get("hash")), check_int(value, "size"), check_location(value.get("location"))
+
+
+def check_list(args: Mapping[str, Any], name: str) -> list[Any]:
+    """``args[name]`` as a list of at most :data:`MAX_ITEMS` elements."""
+    value = args.get(name)
+    if not isinstance(value, list):
+        raise ProtocolError(f"{name!r} must be a list")
+    if len(value) > MAX_ITEMS:
+        raise ProtocolError(f"{name!r} has {len(value)} items; at most {MAX_ITEMS} per request")
+    return value
+
+
+# -- responses and error transport ------------------------------------------------------------
+
+
+def ok_response(rid: RequestId, result: Any) -> dict[str, Any]:
+    """A successful response."""
+    return {"id": rid, "ok": True, "result": result}
+
+
+def progress_message(rid: RequestId, progress: Any) -> dict[str, Any]:
+    """An interim progress frame for a long request."""
+    return {"id": rid, "progress": progress}
+
+
+def error_payload(exc: BaseException) -> dict[str, Any]:
+    """How an exception travels: class name, its QuiverError ancestry, message, attributes.
+
+    Exceptions outside our vocabulary are reported as ``MountdInternalError`` so a bug in the
+    server never leaks arbitrary class names (or tracebacks) to clients.
+    """
+    if not isinstance(exc, QuiverError):
+        exc = MountdInternalError(f"{type(exc).__name__}: {exc}")
+    bases = [
+        cls.__name__
+        for cls in type(exc).__mro__[1:]
+        if isinstance(cls, type) and issubclass(cls, QuiverError)
+    ]
+    payload: dict[str, Any] = {"type": type(exc).__name__, "bases": bases, "message": str(exc)}
+    if isinstance(exc, BackendError):
+        payload["url"] = exc.url
+        payload["key"] = exc.key
+    return payload
+
+
+def error_response(rid: RequestId, exc: BaseException) -> dict[str, Any]:
+    """A failed response carrying :func:`error_payload`."""
+    return {"id": rid, "ok": False, "error": error_payload(exc)}
+
+
+def _error_classes() -> dict[str, type[QuiverError]]:
+    """Every QuiverError subclass imported so far, by name (first definition wins)."""
+    found: dict[str, type[QuiverError]] = {}
+    todo: list[type[QuiverError]] = [QuiverError]
+    while todo:
+        cls = todo.pop()
+        found.setdefault(cls.__name__, cls)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def exception_from_payload(payload: Any) -> QuiverError:
+    """Rebuild the server's exception from :func:`error_payload` output.
+
+    The class is the one with the same name when this process knows it, else the nearest
+    known class among ``bases``, else :class:`QuiverError`; the message is kept verbatim.
+    """
+    if not isinstance(payload, dict):
+        return ProtocolError("malformed error in a mountd response")
+    message = str(payload.get("message", "mountd reported an error"))
+    classes = _error_classes()
+    names = [payload.get("type")] + list(payload.get("bases") or [])
+    cls: type[QuiverError] = QuiverError
+    for name in names:
+        if isinstance(name, str) and name in classes:
+            cls = classes[name]
+            break
+    # Bypass the subclass __init__ (BackendError formats its own message): keep the text the
+    # server produced and restore the attributes that travelled with it.
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    if issubclass(cls, BackendError):
+        exc.url = str(payload.get("url", ""))
+        exc.key = str(payload.get("key", ""))
+    return exc

@@ -1,0 +1,268 @@
+"""Bringing a cache directory back to its invariants on open, after any crash.
+
+Each crash state, and what repairs it (``recover`` runs the steps in this order):
+
+A. **Killed mid-fill** (any time before the rename): a ``tmp/*.tmp`` file, complete or not,
+   verified or not. → :func:`clear_tmp` deletes everything in ``tmp/``. Nothing else refers
+   to temp files, so nothing is lost but the in-flight work.
+B. **Killed between the rename and the index commit**, or the last WAL transactions lost to a
+   power cut (``synchronous=NORMAL``): a file at its final name without a row. The file is
+   complete and verified by invariant (it was fsynced before the rename, and the directory
+   after), so it is *adopted*: indexed with its size and its mtime as last use.
+C. **A row without a file**: evicted/scrubbed file whose row delete was lost with the WAL
+   tail, or a file removed by hand. → the row and its dataset references are dropped.
+D. **Index unreadable** (truncated, garbage, another schema version, "database disk image is
+   malformed" while reading it): the file is moved aside to ``index.sqlite.corrupt`` (with its
+   ``-wal``/``-shm`` removed) and a fresh index is built by adopting every store file (B for
+   all). Pins, dataset references and exact last-use times are lost; they are advisory.
+E. **Junk in ``store/``**: names that are not 64 lower-case hex in the right fan-out folder,
+   or not regular files (nothing mountd writes; e.g. a hand copy) → deleted.
+
+Clean shutdown: :meth:`Cache.aclose` marks the index clean (``meta.clean = 1``) after the
+last change; ``open`` marks it dirty again (fsync'd) before any change. An open that finds it
+clean only sweeps ``tmp/`` and skips B–E: no crash happened, so the index matches the store.
+(Files removed by hand while mountd was stopped are then found lazily: ``ensure`` checks the
+file of a hit and refetches it. ``open(reconcile=True)`` forces the full reconcile.)
+
+Speed: one ``os.scandir`` per fan-out folder (no stat for indexed files), one index scan,
+Python set differences, batched SQL. Only adopted files are stat'ed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import string
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from mountd import layout
+from mountd.index import Index, IndexCorrupt, batched
+
+log = logging.getLogger("mountd.recovery")
+
+_HEX = frozenset(string.hexdigits.lower()[:16])
+_NAME = re.compile(f"[0-9a-f]{{{layout.HASH_HEX}}}")
+
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover` found and did."""
+
+    temp_removed: int = 0
+    adopted: int = 0
+    rows_dropped: int = 0
+    junk_removed: int = 0
+    index_rebuilt: bool = False
+    #: False when the index was clean (clean shutdown) and the store scan was skipped.
+    reconciled: bool = True
+    entries: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+def clear_tmp(cache_dir: Path) -> int:
+    """State A: remove everything under ``tmp/``; returns the number of entries removed."""
+    removed = 0
+    tmp = layout.tmp_dir(cache_dir)
+    with os.scandir(tmp) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    continue
+            removed += 1
+    return removed
+
+
+def _valid_hex(name: str, length: int) -> bool:
+    return len(name) == length and set(name) <= _HEX
+
+
+#: Threads walking folders and stat'ing files: directory reads and inode loads wait on the
+#: disk with the GIL released, so a few threads overlap their latency (the disk queue fills).
+SCAN_THREADS = 16
+
+
+def _drop(entry: os.DirEntry) -> None:
+    log.warning("removing unexpected entry in the store: %s", entry.path)
+    if entry.is_dir(follow_symlinks=False):
+        shutil.rmtree(entry.path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+
+
+def _scan_top(path: str, top: str) -> tuple[list[bytes], int]:
+    """Hashes of valid files under ``store/<top>/`` (E: removes the rest)."""
+    hashes: list[bytes] = []
+    junk = 0
+    fromhex, match = bytes.fromhex, _NAME.fullmatch
+    with os.scandir(path) as level2:
+        for d2 in level2:
+            if not (_valid_hex(d2.name, 2) and d2.is_dir(follow_symlinks=False)):
+                _drop(d2)
+                junk += 1
+                continue
+            prefix = top + d2.name
+            with os.scandir(d2.path) as files:
+                for f in files:
+                    name = f.name
+                    if match(name) and name.startswith(prefix) and f.is_file(follow_symlinks=False):
+                        hashes.append(fromhex(name))
+                    else:
+                        _drop(f)
+                        junk += 1
+    return hashes, junk
+
+
+def scan_store(cache_dir: Path) -> tuple[set[bytes], int]:
+    """Every hash with a file at its final name, and the number of junk entries removed (E)."""
+    found: set[bytes] = set()
+    junk = 0
+    tops = []
+    with os.scandir(layout.store_dir(cache_dir)) as level1:
+        for d1 in level1:
+            if _valid_hex(d1.name, 2) and d1.is_dir(follow_symlinks=False):
+                tops.append((d1.path, d1.name))
+            else:
+                _drop(d1)
+                junk += 1
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="mountd-scan") as pool:
+        for hashes, bad in pool.map(lambda t: _scan_top(*t), tops):
+            found.update(hashes)
+            junk += bad
+    return found, junk
+
+
+def _stat_some(cache_dir: Path, hashes: Sequence[bytes]) -> list[tuple[bytes, int, int]]:
+    rows = []
+    root = str(layout.store_dir(cache_dir))
+    for h in hashes:
+        name = h.hex()  # the same path as layout.store_path, without Path's overhead
+        try:
+            st = os.stat(f"{root}/{name[0:2]}/{name[2:4]}/{name}")
+        except FileNotFoundError:
+            continue
+        rows.append((h, st.st_size, st.st_mtime_ns))
+    return rows
+
+
+def stat_files(cache_dir: Path, hashes: Sequence[bytes]) -> list[tuple[bytes, int, int]]:
+    """``(hash, size, mtime_ns)`` of store files to adopt (B); vanished ones are skipped."""
+    step = max(256, len(hashes) // (SCAN_THREADS * 4) + 1)
+    parts = [hashes[i : i + step] for i in range(0, len(hashes), step)]
+    rows: list[tuple[bytes, int, int]] = []
+    with ThreadPoolExecutor(SCAN_THREADS, thread_name_prefix="mountd-stat") as pool:
+        for part in pool.map(lambda p: _stat_some(cache_dir, p), parts):
+            rows.extend(part)
+    return rows
+
+
+def set_aside(index_file: Path) -> None:
+    """State D: move an unusable index out of the way (keeping one copy for a post-mortem)."""
+    if index_file.exists():
+        os.replace(index_file, index_file.with_name(index_file.name + ".corrupt"))
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(index_file) + suffix)
+
+
+async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, RecoveryReport]:
+    """Repair states A–E and return the open, consistent index (marked dirty: owned).
+
+    Filesystem walks run in worker threads; SQL runs here, in the trio thread. Without
+    ``reconcile`` an index left clean by a clean shutdown is trusted (only A is repaired).
+    """
+    start = trio.current_time()
+    report = RecoveryReport()
+    report.temp_removed = await trio.to_thread.run_sync(clear_tmp, cache_dir)
+    index_file = layout.index_path(cache_dir)
+
+    index: Index | None = None
+    try:
+        index = Index.open(index_file)
+        if index.is_clean() and not reconcile:
+            index.set_clean(False)
+            report.reconciled = False
+            return index, _finish(index, report, start, cache_dir)
+    except (IndexCorrupt, sqlite3.DatabaseError) as exc:  # state D
+        index = _discard(index, index_file, exc)
+
+    # Scan the store in threads while this (trio) thread reads the index.
+    scanned: dict[str, tuple[set[bytes], int]] = {}
+
+    async def scan() -> None:
+        scanned["store"] = await trio.to_thread.run_sync(scan_store, cache_dir)
+
+    indexed: set[bytes] = set()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(scan)
+        await trio.sleep(0)  # let the scan thread start first
+        if index is not None:
+            try:
+                indexed = index.all_hashes()  # reads every page: corruption shows here
+                index.set_clean(False)
+            except sqlite3.DatabaseError as exc:  # state D
+                index = _discard(index, index_file, exc)
+                indexed = set()
+    on_disk, report.junk_removed = scanned["store"]
+    if index is None:
+        await trio.to_thread.run_sync(set_aside, index_file)
+        index = Index.open(index_file)
+        index.set_clean(False)
+        report.index_rebuilt = True
+
+    missing = list(indexed - on_disk)  # C
+    if missing:
+        index.delete(missing)
+        report.rows_dropped = len(missing)
+    if missing or report.index_rebuilt:
+        index.drop_dangling_refs()
+
+    orphans = list(on_disk - indexed)  # B (and D)
+    del on_disk, indexed
+    for part in batched(orphans, 250_000):
+        rows = await trio.to_thread.run_sync(stat_files, cache_dir, part)
+        index.adopt(rows)
+        report.adopted += len(rows)
+    return index, _finish(index, report, start, cache_dir)
+
+
+def _discard(index: Index | None, index_file: Path, exc: BaseException) -> None:
+    if index is not None:
+        index.conn.close()
+    log.warning("index %s is unusable (%s); rebuilding it from the store", index_file, exc)
+    return None
+
+
+def _finish(index: Index, report: RecoveryReport, start: float, cache_dir: Path) -> RecoveryReport:
+    index.seed_clock()
+    report.entries, report.bytes = index.totals()
+    report.seconds = trio.current_time() - start
+    log.info(
+        "opened %s: %d entries (%d bytes), %d temp removed, %d adopted, %d rows dropped, "
+        "%d junk removed%s%s in %.2fs",
+        cache_dir,
+        report.entries,
+        report.bytes,
+        report.temp_removed,
+        report.adopted,
+        report.rows_dropped,
+        report.junk_removed,
+        ", index rebuilt" if report.index_rebuilt else "",
+        "" if report.reconciled else " (clean shutdown: store scan skipped)",
+        report.seconds,
+    )
+    return report

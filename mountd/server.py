@@ -1,0 +1,477 @@
+"""Serving the mountd protocol on a unix socket: connections, requests, permissions.
+
+One task per connection reads frames and starts one task per request in the connection's
+nursery, so a FUSE process can pipeline many misses over one connection and get each answer
+as soon as its fill is done, in any order. A malformed frame or request gets an error
+response and disturbs nothing else; only a frame header announcing more than
+:data:`~mountd.protocol.MAX_FRAME` bytes (after which the stream cannot be resynchronised)
+closes that one connection.
+
+Peer credentials (``SO_PEERCRED``) are read once per connection; admin operations
+(:data:`~mountd.protocol.ADMIN_OPS`) are refused unless the peer is root or the uid that owns
+mountd. The socket itself is created ``0600`` by :func:`bind_socket`, so by default only that
+uid (and root) can connect at all; the credential check is the second line of defence.
+
+Invariant: the registration tables (``mounts``, ``_dataset_refs``) are changed only from the
+trio thread with no ``await`` in between reads and writes, so they need no lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import stat
+import struct
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from mountd import protocol
+from mountd.cache import Location
+from mountd.costs import scheme_of
+from mountd.protocol import (
+    ADMIN_OPS,
+    PROTOCOL_VERSION,
+    PermissionDenied,
+    ProtocolError,
+    Request,
+    check_hash,
+    check_int,
+    check_item,
+    check_list,
+    check_text,
+)
+from quiverfs import __version__
+from quiverfs.errors import QuiverError, UsageError
+
+log = logging.getLogger("mountd.server")
+
+#: Requests one connection may have in flight; the reader stops reading beyond this, which
+#: pushes back on a client that pipelines faster than fills complete.
+MAX_IN_FLIGHT = 1024
+
+#: Seconds between two progress frames of a long request (scrub).
+PROGRESS_INTERVAL = 0.25
+
+#: sizeof(sockaddr_un.sun_path) on Linux, including the terminating NUL.
+MAX_SOCKET_PATH = 108
+
+_PEERCRED = struct.Struct("3i")  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Who is on the other end of a connection, as the kernel saw it at ``connect()``."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_credentials(sock: Any) -> Peer:
+    """``SO_PEERCRED`` of a connected unix socket (Linux)."""
+    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    return Peer(*_PEERCRED.unpack(data))
+
+
+def check_socket_path(path: str | os.PathLike[str]) -> None:
+    """:class:`UsageError` when ``path`` cannot be a unix socket address (too long)."""
+    if len(os.fsencode(path)) >= MAX_SOCKET_PATH:
+        raise UsageError(
+            f"socket path {os.fspath(path)!r} is too long for a unix socket "
+            f"({len(os.fsencode(path))} bytes, at most {MAX_SOCKET_PATH - 1}): use a shorter --cache-dir"
+        )
+
+
+def bind_socket(path: str | os.PathLike[str], backlog: int = 128) -> trio.socket.SocketType:
+    """A listening unix socket at ``path``, mode 0600 from birth.
+
+    ``bind()`` creates the socket file with the process umask applied, so the umask is set to
+    0o077 around it: there is no moment at which the file exists with wider permissions. The
+    umask is process-wide; nothing else here creates files between the two ``umask`` calls
+    (no ``await`` in between). A stale socket file must have been removed by the caller, who
+    knows (holding the cache-dir lock) that no other mountd can own it.
+    """
+    check_socket_path(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        old = os.umask(0o077)
+        try:
+            sock.bind(os.fspath(path))  # the blocking stdlib bind: no await in the umask window
+        finally:
+            os.umask(old)
+        os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)  # explicit, whatever the umask was
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return trio.socket.from_stdlib_socket(sock)
+
+
+@dataclass(slots=True)
+class MountRecord:
+    """A registered mount (or any registered user of a dataset)."""
+
+    id: int
+    dataset: str
+    digest: str | None
+    mountpoint: str | None
+    pid: int
+    uid: int
+    since: float
+    connection: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(eq=False)
+class Connection:
+    """One client connection: its stream, peer, send lock and the mounts it registered."""
+
+    id: int
+    stream: trio.SocketStream
+    peer: Peer
+    admin: bool
+    send_lock: trio.Lock = field(default_factory=trio.Lock)
+    slots: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(MAX_IN_FLIGHT))
+    mounts: set[int] = field(default_factory=set)
+    closed: bool = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        """Send one frame; a client that went away is not an error (its answers are dropped)."""
+        try:
+            frame = protocol.encode_frame(message)
+        except ProtocolError as exc:  # a result too large for a frame: say so instead
+            frame = protocol.encode_frame(protocol.error_response(message.get("id"), exc))
+        if self.closed:
+            return
+        async with self.send_lock:
+            try:
+                await self.stream.send_all(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.closed = True
+
+
+class Server:
+    """Answers protocol requests with a :class:`mountd.cache.Cache`.
+
+    ``cache`` is anything with the Cache interface (tests may pass a fake). ``shutdown`` is an
+    event the daemon waits on; the ``shutdown`` op sets it after answering.
+    """
+
+    def __init__(self, cache: Any, cache_dir: str | os.PathLike[str], *, owner_uid: int | None = None) -> None:
+        self.cache = cache
+        self.cache_dir = Path(cache_dir)
+        self.owner_uid = os.getuid() if owner_uid is None else owner_uid
+        self.started_at = time.time()
+        self.shutdown = trio.Event()
+        self.mounts: dict[int, MountRecord] = {}
+        self._dataset_refs: dict[str, int] = defaultdict(int)
+        #: Dataset (None: requests without one) → URL schemes its fills used, for cost estimates.
+        self.schemes: dict[str | None, set[str]] = defaultdict(set)
+        self._next_connection = 0
+        self._next_mount = 0
+        self.connections: dict[int, Connection] = {}
+        self.requests_served = 0
+        self.protocol_errors = 0
+
+    # -- accepting ------------------------------------------------------------------------------
+
+    async def serve(self, listener_socket: trio.socket.SocketType, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept connections on a listening socket until cancelled."""
+        listener = trio.SocketListener(listener_socket)
+        async with listener, trio.open_nursery() as nursery:
+            task_status.started()
+            while True:
+                stream = await listener.accept()
+                nursery.start_soon(self.handle_connection, stream)
+
+    async def handle_connection(self, stream: trio.SocketStream) -> None:
+        """Serve one connection until the client closes it; never raises for client faults."""
+        try:
+            peer = peer_credentials(stream.socket)
+        except OSError:  # not a unix socket (tests) or the peer vanished already
+            peer = Peer(0, -1, -1)
+        self._next_connection += 1
+        conn = Connection(self._next_connection, stream, peer, self.is_admin(peer.uid))
+        self.connections[conn.id] = conn
+        try:
+            async with stream, trio.open_nursery() as nursery:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self._read_loop(conn, nursery)
+                # After EOF the requests already read still run and answer (a client may
+                # half-close); their fills are useful to the cache whoever waits.
+        except Exception:
+            log.exception("connection %d from pid %d failed", conn.id, peer.pid)
+        finally:
+            conn.closed = True
+            del self.connections[conn.id]
+            for mount_id in list(conn.mounts):
+                self._drop_mount(mount_id)
+
+    def is_admin(self, uid: int) -> bool:
+        """Admin operations are for root and the uid that owns mountd."""
+        return uid == 0 or uid == self.owner_uid
+
+    async def _read_loop(self, conn: Connection, nursery: trio.Nursery) -> None:
+        reader = protocol.ExactReader(conn.stream)
+        while True:
+            try:
+                header = await reader.read_exactly(protocol.HEADER.size, eof_ok=True)
+                if header is None:
+                    return
+                body = await reader.read_exactly(protocol.frame_length(header), eof_ok=False)
+                assert body is not None
+            except ProtocolError as exc:
+                # An oversized or truncated frame: the byte stream cannot be resynchronised.
+                self.protocol_errors += 1
+                await conn.send(protocol.error_response(None, exc))
+                return
+            rid: protocol.RequestId = None
+            try:
+                message = protocol.decode_body(body)
+                rid = protocol.request_id_of(message)
+                request = protocol.parse_request(message)
+            except ProtocolError as exc:
+                self.protocol_errors += 1
+                await conn.send(protocol.error_response(rid, exc))
+                continue
+            await conn.slots.acquire()
+            nursery.start_soon(self._run_request, conn, request)
+
+    async def _run_request(self, conn: Connection, request: Request) -> None:
+        try:
+            try:
+                if request.op in ADMIN_OPS and not conn.admin:
+                    raise PermissionDenied(
+                        f"{request.op} needs root or uid {self.owner_uid} (mountd's owner); "
+                        f"the caller is uid {conn.peer.uid}"
+                    )
+                handler: Callable[[Connection, Request], Any] = getattr(self, f"_op_{request.op}")
+                result = await handler(conn, request)
+                response = protocol.ok_response(request.id, result)
+            except QuiverError as exc:
+                if isinstance(exc, ProtocolError):
+                    self.protocol_errors += 1
+                response = protocol.error_response(request.id, exc)
+            except Exception as exc:
+                log.exception("%s request failed", request.op)
+                response = protocol.error_response(request.id, exc)
+            self.requests_served += 1
+            if request.wants_response:
+                await conn.send(response)
+            elif not response["ok"]:
+                log.warning("notification %s failed: %s", request.op, response["error"]["message"])
+        finally:
+            conn.slots.release()
+        if request.op == "shutdown" and response["ok"]:
+            self.shutdown.set()
+
+    # -- operations -------------------------------------------------------------------------
+
+    async def _op_hello(self, conn: Connection, request: Request) -> dict[str, Any]:
+        version = check_int(request.args, "version")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(
+                f"client speaks mountd protocol {version}, this mountd speaks {PROTOCOL_VERSION}: "
+                "run the same quiverfs version on both sides"
+            )
+        return {
+            "version": PROTOCOL_VERSION,
+            "server": __version__,
+            "pid": os.getpid(),
+            "uid": self.owner_uid,
+            "cache_dir": str(self.cache_dir),
+            "started_at": self.started_at,
+            "ops": sorted(protocol.OPS),
+            "peer": dataclasses.asdict(conn.peer),
+            "admin": conn.admin,
+        }
+
+    def _note_scheme(self, dataset: str | None, url: str) -> None:
+        self.schemes[dataset].add(scheme_of(url))
+
+    async def _op_ensure(self, conn: Connection, request: Request) -> dict[str, Any]:
+        digest, size, where = check_item(request.args)
+        dataset = check_text(request.args, "dataset", optional=True)
+        self._note_scheme(dataset, where["url"])
+        path = await self.cache.ensure(digest, size, Location(**where), dataset)
+        return {"path": os.fspath(path)}
+
+    async def _op_prefetch(self, conn: Connection, request: Request) -> dict[str, Any]:
+        dataset = check_text(request.args, "dataset", optional=True)
+        items = []
+        for raw in check_list(request.args, "items"):
+            digest, size, where = check_item(raw)
+            items.append((digest, size, Location(**where)))
+        for url in {loc.url for _, _, loc in items}:
+            self._note_scheme(dataset, url)
+        return {"queued": self.cache.prefetch(items, dataset)}
+
+    async def _op_hits(self, conn: Connection, request: Request) -> dict[str, Any]:
+        dataset = check_text(request.args, "dataset", optional=True)
+        hashes = [check_hash(h) for h in check_list(request.args, "hashes")]
+        nbytes = check_int(request.args, "bytes")
+        self.cache.record_hits(dataset, hashes, nbytes)
+        return {"recorded": len(hashes)}
+
+    async def _op_register(self, conn: Connection, request: Request) -> dict[str, Any]:
+        args = request.args
+        dataset = check_text(args, "dataset")
+        digest = check_text(args, "digest", optional=True)
+        mountpoint = check_text(args, "mountpoint", optional=True)
+        pid = check_int(args, "pid", default=conn.peer.pid)
+        raw_sources = check_list(args, "sources") if args.get("sources") is not None else []
+        sources = [check_text({"source": s}, "source") for s in raw_sources]
+        assert dataset is not None
+        for url in sources:
+            self._note_scheme(dataset, url)
+        self._next_mount += 1
+        record = MountRecord(
+            self._next_mount, dataset, digest, mountpoint, pid, conn.peer.uid, time.time(), conn.id
+        )
+        if self._dataset_refs[dataset] == 0:
+            info = {"digest": digest, "mountpoint": mountpoint, "pid": pid, "uid": conn.peer.uid,
+                    "sources": sources}
+            self.cache.register_dataset(dataset, info)
+        self._dataset_refs[dataset] += 1
+        self.mounts[record.id] = record
+        conn.mounts.add(record.id)
+        return {"mount": record.id}
+
+    def _drop_mount(self, mount_id: int) -> bool:
+        record = self.mounts.pop(mount_id, None)
+        if record is None:
+            return False
+        conn = self.connections.get(record.connection)
+        if conn is not None:
+            conn.mounts.discard(mount_id)
+        self._dataset_refs[record.dataset] -= 1
+        if self._dataset_refs[record.dataset] <= 0:
+            del self._dataset_refs[record.dataset]
+            try:
+                self.cache.unregister_dataset(record.dataset)
+            except QuiverError as exc:
+                log.warning("unregister %s: %s", record.dataset, exc)
+        return True
+
+    async def _op_unregister(self, conn: Connection, request: Request) -> dict[str, Any]:
+        args = request.args
+        if ("mount" in args) == ("dataset" in args):
+            raise ProtocolError("unregister needs exactly one of 'mount' or 'dataset'")
+        if "mount" in args:
+            ids = [check_int(args, "mount")]
+        else:
+            dataset = check_text(args, "dataset")
+            ids = [m.id for m in self.mounts.values() if m.dataset == dataset]
+        removed = sum(self._drop_mount(i) for i in ids)
+        return {"removed": removed}
+
+    def _schemes_json(self) -> dict[str, Any]:
+        total: set[str] = set()
+        for found in self.schemes.values():
+            total |= found
+        return {
+            "total": sorted(total),
+            "datasets": {k: sorted(self.schemes[k]) for k in sorted(k for k in self.schemes if k is not None)},
+        }
+
+    async def _op_stats(self, conn: Connection, request: Request) -> dict[str, Any]:
+        return self.stats_snapshot()
+
+    def stats_snapshot(self) -> dict[str, Any]:
+        """The ``stats`` answer: cache counters, URL schemes per dataset, server gauges."""
+        return {
+            "counters": self.cache.counters.snapshot(),
+            "schemes": self._schemes_json(),
+            "server": {
+                "pid": os.getpid(),
+                "uptime": time.time() - self.started_at,
+                "connections": len(self.connections),
+                "mounts": len(self.mounts),
+                "requests_served": self.requests_served,
+                "protocol_errors": self.protocol_errors,
+            },
+        }
+
+    async def _op_usage(self, conn: Connection, request: Request) -> dict[str, Any]:
+        return self.cache.usage()
+
+    async def _op_ls(self, conn: Connection, request: Request) -> dict[str, Any]:
+        return {
+            "usage": self.cache.usage(),
+            "mounts": [m.to_json() for m in sorted(self.mounts.values(), key=lambda m: m.id)],
+            "datasets": sorted(self._dataset_refs),
+        }
+
+    async def _op_evict(self, conn: Connection, request: Request) -> dict[str, Any]:
+        args = request.args
+        everything = args.get("all", False)
+        if not isinstance(everything, bool):
+            raise ProtocolError("'all' must be true or false")
+        dataset = check_text(args, "dataset", optional=True)
+        if everything == (dataset is not None):
+            raise ProtocolError("evict needs exactly one of 'dataset' or 'all': true")
+        files, nbytes = self.cache.evict(None if everything else dataset)
+        return {"files": files, "bytes": nbytes}
+
+    async def _op_scrub(self, conn: Connection, request: Request) -> Any:
+        latest: list[Any] = [None]
+        sent: list[Any] = [None]
+
+        def progress(*args: Any, **kwargs: Any) -> None:
+            # May be called from a worker thread: only store (list item assignment is atomic).
+            latest[0] = _progress_json(args, kwargs)
+
+        async def ticker() -> None:
+            while True:
+                await trio.sleep(PROGRESS_INTERVAL)
+                if latest[0] is not None and latest[0] != sent[0] and request.wants_response:
+                    sent[0] = latest[0]
+                    await conn.send(protocol.progress_message(request.id, latest[0]))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticker)
+            report = await self.cache.scrub(progress=progress)
+            nursery.cancel_scope.cancel()
+        return _to_json(report)
+
+    async def _op_shutdown(self, conn: Connection, request: Request) -> dict[str, Any]:
+        log.info("shutdown requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
+        return {"stopping": True, "pid": os.getpid()}
+
+
+def _to_json(value: Any) -> Any:
+    """Dataclasses, tuples and paths as JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_to_json(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def _progress_json(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Whatever the cache's progress callback was given, as one JSON value."""
+    if kwargs and not args:
+        return _to_json(kwargs)
+    if len(args) == 1 and not kwargs:
+        value = _to_json(args[0])
+        return value if isinstance(value, dict) else {"done": value}
+    if len(args) == 2 and not kwargs and all(isinstance(a, int) for a in args):
+        return {"done": args[0], "total": args[1]}
+    return {"args": _to_json(list(args)), **_to_json(kwargs)}

@@ -1,0 +1,148 @@
+"""How the mountd admin commands look in a terminal: rich tables and the scrub progress bar.
+
+Pure presentation of the dicts that :mod:`mountd.client` and :func:`mountd.costs.stats_report`
+return; ``--json`` prints those dicts instead. Kept apart from :mod:`quiverfs.cli` so the
+command definitions stay short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+def human_bytes(n: int | float | None) -> str:
+    """``1536`` → ``"1.5 KiB"``; binary units like the rest of quiverfs."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} PiB"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _dollars(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _requests(kinds: Mapping[str, int]) -> str:
+    shown = [f"{kind} {count}" for kind, count in sorted(kinds.items()) if count]
+    return ", ".join(shown) or "0"
+
+
+def _rows(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    return [("TOTAL", report["total"]), *sorted(report["datasets"].items())]
+
+
+def print_stats(report: Mapping[str, Any], console: Console | None = None) -> None:
+    """Three tables: what was read from where, how fills went, and what the cache saved."""
+    console = console or Console()
+    reads = Table(title="mountd: reads", title_justify="left")
+    for column in ("dataset", "hits", "misses", "hit ratio", "from cache", "from remote", "remote requests"):
+        reads.add_column(column, justify="left" if column in ("dataset", "remote requests") else "right")
+    health = Table(title="mountd: fills", title_justify="left")
+    for column in ("dataset", "prefetched", "verify fail", "errors", "evicted", "fill mean", "fill p95"):
+        health.add_column(column, justify="left" if column == "dataset" else "right", no_wrap=True)
+    for name, row in _rows(report):
+        reads.add_row(
+            name, str(row["hits"]), str(row["misses"]), _ratio(row["hit_ratio"]),
+            human_bytes(row["bytes_from_cache"]), human_bytes(row["bytes_from_remote"]),
+            _requests(row["remote_requests"]),
+        )
+        latency = row["fill_latency"]
+        p95 = latency["p95_le_s"]
+        health.add_row(
+            name, str(row["prefetches"]), str(row["verify_failures"]), str(row["fill_errors"]),
+            f"{row['evicted_files']} ({human_bytes(row['evicted_bytes'])})",
+            _seconds(latency["mean_s"]),
+            ("≤ " + _seconds(p95)) if p95 is not None else ("> 10 s" if latency["count"] else "-"),
+        )
+    console.print(reads)
+    console.print(health)
+
+    saved = Table(title="mountd: saved by the cache (DELI cost model)", title_justify="left")
+    for column in ("dataset", "cloud", "requests saved", "bytes saved", "cost saved", "remote cost"):
+        saved.add_column(column, justify="left" if column in ("dataset", "cloud") else "right")
+    for name, row in _rows(report):
+        saved.add_row(
+            name, ", ".join(row["schemes"]) or "-", str(row["requests_saved"]),
+            human_bytes(row["bytes_saved"]), _dollars(row["cost_saved"]), _dollars(row["remote_cost"]),
+        )
+    console.print(saved)
+    notes = [f"list prices as of {report['prices_as_of']}"]
+    notes.append("egress not counted (--in-region)" if report["in_region"] else "internet egress priced")
+    if report.get("total_priced_partially"):
+        notes.append("TOTAL cost counts only the datasets with one known cloud")
+    console.print("  " + "; ".join(notes) + ".", style="dim")
+
+
+def print_ls(listing: Mapping[str, Any], console: Console | None = None) -> None:
+    """Cache usage, datasets with their cached bytes, and registered mounts."""
+    console = console or Console()
+    usage = listing.get("usage") or {}
+    used, cap = usage.get("used_bytes"), usage.get("cap_bytes")
+    share = f" ({100 * used / cap:.1f}%)" if used is not None and cap else ""
+    console.print(
+        f"cache {usage.get('cache_dir', '?')}: {human_bytes(used)} of {human_bytes(cap)}{share} "
+        f"in {usage.get('entries', 0)} files, {usage.get('fills_in_flight', 0)} fills in flight"
+    )
+    datasets = Table(title="datasets", title_justify="left")
+    for column in ("dataset", "files", "bytes", "registered"):
+        datasets.add_column(column, justify="left" if column == "dataset" else "right")
+    mounted = set(listing.get("datasets") or [])
+    per = usage.get("datasets") or {}
+    for name in sorted(set(per) | mounted):
+        info = per.get(name) or {}
+        datasets.add_row(name, str(info.get("entries", 0)), human_bytes(info.get("bytes", 0)),
+                         "yes" if name in mounted or info.get("registered") else "no")
+    console.print(datasets)
+    mounts = Table(title="mounts", title_justify="left")
+    for column in ("id", "dataset", "mountpoint", "pid", "uid"):
+        mounts.add_column(column)
+    for m in listing.get("mounts") or []:
+        mounts.add_row(str(m["id"]), m["dataset"], m.get("mountpoint") or "-", str(m["pid"]), str(m["uid"]))
+    console.print(mounts)
+
+
+@contextmanager
+def scrub_progress(console: Console | None = None) -> Iterator[Callable[[Mapping[str, Any]], None]]:
+    """A progress bar (rate, ETA) fed by scrub's progress frames ``{"done", "total"}``."""
+    with Progress(
+        TextColumn("scrub"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=console or Console(stderr=True), transient=True,
+    ) as bar:
+        task = bar.add_task("scrub", total=None)
+
+        def update(progress: Mapping[str, Any]) -> None:
+            bar.update(task, completed=progress.get("done", 0), total=progress.get("total"))
+
+        yield update
+
+
+def print_scrub(report: Mapping[str, Any], console: Console | None = None) -> None:
+    """One line per count of the scrub report."""
+    console = console or Console()
+    console.print(
+        f"scrub: checked {report.get('checked', 0)} files ({human_bytes(report.get('bytes_checked', 0))}) "
+        f"in {report.get('seconds', 0.0):.1f} s: {report.get('ok', 0)} ok, {report.get('bad', 0)} bad, "
+        f"{report.get('missing', 0)} missing; removed {human_bytes(report.get('removed_bytes', 0))}"
+    )

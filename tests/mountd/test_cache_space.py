@@ -1,0 +1,191 @@
+"""Space: the cap under concurrent fills, LRU order, pins, evict by dataset, disk full."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import blake3
+import pytest
+import trio
+
+from mountd.cache import CacheFull
+from tests.mountd.conftest import Backends, Source, config, running, store_files, tmp_files
+
+
+def disk_bytes(cache_dir: Path) -> int:
+    """Bytes of content on disk: store files plus temp files."""
+    total = sum(store_files(cache_dir).values())
+    for name in tmp_files(cache_dir):
+        with contextlib.suppress(FileNotFoundError):
+            total += os.path.getsize(cache_dir / "tmp" / name)
+    return total
+
+
+async def test_cap_holds_under_concurrent_fills(tmp_path: Path, source: Source, backends: Backends):
+    size, cap = 100_000, 1_000_000
+    objs = source.many(60, size)
+    cache_dir = tmp_path / "c"
+    cfg = config(cache_dir, size=cap, fill_concurrency=16, remote_bandwidth=20e6)
+    observed = []
+    async with running(cfg, backends) as cache:
+        done = trio.Event()
+
+        async def watch() -> None:
+            while not done.is_set():
+                on_disk = disk_bytes(cache_dir)
+                in_flight = cache.counters.fills_in_flight * size
+                observed.append(on_disk)
+                assert on_disk <= cap + in_flight, (on_disk, in_flight)
+                assert cache.used + cache.reserved <= cap
+                await trio.sleep(0.002)
+
+        async def fill_all() -> None:
+            async with trio.open_nursery() as nursery:
+                for o in objs:
+                    nursery.start_soon(cache.ensure, o.hash, o.size, o.location, "ds")
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            nursery.start_soon(fill_all)
+        final = store_files(cache_dir)
+        assert sum(final.values()) <= cap
+        assert sum(final.values()) == cache.used == cache.usage()["used_bytes"]
+        assert len(final) == cache.entries == cap // size
+        assert cache.counters.total.evicted_files == 60 - cap // size
+        assert cache.counters.total.evicted_bytes == (60 - cap // size) * size
+        assert cache.counters.dataset("ds").evicted_files == 60 - cap // size
+        assert backends.gets() == 60
+    assert len(observed) > 5  # the watcher really sampled during the run
+    # Whatever stayed is intact.
+    for name in final:
+        data = next(o.data for o in objs if o.hash.hex() == name)
+        assert blake3.blake3(data).hexdigest() == name
+
+
+async def test_lru_victim_follows_use(tmp_path: Path, source: Source, backends: Backends):
+    a, b, c, d, e = source.many(5, 1000)
+    async with running(config(tmp_path / "c", size=3000), backends) as cache:
+        for o in (a, b, c):
+            await cache.ensure(o.hash, o.size, o.location)
+        cache.record_hits(None, [a.hash], 1000)  # a is now newer than b and c
+        await cache.ensure(d.hash, d.size, d.location)  # evicts b (oldest)
+        assert [cache.contains(o.hash) for o in (a, b, c, d)] == [True, False, True, True]
+        await cache.ensure(c.hash, c.size, c.location)  # a hit: c is now newest
+        await cache.ensure(e.hash, e.size, e.location)  # evicts a
+        assert [cache.contains(o.hash) for o in (a, c, d, e)] == [False, True, True, True]
+        assert set(store_files(tmp_path / "c")) == {o.hash.hex() for o in (c, d, e)}
+
+
+async def test_pinned_entries_are_never_evicted(tmp_path: Path, source: Source, backends: Backends):
+    a, b, c, d = source.many(4, 1000)
+    async with running(config(tmp_path / "c", size=2000), backends) as cache:
+        await cache.ensure(a.hash, a.size, a.location)
+        await cache.ensure(b.hash, b.size, b.location)
+        assert cache.pin([a.hash]) == 1
+        await cache.ensure(c.hash, c.size, c.location)  # must evict b, not the older a
+        assert cache.contains(a.hash) and not cache.contains(b.hash)
+        cache.pin([c.hash])
+        with pytest.raises(CacheFull, match="pinned"):
+            await cache.ensure(d.hash, d.size, d.location)
+        assert cache.evict() == (0, 0)  # everything is pinned
+        cache.unpin([a.hash, c.hash])
+        await cache.ensure(d.hash, d.size, d.location)
+        assert cache.contains(d.hash)
+    assert tmp_files(tmp_path / "c") == []
+
+
+async def test_object_larger_than_cache_is_a_clean_error(
+    tmp_path: Path, source: Source, backends: Backends
+):
+    big = source.add("big", os.urandom(5000))
+    async with running(config(tmp_path / "c", size=4000), backends) as cache:
+        with pytest.raises(CacheFull, match="larger than the whole cache"):
+            await cache.ensure(big.hash, big.size, big.location)
+        assert backends.gets() == 0
+    assert store_files(tmp_path / "c") == {} and tmp_files(tmp_path / "c") == []
+
+
+async def test_evict_dataset_keeps_shared_content(
+    tmp_path: Path, source: Source, backends: Backends
+):
+    x, y, z = source.many(3, 1000)
+    async with running(config(tmp_path / "c"), backends) as cache:
+        await cache.ensure(x.hash, x.size, x.location, "one")
+        await cache.ensure(y.hash, y.size, y.location, "one")
+        await cache.ensure(y.hash, y.size, y.location, "two")  # a hit, now shared
+        await cache.ensure(z.hash, z.size, z.location, "two")
+        assert cache.evict("one") == (1, 1000)
+        assert [cache.contains(o.hash) for o in (x, y, z)] == [False, True, True]
+        usage = cache.usage()["datasets"]
+        assert "one" not in usage and usage["two"]["entries"] == 2
+        assert cache.counters.dataset("one").evicted_files == 1
+        assert cache.evict(None) == (2, 2000)
+        assert store_files(tmp_path / "c") == {} and cache.used == 0
+
+
+# -- disk full (ENOSPC) on a real, small tmpfs ------------------------------------------------
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 4 MiB tmpfs, always unmounted; skipped when not root or mounting fails."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tmpfs"
+    mnt.mkdir()
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {result.stderr.strip() or result.returncode}")
+    try:
+        yield mnt
+    finally:
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+@pytest.mark.parametrize("chunk_size", [8 << 20, 128 * 1024], ids=["one-chunk", "streamed"])
+async def test_disk_full_evicts_and_succeeds(
+    small_tmpfs: Path, source: Source, backends: Backends, chunk_size: int
+):
+    objs = source.many(16, 512 * 1024)  # 8 MiB of content for a 4 MiB disk
+    cache_dir = small_tmpfs / "c"
+    cfg = config(cache_dir, size=100 << 20, chunk_size=chunk_size, fill_concurrency=2)
+    async with running(cfg, backends) as cache:
+        for o in objs:
+            path = await cache.ensure(o.hash, o.size, o.location)
+            assert blake3.blake3(Path(path).read_bytes()).digest() == o.hash
+        assert cache.counters.total.evicted_files > 0
+        assert cache.counters.total.fill_errors == 0
+        files = store_files(cache_dir)
+        assert sum(files.values()) == cache.used and len(files) == cache.entries
+        assert tmp_files(cache_dir) == []
+        report = await cache.scrub()
+        assert report.bad == 0 and report.missing == 0 and report.ok == len(files)
+
+
+@pytest.mark.parametrize("chunk_size", [8 << 20, 512 * 1024], ids=["one-chunk", "streamed"])
+async def test_file_larger_than_disk_is_a_clean_error(
+    small_tmpfs: Path, source: Source, backends: Backends, chunk_size: int
+):
+    small = source.many(2, 100_000)
+    huge = source.add("huge", os.urandom(5 << 20))
+    cache_dir = small_tmpfs / "c"
+    async with running(config(cache_dir, size=100 << 20, chunk_size=chunk_size), backends) as cache:
+        for o in small:
+            await cache.ensure(o.hash, o.size, o.location)
+        with pytest.raises(CacheFull, match="no space left"):
+            await cache.ensure(huge.hash, huge.size, huge.location)
+        assert not cache.contains(huge.hash)
+        assert tmp_files(cache_dir) == []
+        assert huge.hash.hex() not in store_files(cache_dir)
+        assert cache.reserved == 0 and cache.used == sum(store_files(cache_dir).values())
+        # The cache still works afterwards.
+        again = source.add("after", os.urandom(1000))
+        await cache.ensure(again.hash, again.size, again.location)

@@ -1,0 +1,146 @@
+"""The admin commands against a real mountd: stats (JSON and tables), ls, evict, scrub, and
+their one-line errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mountd.client import SyncClient
+from quiverfs.cli import app
+from quiverfs.console import run_app
+from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
+
+SIZE = 10_000
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    with running_mountd(tmp_path_factory.mktemp("cli") / "cache") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def activity(daemon, tmp_path_factory):
+    """3 misses and 5 hits (1 by ensure, 4 reported by a client) on dataset ``cli-ds``."""
+    url, files = make_dataset(tmp_path_factory.mktemp("remote"), 3, size=SIZE)
+    with SyncClient.connect(daemon.cache_dir) as c:
+        for f in files:
+            c.ensure(f.hash, f.size, location(url, f), dataset="cli-ds")
+        c.ensure(files[0].hash, SIZE, location(url, files[0]), dataset="cli-ds")
+        c.notify("hits", {"dataset": "cli-ds", "hashes": [f.hash.hex() for f in files] + [files[0].hash.hex()],
+                          "bytes": 4 * SIZE})
+        wait_until(lambda: c.stats()["counters"]["datasets"]["cli-ds"]["hits"] == 5, 10, "hits counted")
+    return url, files
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        run_app(app, "quiverfs", list(args))
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
+
+
+def test_stats_json_has_the_counts_ratio_and_savings(capsys, daemon, activity):
+    code, out, err = cli(capsys, "stats", "--cache-dir", str(daemon.cache_dir), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    row = report["datasets"]["cli-ds"]
+    assert (row["hits"], row["misses"]) == (5, 3)
+    assert row["hit_ratio"] == pytest.approx(5 / 8)
+    assert row["bytes_from_cache"] == 5 * SIZE and row["bytes_from_remote"] == 3 * SIZE
+    assert row["remote_requests"] == {"GET": 3, "HEAD": 0, "LIST": 0}
+    assert (row["requests_saved"], row["bytes_saved"]) == (5, 5 * SIZE)
+    assert row["schemes"] == ["file"] and row["cost_saved"] == 0.0 and row["remote_cost"] == 0.0
+    assert row["fill_latency"]["count"] == 3 and row["fill_latency"]["mean_s"] > 0
+    assert report["total"]["hits"] == 5 and report["prices_as_of"]
+
+
+def test_stats_tables_show_the_same_numbers(capsys, monkeypatch, daemon, activity):
+    monkeypatch.setenv("COLUMNS", "250")
+    code, out, err = cli(capsys, "stats", "--cache-dir", str(daemon.cache_dir))
+    assert code == 0, err
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
+            for line in out.splitlines() if "cli-ds" in line]
+    assert len(rows) == 3  # one row in each table: reads, fills, saved
+    assert rows[0] == ["cli-ds", "5", "3", "62.5%", "48.8 KiB", "29.3 KiB", "GET 3"]
+    assert rows[1][:5] == ["cli-ds", "0", "0", "0", "0 (0 B)"]
+    assert rows[1][5].endswith(" ms") and rows[1][6].startswith("≤ ")
+    assert rows[2] == ["cli-ds", "file", "5", "48.8 KiB", "$0.0000", "$0.0000"]
+    assert "internet egress priced" in out
+
+
+def test_ls_lists_usage_and_datasets(capsys, monkeypatch, daemon, activity):
+    code, out, _ = cli(capsys, "ls", "--cache-dir", str(daemon.cache_dir), "--json")
+    assert code == 0
+    listing = json.loads(out)
+    assert listing["usage"]["datasets"]["cli-ds"]["entries"] == 3
+    assert listing["usage"]["entries"] >= 3 and listing["mounts"] == []
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = cli(capsys, "ls", "--cache-dir", str(daemon.cache_dir))
+    assert code == 0 and "cli-ds" in out and "29.3 KiB" in out
+
+
+def test_scrub_reports_counts(capsys, daemon, activity):
+    code, out, err = cli(capsys, "scrub", "--cache-dir", str(daemon.cache_dir), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["checked"] == report["ok"] >= 3 and report["bad"] == 0
+    code, out, _ = cli(capsys, "scrub", "--cache-dir", str(daemon.cache_dir))
+    assert code == 0 and "0 bad, 0 missing" in out
+
+
+def test_scrub_exits_1_when_it_removed_a_damaged_file(capsys, daemon, tmp_path):
+    url, [f] = make_dataset(tmp_path / "remote", 1, size=SIZE, seed=3)
+    with SyncClient.connect(daemon.cache_dir) as c:
+        path = c.ensure(f.hash, f.size, location(url, f), dataset="damaged")
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as damaged:
+        damaged.write(b"\0" * 16)
+    code, out, _ = cli(capsys, "scrub", "--cache-dir", str(daemon.cache_dir))
+    assert code == 1 and ", 1 bad, 0 missing" in out
+    assert not os.path.exists(path)
+
+
+def test_evict_needs_exactly_one_target(capsys, daemon):
+    code, _, err = cli(capsys, "evict", "--cache-dir", str(daemon.cache_dir))
+    assert code == 2 and err.strip() == "quiverfs: error: give a DATASET or --all (not both)"
+    code, _, err = cli(capsys, "evict", "x", "--all", "--cache-dir", str(daemon.cache_dir))
+    assert code == 2
+
+
+def test_evict_a_dataset(capsys, daemon, activity):
+    # Runs after the read-only tests above (file order): it empties cli-ds.
+    code, out, err = cli(capsys, "evict", "cli-ds", "--cache-dir", str(daemon.cache_dir))
+    assert code == 0, err
+    assert out.strip() == "evicted 3 files (29.3 KiB)"
+    with SyncClient.connect(daemon.cache_dir) as c:
+        assert c.usage()["datasets"].get("cli-ds", {}).get("entries", 0) == 0
+
+
+def test_commands_without_a_mountd_fail_in_one_line(capsys, tmp_path):
+    for command in ("stats", "ls", "scrub"):
+        code, out, err = cli(capsys, command, "--cache-dir", str(tmp_path / "none"))
+        assert code == 1 and out == ""
+        assert err.count("\n") == 1
+        assert err.startswith("quiverfs: error: no mountd is running for ")
+        assert f"quiverfs mountd --cache-dir {tmp_path / 'none'}" in err
+
+
+def test_mountd_rejects_bad_sizes_before_starting(capsys, tmp_path):
+    code, _, err = cli(capsys, "mountd", "--cache-dir", str(tmp_path), "--cache-size", "10X")
+    assert code == 2 and err.startswith("quiverfs: error: bad size '10X'")
+    code, _, err = cli(capsys, "mountd", "--cache-dir", str(tmp_path), "--remote-bandwidth", "5%")
+    assert code == 2 and "cannot be a percentage" in err
+    too_long = tmp_path / ("d" * 120)
+    code, _, err = cli(capsys, "mountd", "--cache-dir", str(too_long), "--cache-size", "1M")
+    assert code == 2 and "too long for a unix socket" in err and err.count("\n") == 1
+    assert not too_long.exists()
+
+
+@pytest.mark.parametrize("command", ["mountd", "stats", "ls", "evict", "scrub"])
+def test_every_command_has_help_with_an_example(capsys, command):
+    code, out, _ = cli(capsys, command, "--help")
+    assert code == 0 and "Example: quiverfs " in out

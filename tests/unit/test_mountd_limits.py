@@ -1,0 +1,109 @@
+"""mountd.limits: token buckets and the combined remote limits, on trio's virtual clock."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from mountd.limits import RemoteLimits, TokenBucket
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_bucket_starts_full_then_charges_debt():
+    clock = FakeClock()
+    bucket = TokenBucket(100.0, burst=10.0, clock=clock)
+    assert bucket.take(10) == 0.0  # the burst
+    assert bucket.take(50) == pytest.approx(0.5)  # 50 tokens of debt at 100/s
+    assert bucket.take(50) == pytest.approx(1.0)  # queued behind the first
+    clock.now = 1.0
+    assert bucket.take(0) == pytest.approx(0.0)  # debt paid
+
+
+def test_bucket_caps_savings_at_burst():
+    clock = FakeClock()
+    bucket = TokenBucket(10.0, burst=5.0, clock=clock)
+    bucket.take(5)
+    clock.now = 100.0  # a long idle time saves only `burst`
+    assert bucket.take(5) == 0.0
+    assert bucket.take(10) == pytest.approx(1.0)
+
+
+def test_request_larger_than_burst_still_passes():
+    bucket = TokenBucket(1000.0, burst=1.0, clock=FakeClock())
+    assert bucket.take(5000) == pytest.approx(4.999)
+
+
+def test_rate_must_be_positive():
+    with pytest.raises(ValueError):
+        TokenBucket(0)
+
+
+async def test_bandwidth_rate_on_virtual_clock(autojump_clock: trio.testing.MockClock):
+    limits = RemoteLimits(bandwidth=1_000_000, requests=None, concurrency=64, burst_seconds=0.1)
+    start = trio.current_time()
+    sent = 0
+
+    async def one() -> None:
+        nonlocal sent
+        async with limits.request(100_000):
+            sent += 100_000
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(100):
+            nursery.start_soon(one)
+    elapsed = trio.current_time() - start
+    # 10 MB at 1 MB/s with a 0.1 s burst: 9.9 s.
+    assert elapsed == pytest.approx(9.9, rel=0.01)
+    assert sent == 10_000_000
+
+
+async def test_request_rate_on_virtual_clock(autojump_clock: trio.testing.MockClock):
+    limits = RemoteLimits(bandwidth=None, requests=50, concurrency=8, burst_seconds=0.1)
+    stamps: list[float] = []
+
+    async def one() -> None:
+        async with limits.request(1):
+            stamps.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(251):
+            nursery.start_soon(one)
+    # 5 burst requests at t=0, then 50/s: the 251st starts at (251 - 5) / 50 s.
+    assert max(stamps) == pytest.approx(246 / 50, rel=0.01)
+    window = [t for t in stamps if 1.0 <= t < 3.0]
+    assert len(window) == pytest.approx(100, abs=2)
+
+
+async def test_concurrency_limit_holds(autojump_clock: trio.testing.MockClock):
+    limits = RemoteLimits(bandwidth=None, requests=None, concurrency=3)
+    active = peak = 0
+
+    async def one() -> None:
+        nonlocal active, peak
+        async with limits.request(1):
+            active += 1
+            peak = max(peak, active)
+            await trio.sleep(1)
+            active -= 1
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(one)
+    assert peak == 3
+
+
+async def test_cancelled_waiter_returns_its_tokens(autojump_clock: trio.testing.MockClock):
+    bucket = TokenBucket(10.0, burst=0.0)
+    with trio.move_on_after(0.5):
+        await bucket.acquire(100)  # would wait 10 s
+    start = trio.current_time()
+    await bucket.acquire(10)  # only its own second of debt, not the abandoned 10 s
+    assert trio.current_time() - start == pytest.approx(1.0, abs=0.01)
