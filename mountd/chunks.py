@@ -1,0 +1,492 @@
+"""Dataset chunks and their lifecycle: striped partitions and co-ordinated eviction (Quiver §5.1).
+
+A dataset that does not fit the cache is split into ``K`` chunks, each a uniform sample of the
+dataset, and the cache holds two of them: jobs read the *current* chunk while the *next* one
+loads in the background; the older chunk is *marked* once the next is fully loaded and evicted
+when every job that referenced it has finished it, or a configurable time after the first job
+finished it (a straggler must not block the third chunk for ever). docs/substitutable-reads.md
+draws the state machine.
+
+Everything here is pure decision logic. :class:`ChunkManager` never does I/O: :meth:`tick`
+returns :data:`Action` values (:class:`Preload`, :class:`Evict`, :class:`ChunkReady`) and the
+caller performs them, then reports the outcome through :meth:`ChunkManager.on_cached` /
+:meth:`on_evicted` / :meth:`on_failed`. Files are *compact ids* ``0..N-1`` in the digest's
+order; sizes are bytes per compact id. All methods run in one thread (mountd's trio thread):
+code between two calls is atomic.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from array import array
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Action",
+    "ChunkManager",
+    "ChunkPlan",
+    "ChunkReady",
+    "ChunkState",
+    "Evict",
+    "Mode",
+    "Preload",
+    "choose_mode",
+    "plan_chunks",
+]
+
+#: Default chunk size as a fraction of the dataset (Quiver's 10%).
+DEFAULT_FRACTION = 0.1
+#: Below this fraction of the dataset per chunk, randomness within a chunk is too poor to train
+#: on (Quiver §7.2 validates 10%); such a dataset is not chunked ("off").
+MIN_FRACTION = 0.01
+
+
+class Mode(enum.StrEnum):
+    """How mountd manages one dataset's residency in the cache."""
+
+    #: The dataset fits the budget: no chunks; claims and misses range over the whole dataset.
+    FULL = "full"
+    #: Two chunks resident, co-ordinated eviction (:class:`ChunkManager`).
+    CHUNKED = "chunked"
+    #: No chunk management; the cache's own policy (LRU) decides. Named for comparisons.
+    LRU = "lru"
+    #: Not managed (does not fit and chunks would be too small). Claims still prefer hits.
+    OFF = "off"
+
+
+def _chunk_bytes(
+    total: int, budget: int, fraction: float, max_chunk_bytes: int | None, slots: int
+) -> float:
+    if slots not in (2, 3):
+        raise ValueError("slots must be 2 or 3")
+    bound = budget / slots if max_chunk_bytes is None else min(max_chunk_bytes, budget / slots)
+    return min(fraction * total, bound)
+
+
+def choose_mode(
+    total_bytes: int,
+    budget: int,
+    *,
+    fraction: float = DEFAULT_FRACTION,
+    max_chunk_bytes: int | None = None,
+    min_fraction: float = MIN_FRACTION,
+    slots: int = 2,
+) -> Mode:
+    """The mode for a dataset of ``total_bytes`` given ``budget`` cache bytes for it.
+
+    ``FULL`` when it fits; else ``CHUNKED`` when a chunk of ``min(fraction × total,
+    max_chunk_bytes, budget / slots)`` bytes (``slots`` chunks must fit: 2, or 3 to preload
+    the next chunk while the marked one drains) is still at least ``min_fraction`` of
+    the dataset; else ``OFF``. Pure: a later, benefit-aware policy calls it with each dataset's
+    share of the budget (Quiver §5.3).
+    """
+    if total_bytes < 0 or budget < 0:
+        raise ValueError("sizes must be non-negative")
+    if total_bytes <= budget:
+        return Mode.FULL
+    if budget == 0:
+        return Mode.OFF
+    chunk = _chunk_bytes(total_bytes, budget, fraction, max_chunk_bytes, slots)
+    return Mode.CHUNKED if chunk >= min_fraction * total_bytes else Mode.OFF
+
+
+class ChunkPlan:
+    """Compact ids ``0..count-1`` split into ``chunks`` striped partitions (Quiver §5.1).
+
+    The ids are cut into ``partitions × chunks`` contiguous *stripe units* of near-equal size
+    (they differ by at most one file); partition ``p`` is units ``p·K .. p·K+K-1`` (a contiguous
+    ``1/P`` of the dataset) and chunk ``c`` takes one unit of every partition, the one a seeded
+    permutation of ``0..K-1`` deals it in that partition. So every chunk holds a contiguous run
+    from each ``1/P`` of the id range (a stratified, uniform sample even when the digest order
+    is sorted by, say, sequence length), runs stay contiguous for homogeneous mini-batches, and
+    chunk sizes differ by at most ``P`` files.
+    """
+
+    def __init__(
+        self, count: int, chunks: int = 1, *, partitions: int | None = None, seed: int = 0
+    ) -> None:
+        if count < 1:
+            raise ValueError("a dataset has at least one file")
+        if not 1 <= chunks <= count:
+            raise ValueError(f"chunks must be in 1..{count}, got {chunks}")
+        parts = chunks if partitions is None else partitions
+        # A unit holds at least one file where possible.
+        self.partitions = max(1, min(parts, count // chunks))
+        self.count = count
+        self.chunks = chunks
+        self.seed = seed
+        units = self.partitions * chunks
+        rng = random.Random(f"chunks:{seed}:{count}:{chunks}")
+        self._ranges: list[list[tuple[int, int]]] = [[] for _ in range(chunks)]
+        self._chunk_of = array("i", bytes(4 * count))
+        for p in range(self.partitions):
+            deal = list(range(chunks))
+            if chunks > 1:
+                rng.shuffle(deal)
+            for j, c in enumerate(deal):
+                u = p * chunks + j
+                start, stop = u * count // units, (u + 1) * count // units
+                self._ranges[c].append((start, stop))
+                if c:
+                    self._chunk_of[start:stop] = array("i", [c]) * (stop - start)
+        for r in self._ranges:
+            r.sort()
+        self._sizes = [sum(b - a for a, b in r) for r in self._ranges]
+        # Built once per plan, copied (memcpy) whenever a job enters a chunk: the chunk's ids
+        # in order, and each id's index in its chunk's list.
+        self._ids = []
+        self._index = array("i", bytes(4 * count))
+        for r in self._ranges:
+            ids = array("i")
+            for start, stop in r:
+                self._index[start:stop] = array("i", range(len(ids), len(ids) + stop - start))
+                ids.extend(range(start, stop))
+            self._ids.append(ids)
+
+    @classmethod
+    def whole(cls, count: int) -> ChunkPlan:
+        """One chunk holding the whole dataset (modes full, lru, off)."""
+        return cls(count, 1)
+
+    def chunk_of(self, file_id: int) -> int:
+        """The chunk holding ``file_id``."""
+        return self._chunk_of[file_id]
+
+    def size_of(self, chunk: int) -> int:
+        """Files in ``chunk``."""
+        return self._sizes[chunk]
+
+    def ranges_of(self, chunk: int) -> list[tuple[int, int]]:
+        """``chunk``'s stripe units as ``[start, stop)`` id ranges, in id order."""
+        return list(self._ranges[chunk])
+
+    def ids_of(self, chunk: int) -> array:
+        """``chunk``'s ids in increasing order: a new ``array('i')`` (a memcpy)."""
+        return self._ids[chunk][:]
+
+    def index_in_chunk(self) -> array:
+        """A new ``array('i')``: for each id, its index in ``ids_of(chunk_of(id))``."""
+        return self._index[:]
+
+
+def plan_chunks(
+    sizes: Sequence[int],
+    budget: int,
+    *,
+    fraction: float = DEFAULT_FRACTION,
+    max_chunk_bytes: int | None = None,
+    partitions: int | None = None,
+    seed: int = 0,
+    slots: int = 2,
+) -> ChunkPlan:
+    """A striped :class:`ChunkPlan` whose chunks (in bytes) fit twice in ``budget``.
+
+    The target chunk is ``min(fraction × total, max_chunk_bytes, budget / slots)`` bytes; the count
+    of chunks grows until the largest actual chunk (file sizes vary) is within the target, and
+    is at least 3 so that the next chunk to load is never the marked one.
+    """
+    total = sum(sizes)
+    target = max(1.0, _chunk_bytes(total, budget, fraction, max_chunk_bytes, slots))
+    n = len(sizes)
+    k = min(n, max(3, math.ceil(total / target)))
+    while True:
+        plan = ChunkPlan(n, k, partitions=partitions, seed=seed)
+        biggest = max(
+            sum(sum(sizes[a:b]) for a, b in plan.ranges_of(c)) for c in range(plan.chunks)
+        )
+        if biggest <= target or k >= n:
+            return plan
+        k = min(n, max(k + 1, math.ceil(k * biggest / target)))
+
+
+class ChunkState(enum.StrEnum):
+    """Where one chunk is in its lifecycle."""
+
+    IDLE = "idle"  # not resident (never loaded, or evicted)
+    LOADING = "loading"  # the next chunk: preload in progress
+    LOADED = "loaded"  # resident; the newest loaded chunk is the one new jobs start on
+    MARKED = "marked"  # resident, marked for eviction: a newer chunk is fully loaded
+
+
+@dataclass(frozen=True)
+class Preload:
+    """Start loading ``chunk``: fetch ``ids`` (its uncached files, random order) in background."""
+
+    dataset: str
+    chunk: int
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ChunkReady:
+    """``chunk`` is fully loaded (cached or failed): new jobs now start on it."""
+
+    dataset: str
+    chunk: int
+
+
+@dataclass(frozen=True)
+class Evict:
+    """Evict ``chunk``: remove ``ids`` (its files cached now) unless other datasets hold them.
+
+    ``forced`` when the timeout after the first finished job expired with jobs still on it.
+    """
+
+    dataset: str
+    chunk: int
+    ids: tuple[int, ...]
+    forced: bool = False
+
+
+Action = Preload | ChunkReady | Evict
+
+
+@dataclass
+class _Chunk:
+    state: ChunkState = ChunkState.IDLE
+    cached: int = 0  # files of this chunk in the cache now
+    failed: set[int] = field(default_factory=set)  # preload failures while loading
+    refs: set[object] = field(default_factory=set)  # holders reading it, not finished yet
+    first_done: float | None = None  # when the first holder finished it (this residency)
+
+
+class ChunkManager:
+    """The chunk lifecycle of one chunked dataset; decisions come back from :meth:`tick`.
+
+    *Holders* are the readers of the dataset: any hashable object, in practice one per job and
+    epoch (:class:`mountd.claims.EpochPool`). A holder :meth:`attach`\\ es, :meth:`reference`\\ s
+    the chunk it reads, reports :meth:`finished` when it has been given every file of it, and
+    :meth:`detach`\\ es when it goes away (which releases its references).
+
+    Invariants (checked by tests): at most two chunks resident (LOADED or MARKED), at most one
+    LOADING, and resident + loading <= ``slots``. ``slots=2`` is the paper's double buffering:
+    the third chunk loads once the marked one is evicted. ``slots=3`` (a budget of three
+    chunks) preloads it while the marked one drains; a loaded chunk then waits, still counted
+    as loading, until no chunk is marked, so that at most two are ever resident.
+    """
+
+    def __init__(
+        self,
+        dataset: str,
+        plan: ChunkPlan,
+        is_cached: Callable[[int], bool],
+        *,
+        evict_timeout: float = 600.0,
+        seed: int = 0,
+        slots: int = 2,
+    ) -> None:
+        if plan.chunks < 3:
+            raise ValueError("a chunked dataset needs at least 3 chunks")
+        if evict_timeout < 0:
+            raise ValueError("evict_timeout must be >= 0")
+        if slots not in (2, 3):
+            raise ValueError("slots must be 2 or 3")
+        self.slots = slots
+        self.dataset = dataset
+        self.plan = plan
+        self.evict_timeout = evict_timeout
+        self._is_cached = is_cached
+        self._rng = random.Random(f"preload:{dataset}:{seed}")
+        self._chunks = [_Chunk() for _ in range(plan.chunks)]
+        self._holders: set[object] = set()
+        self.loading: int | None = None
+        self._order: list[int] = []  # the loading chunk's uncached ids, shuffled
+        self._cursor = 0  # next_preload's position in _order
+        #: The newest fully loaded chunk (None before the first one is loaded).
+        self.newest: int | None = None
+        for file_id in range(plan.count):
+            if is_cached(file_id):
+                self._chunks[plan.chunk_of(file_id)].cached += 1
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def state(self, chunk: int) -> ChunkState:
+        """``chunk``'s lifecycle state."""
+        return self._chunks[chunk].state
+
+    def states(self) -> list[ChunkState]:
+        """Every chunk's state, by chunk index."""
+        return [c.state for c in self._chunks]
+
+    def resident(self) -> list[int]:
+        """Chunks LOADED or MARKED."""
+        return [i for i, c in enumerate(self._chunks) if c.state in _RESIDENT]
+
+    def cached_count(self, chunk: int) -> int:
+        """Files of ``chunk`` cached now (as reported)."""
+        return self._chunks[chunk].cached
+
+    def refs(self, chunk: int) -> frozenset[object]:
+        """Holders that referenced ``chunk`` and have not finished it."""
+        return frozenset(self._chunks[chunk].refs)
+
+    def entry_chunk(self) -> int:
+        """The chunk a new reader starts on: the newest loaded, else the loading one, else the
+        next to load (Quiver: "all new jobs will now get hits only from the latest chunk")."""
+        if self.newest is not None:
+            return self.newest
+        if self.loading is not None:
+            return self.loading
+        return self._next_to_load()
+
+    def next_preload(self, limit: int) -> list[int]:
+        """The next ``limit`` files to preload for the loading chunk (pull model).
+
+        Walks the :class:`Preload` order, skipping files cached (by a job's miss) or failed
+        meanwhile; past the end it starts again with the files still missing (preloads the
+        cache dropped, or still in progress: a repeat is harmless, fills are single-flight), at
+        most one new round per call. Empty when nothing is loading or all is in. A caller
+        following DELI's "50/50" rule (§V-D) pulls a window of half its preload budget
+        whenever the previous window is half done.
+        """
+        out: list[int] = []
+        if self.loading is None:
+            return out
+        failed = self._chunks[self.loading].failed
+        wrapped = False
+        while len(out) < limit:
+            if self._cursor >= len(self._order):
+                if wrapped:
+                    break
+                wrapped = True
+                self._order = [i for i in self._order if not self._is_cached(i) and i not in failed]
+                self._cursor = 0
+                if not self._order:
+                    break
+            i = self._order[self._cursor]
+            self._cursor += 1
+            if not self._is_cached(i) and i not in failed:
+                out.append(i)
+        return out
+
+    def preload_remaining(self, limit: int | None = None) -> list[int]:
+        """Files of the loading chunk neither cached nor failed yet (to re-issue preloads that
+        the cache dropped or that are still queued), at most ``limit``."""
+        if self.loading is None:
+            return []
+        chunk = self._chunks[self.loading]
+        out = []
+        for start, stop in self.plan.ranges_of(self.loading):
+            for i in range(start, stop):
+                if not self._is_cached(i) and i not in chunk.failed:
+                    out.append(i)
+                    if limit is not None and len(out) >= limit:
+                        return out
+        return out
+
+    # -- readers ---------------------------------------------------------------------------
+
+    def attach(self, holder: object) -> None:
+        """A reader exists; preloading runs only while some reader is attached."""
+        self._holders.add(holder)
+
+    def detach(self, holder: object) -> None:
+        """A reader went away: drop its references (it will not finish them)."""
+        self._holders.discard(holder)
+        for chunk in self._chunks:
+            chunk.refs.discard(holder)
+
+    def reference(self, holder: object, chunk: int) -> None:
+        """``holder`` reads ``chunk`` now (Algorithm 1's ``informServers``)."""
+        self._holders.add(holder)
+        self._chunks[chunk].refs.add(holder)
+
+    def finished(self, holder: object, chunk: int, now: float) -> None:
+        """``holder`` was given every file of ``chunk`` (``informServersDoneUsingChunk``)."""
+        c = self._chunks[chunk]
+        c.refs.discard(holder)
+        if c.first_done is None and c.state is not ChunkState.IDLE:
+            c.first_done = now
+
+    # -- cache notifications -----------------------------------------------------------------
+
+    def on_cached(self, ids: Iterable[int]) -> None:
+        """``ids`` became cached (each reported once: only ids that were not cached)."""
+        for i in ids:
+            chunk = self._chunks[self.plan.chunk_of(i)]
+            chunk.cached += 1
+            chunk.failed.discard(i)  # a later fetch (a job's miss) succeeded after all
+
+    def on_evicted(self, ids: Iterable[int]) -> None:
+        """``ids`` left the cache (each reported once: only ids that were cached)."""
+        for i in ids:
+            self._chunks[self.plan.chunk_of(i)].cached -= 1
+
+    def on_failed(self, ids: Iterable[int]) -> None:
+        """Preloads of ``ids`` failed for good; the loading chunk completes without them."""
+        if self.loading is None:
+            return
+        chunk = self._chunks[self.loading]
+        for i in ids:
+            if self.plan.chunk_of(i) == self.loading and not self._is_cached(i):
+                chunk.failed.add(i)
+
+    # -- decisions ---------------------------------------------------------------------------
+
+    def tick(self, now: float) -> list[Action]:
+        """Advance the lifecycle; the actions to perform, in order.
+
+        1. A marked chunk no holder still reads is evicted; so is one whose first finisher
+           finished ``evict_timeout`` ago (``forced``).
+        2. The loading chunk, once every file is cached or failed (and no chunk is marked),
+           becomes the newest (:class:`ChunkReady`) and the previous newest is marked for
+           eviction — evicted at once (step 1 again) if no holder reads it.
+        3. While a reader is attached and a slot is free, the next chunk starts loading.
+        """
+        actions: list[Action] = []
+        self._evict_marked(now, actions)
+        if self._promote(actions):
+            self._evict_marked(now, actions)
+        busy = len(self.resident()) + (self.loading is not None)
+        if self.loading is None and self._holders and busy < self.slots:
+            index = self._next_to_load()
+            chunk = self._chunks[index]
+            chunk.state = ChunkState.LOADING
+            chunk.failed.clear()
+            chunk.first_done = None
+            self.loading = index
+            ids = [i for i in self.plan.ids_of(index) if not self._is_cached(i)]
+            self._rng.shuffle(ids)  # a partly done preload is a random subset of the chunk
+            self._order, self._cursor = ids, 0
+            actions.append(Preload(self.dataset, index, tuple(ids)))
+        return actions
+
+    def _promote(self, actions: list[Action]) -> bool:
+        if self.loading is None:
+            return False
+        chunk = self._chunks[self.loading]
+        if chunk.cached + len(chunk.failed) < self.plan.size_of(self.loading):
+            return False
+        if any(c.state is ChunkState.MARKED for c in self._chunks):
+            return False  # slots=3: wait, or three chunks would be resident
+        if self.newest is not None:
+            self._chunks[self.newest].state = ChunkState.MARKED
+        chunk.state = ChunkState.LOADED
+        chunk.failed.clear()
+        self._order, self._cursor = [], 0
+        self.newest, self.loading = self.loading, None
+        actions.append(ChunkReady(self.dataset, self.newest))
+        return True
+
+    def _evict_marked(self, now: float, actions: list[Action]) -> None:
+        for index, chunk in enumerate(self._chunks):
+            if chunk.state is not ChunkState.MARKED:
+                continue
+            forced = chunk.first_done is not None and now - chunk.first_done >= self.evict_timeout
+            if chunk.refs and not forced:
+                continue
+            ids = tuple(i for i in self.plan.ids_of(index) if self._is_cached(i))
+            actions.append(Evict(self.dataset, index, ids, forced=bool(chunk.refs)))
+            chunk.state = ChunkState.IDLE
+            chunk.refs.clear()
+            chunk.first_done = None
+
+    def _next_to_load(self) -> int:
+        """The chunk after the newest, cyclically (chunk 0 first)."""
+        return 0 if self.newest is None else (self.newest + 1) % self.plan.chunks
+
+
+_RESIDENT = (ChunkState.LOADED, ChunkState.MARKED)

@@ -1,0 +1,121 @@
+"""Session requests: their limits, their validation and the errors a refused one raises.
+
+Every request to :class:`mountd.sessions.SessionRegistry` is checked here before anything
+changes. Each error class carries the errno the control channel returns as a *class*
+attribute, so it survives :func:`mountd.protocol.exception_from_payload` (which rebuilds the
+class by name without calling ``__init__``).
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from quiverfs.errors import QuiverError
+
+if TYPE_CHECKING:
+    from mountd.claims import DatasetState
+
+__all__ = [
+    "InvalidRequest",
+    "SessionConflict",
+    "SessionError",
+    "StaleEpoch",
+    "TooManyJobs",
+    "UnknownDataset",
+    "UnknownSession",
+    "check_ids",
+    "check_int",
+    "check_name",
+    "check_seconds",
+]
+
+#: Largest ``n`` one claim may ask for.
+MAX_CLAIM = 1 << 16
+MAX_WORLD = 1 << 16
+MAX_EPOCH = (1 << 31) - 1
+MAX_LOOKAHEAD = 1000
+MAX_NAME = 256
+#: Epoch pools a job keeps at once (ranks straddling one epoch boundary).
+LIVE_EPOCHS = 2
+
+
+class SessionError(QuiverError):
+    """Base of session request errors; ``errno`` is what the control channel returns."""
+
+    errno = _errno.EINVAL
+
+
+class InvalidRequest(SessionError):
+    """A malformed request: wrong type or out of range."""
+
+
+class UnknownDataset(SessionError):
+    """The dataset is not registered with the session registry."""
+
+    errno = _errno.ENOENT
+
+
+class UnknownSession(SessionError):
+    """No session is open for this dataset, job and rank."""
+
+    errno = _errno.ENOENT
+
+
+class SessionConflict(SessionError):
+    """The request contradicts existing state (another world size for the job, another seed
+    for the rank, a dataset registered twice differently, removing a dataset in use)."""
+
+    errno = _errno.EBUSY
+
+
+class TooManyJobs(SessionError):
+    """The registry already holds ``max_jobs`` jobs (each costs ~10 bytes per file)."""
+
+    errno = _errno.EBUSY
+
+
+class StaleEpoch(SessionError):
+    """The epoch is behind this rank's epoch, or its pool was dropped."""
+
+    errno = _errno.ESTALE
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """``value`` if it is an ``int`` (not a bool) in ``lo..hi``, else :class:`InvalidRequest`."""
+    if type(value) is not int:  # bool is an int subclass: refuse it too
+        raise InvalidRequest(f"{name} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise InvalidRequest(f"{name} must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def check_name(what: str, value: Any) -> str:
+    """``value`` if it is a printable, non-empty string of at most ``MAX_NAME`` characters."""
+    if type(value) is not str or not value or len(value) > MAX_NAME or not value.isprintable():
+        raise InvalidRequest(f"{what} must be a printable string of 1..{MAX_NAME} characters")
+    return value
+
+
+def check_seconds(name: str, value: Any) -> float:
+    """``value`` as a float if it is a finite, non-negative number of seconds."""
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        raise InvalidRequest(f"{name} must be a finite number of seconds >= 0")
+    return float(value)
+
+
+def check_ids(dataset: DatasetState, ids: Any) -> list[int]:
+    """``ids`` as a list if every one is an ``int`` in ``0..N-1`` of ``dataset`` (all checked
+    before any is used, so a bad list changes nothing)."""
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise InvalidRequest("ids must be a sequence of file ids")
+    out = list(ids)
+    for i in out:
+        if type(i) is not int or not 0 <= i < dataset.count:
+            raise InvalidRequest(f"file ids must be integers in 0..{dataset.count - 1}")
+    return out

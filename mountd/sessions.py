@@ -1,0 +1,520 @@
+"""Job sessions: the validated request surface of substitutable, co-operative reads.
+
+:class:`SessionRegistry` is what mountd's RPC handlers (and, through them, the mount's xattr
+control channel and the PyTorch sampler) call. It owns the datasets' cache views
+(:class:`mountd.claims.DatasetState`), the jobs' epoch pools (:class:`mountd.claims.EpochPool`)
+and their timing reports, and returns chunk decisions from :meth:`SessionRegistry.tick`.
+
+A session is keyed by ``(dataset, job, rank)`` — never by pid: DataLoader worker processes and
+the main process of one rank share it, and :meth:`~SessionRegistry.open_session` with the same
+parameters is idempotent. All ranks of a job share the job's epoch pool, so each file goes to
+one claim of the job per epoch. Ranks may straddle an epoch boundary (one rank's workers start
+epoch ``e+1`` while another finishes ``e``): a job keeps at most :data:`LIVE_EPOCHS` pools.
+
+Every request is validated before anything changes; a bad one raises a :class:`SessionError`
+subclass whose class attribute ``errno`` is the code for the control channel (a class
+attribute, so it survives :func:`mountd.protocol.exception_from_payload`), and leaves every
+session as it was. All methods run in mountd's trio thread: each call is atomic.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mountd.chunks import Action, ChunkPlan, Mode, choose_mode, plan_chunks
+from mountd.claims import Claim, DatasetState, EpochPool
+from mountd.requests import (
+    LIVE_EPOCHS,
+    MAX_CLAIM,
+    MAX_EPOCH,
+    MAX_LOOKAHEAD,
+    MAX_WORLD,
+    InvalidRequest,
+    SessionConflict,
+    SessionError,
+    StaleEpoch,
+    TooManyJobs,
+    UnknownDataset,
+    UnknownSession,
+    check_ids,
+    check_int,
+    check_name,
+    check_seconds,
+)
+from mountd.timings import JobTimings, TimingSummary
+
+__all__ = [
+    "LIVE_EPOCHS",
+    "MAX_CLAIM",
+    "InvalidRequest",
+    "SessionConflict",
+    "SessionError",
+    "SessionInfo",
+    "SessionRegistry",
+    "StaleEpoch",
+    "TimingSummary",
+    "TooManyJobs",
+    "UnknownDataset",
+    "UnknownSession",
+]
+
+# -- sessions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionInfo:
+    """An open session, as reported to the client."""
+
+    dataset: str
+    job: str
+    rank: int
+    world_size: int
+    epoch: int
+    seed: int
+    lookahead: int
+    files: int  # files in the dataset
+    quota: int  # files this rank gets per epoch, at most
+    mode: Mode
+
+
+@dataclass
+class _Session:
+    rank: int
+    seed: int
+    lookahead: int
+    epoch: int
+    rng: random.Random
+
+
+@dataclass
+class _Job:
+    dataset: str
+    job: str
+    world_size: int
+    sessions: dict[int, _Session] = field(default_factory=dict)
+    pools: dict[int, EpochPool] = field(default_factory=dict)
+    seen: float = 0.0  # clock of the last accepted request from any rank
+
+
+def _rng(seed: int, job: str, epoch: int, rank: int) -> random.Random:
+    # The job id is mixed in so that two jobs with the same (default) seed still draw
+    # different misses: co-operation must not depend on users picking distinct seeds.
+    return random.Random(f"claim:{seed}:{job}:{epoch}:{rank}")
+
+
+class SessionRegistry:
+    """Datasets, job sessions, claims, timing reports and chunk decisions of one mountd.
+
+    ``clock`` (seconds, monotonic) is injectable for tests. ``flight_ttl``: seconds after which
+    a miss handed out by a claim and never reported cached or failed is presumed lost.
+    ``evict_timeout``: seconds after the first job finished a marked chunk before it is
+    evicted anyway. ``ring``: mini-batch times kept per job. ``history``: jobs whose timings
+    are kept after their last session closed. ``chunk_slots``: chunks of a chunked dataset's
+    budget (2: double buffering; 3: also preload the next while the marked one drains).
+    ``max_jobs``: open jobs at once, all datasets together (bounds memory against a client
+    opening sessions in a loop). ``idle_timeout``: a job none of whose ranks made a request
+    for that long is closed by :meth:`tick` (a job that died without closing would otherwise
+    hold its chunk for ever when no other job finishes it); None never.
+    """
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        flight_ttl: float = 120.0,
+        evict_timeout: float = 600.0,
+        ring: int = 256,
+        history: int = 1024,
+        max_claim: int = MAX_CLAIM,
+        chunk_slots: int = 2,
+        max_jobs: int = 256,
+        idle_timeout: float | None = 3600.0,
+    ) -> None:
+        if chunk_slots not in (2, 3):
+            raise ValueError("chunk_slots must be 2 or 3")
+        self.chunk_slots = chunk_slots
+        self.max_jobs = max_jobs
+        self.idle_timeout = idle_timeout
+        self.clock = clock
+        self.flight_ttl = flight_ttl
+        self.evict_timeout = evict_timeout
+        self.ring = ring
+        self.history = history
+        self.max_claim = max_claim
+        self._datasets: dict[str, DatasetState] = {}
+        self._modes: dict[str, Mode] = {}
+        self._jobs: dict[tuple[str, str], _Job] = {}
+        self._timings: OrderedDict[tuple[str, str], JobTimings] = OrderedDict()
+
+    # -- datasets ------------------------------------------------------------------------------
+
+    def add_dataset(
+        self,
+        dataset: str,
+        sizes: Sequence[int],
+        *,
+        budget: int | None = None,
+        mode: Mode | str | None = None,
+        fraction: float = 0.1,
+        max_chunk_bytes: int | None = None,
+        cached: Iterable[int] = (),
+        seed: int = 0,
+    ) -> Mode:
+        """Register ``dataset`` (``sizes[i]`` = bytes of compact id ``i``); returns its mode.
+
+        ``mode`` None picks :func:`mountd.chunks.choose_mode` from ``budget`` (required then;
+        also required for ``chunked``). ``cached`` are the ids in the cache now. Registering
+        the same dataset again with the same file count is a no-op.
+        """
+        check_name("dataset", dataset)
+        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not sizes:
+            raise InvalidRequest("sizes must be a non-empty sequence of byte counts")
+        if any(type(s) is not int or s < 0 for s in sizes):
+            raise InvalidRequest("sizes must be integers >= 0")
+        if budget is not None:
+            check_int("budget", budget, 0, 1 << 62)
+        if type(fraction) not in (int, float) or not 0 < fraction <= 1:
+            raise InvalidRequest("fraction must be a number in (0, 1]")
+        if max_chunk_bytes is not None:
+            check_int("max_chunk_bytes", max_chunk_bytes, 1, 1 << 62)
+        check_int("seed", seed, 0, (1 << 64) - 1)
+        try:
+            chosen = Mode(mode) if mode is not None else None
+        except ValueError:
+            raise InvalidRequest(f"unknown mode {mode!r}") from None
+        if chosen is None or chosen is Mode.CHUNKED:
+            if budget is None:
+                raise InvalidRequest("a budget is needed to choose a mode or plan chunks")
+            chosen = chosen or choose_mode(
+                sum(sizes),
+                budget,
+                fraction=fraction,
+                max_chunk_bytes=max_chunk_bytes,
+                slots=self.chunk_slots,
+            )
+        if chosen is Mode.CHUNKED and len(sizes) < 3:
+            chosen = Mode.FULL  # nothing to chunk
+        existing = self._datasets.get(dataset)
+        if existing is not None:
+            if existing.count != len(sizes):
+                raise SessionConflict(f"dataset {dataset} is registered with another file count")
+            return self._modes[dataset]
+        if chosen is Mode.CHUNKED:
+            assert budget is not None
+            plan = plan_chunks(
+                sizes,
+                budget,
+                fraction=fraction,
+                max_chunk_bytes=max_chunk_bytes,
+                seed=seed,
+                slots=self.chunk_slots,
+            )
+        else:
+            plan = ChunkPlan.whole(len(sizes))
+        state = DatasetState(
+            dataset,
+            plan,
+            manager_options={
+                "evict_timeout": self.evict_timeout,
+                "seed": seed,
+                "slots": self.chunk_slots,
+            },
+            flight_ttl=self.flight_ttl,
+        )
+        cached_ids = check_ids(state, cached)
+        state.mark_cached(cached_ids)
+        self._datasets[dataset] = state
+        self._modes[dataset] = chosen
+        return chosen
+
+    def remove_dataset(self, dataset: str) -> None:
+        """Forget ``dataset``; :class:`SessionConflict` while sessions are open on it."""
+        self._dataset(dataset)
+        if any(key[0] == dataset for key in self._jobs):
+            raise SessionConflict(f"dataset {dataset} has open sessions")
+        del self._datasets[dataset]
+        del self._modes[dataset]
+
+    def dataset(self, dataset: str) -> DatasetState:
+        """The dataset's state (read-only use: plan, manager, cached bitmap)."""
+        return self._dataset(dataset)
+
+    def mode(self, dataset: str) -> Mode:
+        """The mode ``dataset`` was registered with."""
+        self._dataset(dataset)
+        return self._modes[dataset]
+
+    def _dataset(self, dataset: Any) -> DatasetState:
+        check_name("dataset", dataset)
+        try:
+            return self._datasets[dataset]
+        except KeyError:
+            raise UnknownDataset(f"dataset {dataset} is not registered") from None
+
+    # -- cache notifications -------------------------------------------------------------------
+
+    def on_cached(self, dataset: str, ids: Iterable[int]) -> int:
+        """Files of ``dataset`` were filled; returns how many were new."""
+        state = self._dataset(dataset)
+        return len(state.mark_cached(check_ids(state, ids)))
+
+    def on_evicted(self, dataset: str, ids: Iterable[int]) -> int:
+        """Files of ``dataset`` left the cache; returns how many were cached."""
+        state = self._dataset(dataset)
+        return len(state.mark_evicted(check_ids(state, ids)))
+
+    def on_fetch_failed(self, dataset: str, ids: Iterable[int]) -> None:
+        """Fetches (claimed misses or preloads) of ``ids`` failed for good."""
+        state = self._dataset(dataset)
+        state.fetch_failed(check_ids(state, ids))
+
+    def next_preload(self, dataset: str, limit: int) -> list[int]:
+        """Up to ``limit`` files of ``dataset``'s loading chunk to preload next (pull model,
+        :meth:`mountd.chunks.ChunkManager.next_preload`); empty unless a chunk is loading."""
+        state = self._dataset(dataset)
+        check_int("limit", limit, 1, 1 << 24)
+        return [] if state.manager is None else state.manager.next_preload(limit)
+
+    def tick(self, now: float | None = None) -> list[Action]:
+        """Chunk decisions of every chunked dataset (:meth:`mountd.chunks.ChunkManager.tick`).
+
+        Call it after claims and notifications and at least every few seconds (forced
+        eviction is time based); perform the actions in order. It first closes jobs idle for
+        ``idle_timeout``.
+        """
+        now = self.clock() if now is None else now
+        if self.idle_timeout is not None:
+            for key, entry in list(self._jobs.items()):
+                if now - entry.seen >= self.idle_timeout:
+                    self._close_job(key, entry)
+        actions: list[Action] = []
+        for state in self._datasets.values():
+            if state.manager is not None:
+                actions.extend(state.manager.tick(now))
+        return actions
+
+    # -- sessions ------------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        dataset: str,
+        job: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        epoch: int = 0,
+        seed: int = 0,
+        lookahead: int = 10,
+    ) -> SessionInfo:
+        """Open (or re-open, idempotently) the session of ``job``'s ``rank`` on ``dataset``.
+
+        Re-opening with another seed or look-ahead is :class:`SessionConflict`; with a later
+        epoch it moves the rank there (like :meth:`next_epoch`); with an earlier one it
+        returns the session as it is (a DataLoader worker may only know the epoch it was
+        started with): the returned :class:`SessionInfo` says the epoch. A *new* rank session
+        on an epoch that is over is :class:`StaleEpoch`. All ranks of a job must agree on
+        ``world_size``.
+        """
+        state = self._dataset(dataset)
+        check_name("job", job)
+        check_int("world_size", world_size, 1, MAX_WORLD)
+        check_int("rank", rank, 0, world_size - 1)
+        check_int("epoch", epoch, 0, MAX_EPOCH)
+        check_int("seed", seed, 0, (1 << 64) - 1)
+        check_int("lookahead", lookahead, 1, MAX_LOOKAHEAD)
+        key = (dataset, job)
+        entry = self._jobs.get(key)
+        if entry is not None and entry.world_size != world_size:
+            raise SessionConflict(f"job {job} has world size {entry.world_size}, not {world_size}")
+        session = entry.sessions.get(rank) if entry is not None else None
+        if session is not None and (session.seed, session.lookahead) != (seed, lookahead):
+            raise SessionConflict(f"rank {rank} of job {job} is open with other parameters")
+        if session is not None:
+            epoch = max(epoch, session.epoch)
+        if entry is not None:
+            self._check_epoch(entry, session.epoch if session else None, epoch)
+        elif len(self._jobs) >= self.max_jobs:
+            raise TooManyJobs(f"{len(self._jobs)} jobs are open already; close some first")
+        if entry is None:
+            entry = self._jobs[key] = _Job(dataset, job, world_size)
+            self._timings_of(key)
+        if session is None:
+            session = _Session(rank, seed, lookahead, epoch, _rng(seed, job, epoch, rank))
+            entry.sessions[rank] = session
+        self._move(entry, session, epoch)
+        entry.seen = self.clock()
+        return self._info(state, entry, session)
+
+    def close_session(
+        self, dataset: str, job: str, rank: int, *, seconds: float | None = None
+    ) -> None:
+        """Close a rank's session (``seconds``: its run time, kept with the timings). The job's
+        pools go when its last rank closes, releasing its chunk references."""
+        entry, session = self._session(dataset, job, rank)
+        if seconds is not None:
+            check_seconds("seconds", seconds)
+        del entry.sessions[rank]
+        timings = self._timings_of((dataset, job))
+        timings.closed += 1
+        if seconds is not None:
+            timings.session_seconds.append(float(seconds))
+        self._drop_unused_pools(entry)
+        if not entry.sessions:
+            del self._jobs[(dataset, job)]
+
+    def _close_job(self, key: tuple[str, str], entry: _Job) -> None:
+        """Close every session of an idle job (its timings stay)."""
+        self._timings_of(key).closed += len(entry.sessions)
+        entry.sessions.clear()
+        self._drop_unused_pools(entry)
+        del self._jobs[key]
+
+    def next_epoch(
+        self, dataset: str, job: str, rank: int, epoch: int | None = None
+    ) -> SessionInfo:
+        """Move ``rank`` to ``epoch`` (default: its epoch + 1), which must not be behind."""
+        entry, session = self._session(dataset, job, rank)
+        target = session.epoch + 1 if epoch is None else epoch
+        check_int("epoch", target, 0, MAX_EPOCH)
+        self._check_epoch(entry, session.epoch, target)
+        self._move(entry, session, target)
+        entry.seen = self.clock()
+        return self._info(self._datasets[dataset], entry, session)
+
+    def claim(
+        self, dataset: str, job: str, rank: int, n: int, *, epoch: int | None = None
+    ) -> Claim:
+        """Up to ``n`` files for ``rank``: cached unread ones first, then misses to fetch now.
+
+        ``epoch`` None means the rank's current epoch; a later one moves the rank there first.
+        An empty claim (``end_of_epoch``) means the rank's part of the epoch is given out.
+        """
+        entry, session = self._session(dataset, job, rank)
+        check_int("n", n, 1, self.max_claim)
+        target = session.epoch if epoch is None else check_int("epoch", epoch, 0, MAX_EPOCH)
+        self._check_epoch(entry, session.epoch, target)
+        self._move(entry, session, target)
+        pool = entry.pools[session.epoch]
+        entry.seen = now = self.clock()
+        return pool.claim(rank, n, session.rng, session.lookahead, now)
+
+    def session_info(self, dataset: str, job: str, rank: int) -> SessionInfo:
+        """The open session of ``job``'s ``rank``."""
+        entry, session = self._session(dataset, job, rank)
+        return self._info(self._datasets[dataset], entry, session)
+
+    def sessions(self) -> list[SessionInfo]:
+        """Every open session."""
+        return [
+            self._info(self._datasets[entry.dataset], entry, session)
+            for entry in self._jobs.values()
+            for session in entry.sessions.values()
+        ]
+
+    def pool(self, dataset: str, job: str, epoch: int) -> EpochPool | None:
+        """The job's pool for ``epoch`` if live (for tests and stats)."""
+        self._dataset(dataset)
+        entry = self._jobs.get((dataset, job))
+        return entry.pools.get(epoch) if entry is not None else None
+
+    # -- timing reports ------------------------------------------------------------------------
+
+    def report_batch(self, dataset: str, job: str, rank: int, seconds: float) -> None:
+        """One mini-batch took ``seconds`` (data wait + compute, as the shim measures it)."""
+        entry, _ = self._session(dataset, job, rank)
+        value = check_seconds("seconds", seconds)
+        entry.seen = self.clock()
+        timings = self._timings_of((dataset, job))
+        timings.batches += 1
+        timings.recent.append(value)
+
+    def report_epoch(self, dataset: str, job: str, rank: int, epoch: int, seconds: float) -> None:
+        """``rank`` finished ``epoch`` in ``seconds``."""
+        entry, _ = self._session(dataset, job, rank)
+        check_int("epoch", epoch, 0, MAX_EPOCH)
+        value = check_seconds("seconds", seconds)
+        entry.seen = self.clock()
+        self._timings_of((dataset, job)).epochs.append((epoch, rank, value))
+
+    def timings(self, dataset: str, job: str) -> TimingSummary:
+        """What ``job`` reported (also for a while after it closed)."""
+        check_name("dataset", dataset)
+        check_name("job", job)
+        try:
+            return self._timings[(dataset, job)].summary()
+        except KeyError:
+            raise UnknownSession(f"no timings for job {job} on {dataset}") from None
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _session(self, dataset: Any, job: Any, rank: Any) -> tuple[_Job, _Session]:
+        self._dataset(dataset)
+        check_name("job", job)
+        check_int("rank", rank, 0, MAX_WORLD - 1)
+        entry = self._jobs.get((dataset, job))
+        session = entry.sessions.get(rank) if entry is not None else None
+        if entry is not None and rank >= entry.world_size:
+            raise InvalidRequest(f"rank must be below the world size {entry.world_size}")
+        if entry is None or session is None:
+            raise UnknownSession(f"no session for job {job} rank {rank} on {dataset}")
+        return entry, session
+
+    def _check_epoch(self, entry: _Job, current: int | None, epoch: int) -> None:
+        """Refuse moving a session (on ``current``, None for a new one) to ``epoch``."""
+        if current is not None and epoch < current:
+            raise StaleEpoch(f"epoch {epoch} is behind this rank's epoch {current}")
+        if epoch not in entry.pools and entry.pools and epoch < max(entry.pools):
+            # A pool is only ever created for an epoch newer than every live one: an older
+            # epoch was given out already (or dropped) and cannot start again.
+            raise StaleEpoch(f"epoch {epoch} of job {entry.job} is over: start a later one")
+        if epoch == current and epoch not in entry.pools:
+            raise StaleEpoch(f"epoch {epoch} of job {entry.job} was dropped: start a later one")
+
+    def _move(self, entry: _Job, session: _Session, epoch: int) -> None:
+        """Put ``session`` on ``epoch`` (already validated), creating its pool if needed."""
+        if epoch not in entry.pools:
+            state = self._datasets[entry.dataset]
+            entry.pools[epoch] = EpochPool(state, entry.job, epoch, entry.world_size)
+            while len(entry.pools) > LIVE_EPOCHS:
+                oldest = min(entry.pools)
+                entry.pools.pop(oldest).close()
+        if session.epoch != epoch:
+            session.epoch = epoch
+            session.rng = _rng(session.seed, entry.job, epoch, session.rank)
+        self._drop_unused_pools(entry)
+
+    def _drop_unused_pools(self, entry: _Job) -> None:
+        """Pools no session is on are finished with (a session never goes back)."""
+        used = {s.epoch for s in entry.sessions.values()}
+        for epoch in [e for e in entry.pools if e not in used]:
+            entry.pools.pop(epoch).close()
+
+    def _timings_of(self, key: tuple[str, str]) -> JobTimings:
+        timings = self._timings.get(key)
+        if timings is None:
+            timings = self._timings[key] = JobTimings(self.ring)
+            while len(self._timings) > self.history:
+                self._timings.popitem(last=False)
+        self._timings.move_to_end(key)
+        return timings
+
+    def _info(self, state: DatasetState, entry: _Job, session: _Session) -> SessionInfo:
+        pool = entry.pools.get(session.epoch)
+        quota = pool.quota if pool is not None else -(-state.count // entry.world_size)
+        return SessionInfo(
+            dataset=state.name,
+            job=entry.job,
+            rank=session.rank,
+            world_size=entry.world_size,
+            epoch=session.epoch,
+            seed=session.seed,
+            lookahead=session.lookahead,
+            files=state.count,
+            quota=quota,
+            mode=self._modes[state.name],
+        )

@@ -1,0 +1,549 @@
+"""mountd.chunks: striped partitions, mode choice, the chunk lifecycle and chunked claims."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import pytest
+
+from mountd.chunks import (
+    ChunkManager,
+    ChunkPlan,
+    ChunkReady,
+    ChunkState,
+    Evict,
+    Mode,
+    Preload,
+    choose_mode,
+    plan_chunks,
+)
+from mountd.sessions import SessionRegistry, UnknownSession
+
+# -- striped partitions ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("n", "k"), [(10_000, 10), (10_007, 7), (1_000, 20)])
+def test_striped_plan_partitions_ids_into_balanced_chunks(n, k):
+    plan = ChunkPlan(n, k)
+    chunks = [list(plan.ids_of(c)) for c in range(k)]
+    assert sorted(i for ids in chunks for i in ids) == list(range(n))
+    sizes = [len(ids) for ids in chunks]
+    assert sizes == [plan.size_of(c) for c in range(k)]
+    assert max(sizes) - min(sizes) <= plan.partitions
+    for c, ids in enumerate(chunks):
+        assert all(plan.chunk_of(i) == c for i in ids)
+
+
+def test_each_chunk_is_a_uniform_sample_of_the_id_range():
+    n, k = 10_000, 10
+    plan = ChunkPlan(n, k)
+    for c in range(k):
+        ids = list(plan.ids_of(c))
+        # One stripe unit in every tenth of the dataset (Quiver §5.1): a sorted dataset
+        # (e.g. by sequence length) still gives every chunk every length.
+        per_decile = [0] * 10
+        for i in ids:
+            per_decile[i * 10 // n] += 1
+        assert per_decile == [n // k // 10] * 10
+        mean = sum(ids) / len(ids)
+        assert abs(mean - (n - 1) / 2) < n * 0.06
+        assert len(plan.ranges_of(c)) == plan.partitions  # contiguous stripe units
+
+
+def test_stripe_units_are_dealt_by_a_seeded_permutation():
+    a, b, a2 = ChunkPlan(1000, 10, seed=1), ChunkPlan(1000, 10, seed=2), ChunkPlan(1000, 10, seed=1)
+    assert [a.ranges_of(c) for c in range(10)] == [a2.ranges_of(c) for c in range(10)]
+    assert [a.ranges_of(c) for c in range(10)] != [b.ranges_of(c) for c in range(10)]
+    # Not the same unit position in every partition (no aliasing with periodic orders).
+    offsets = {start % 100 for start, _ in a.ranges_of(0)}
+    assert len(offsets) > 1
+
+
+def test_plan_with_more_partitions_and_tiny_datasets():
+    plan = ChunkPlan(1000, 4, partitions=25)
+    assert plan.partitions == 25 and len(plan.ranges_of(0)) == 25
+    tiny = ChunkPlan(5, 3)  # fewer files than units: one partition
+    assert sorted(i for c in range(3) for i in tiny.ids_of(c)) == list(range(5))
+    assert ChunkPlan.whole(7).chunks == 1 and list(ChunkPlan.whole(7).ids_of(0)) == list(range(7))
+    with pytest.raises(ValueError):
+        ChunkPlan(0, 1)
+    with pytest.raises(ValueError):
+        ChunkPlan(5, 6)
+
+
+# -- mode and chunk size --------------------------------------------------------------------------
+
+
+def test_choose_mode_from_size_and_budget():
+    assert choose_mode(100, 100) is Mode.FULL
+    assert choose_mode(100, 1000) is Mode.FULL
+    assert choose_mode(1000, 200) is Mode.CHUNKED  # chunks of 100 (10%), two fit
+    assert choose_mode(1000, 0) is Mode.OFF
+    # 1% of the dataset per chunk still trains well; 0.5% does not.
+    assert choose_mode(10_000, 200) is Mode.CHUNKED
+    assert choose_mode(20_000, 200) is Mode.OFF
+    assert choose_mode(10_000, 5000, max_chunk_bytes=50) is Mode.OFF
+    assert choose_mode(10_000, 300, slots=3) is Mode.CHUNKED  # 100-byte chunks, three fit
+    assert choose_mode(10_000, 200, slots=3) is Mode.OFF
+    with pytest.raises(ValueError):
+        choose_mode(-1, 10)
+
+
+def test_plan_chunks_bounds_chunk_bytes():
+    rng = random.Random(0)
+    sizes = [rng.randint(1, 1000) for _ in range(5000)]
+    total = sum(sizes)
+    plan = plan_chunks(sizes, total // 4)  # 10% chunks fit twice
+    assert plan.chunks >= 10
+    plan = plan_chunks(sizes, total // 10)  # bound by budget / 2 = 5% of the dataset
+    biggest = max(sum(sizes[i] for i in plan.ids_of(c)) for c in range(plan.chunks))
+    assert biggest <= total // 10 / 2 and plan.chunks >= 20
+    plan = plan_chunks(sizes, total, max_chunk_bytes=total // 30)
+    assert plan.chunks >= 30
+    plan = plan_chunks(sizes, total // 10, slots=3)  # three chunks must fit
+    biggest = max(sum(sizes[i] for i in plan.ids_of(c)) for c in range(plan.chunks))
+    assert biggest <= total // 10 / 3
+    assert plan_chunks([10] * 10, 80, fraction=0.5).chunks == 3  # 40-byte chunks
+    assert plan_chunks([10] * 10, 1000, fraction=0.9).chunks == 3  # at least three chunks
+
+
+# -- the lifecycle, decision by decision ----------------------------------------------------------
+
+
+class Cache:
+    """The cached set the manager reads; tests fill and evict it."""
+
+    def __init__(self, manager_plan: ChunkPlan) -> None:
+        self.ids: set[int] = set()
+        self.manager: ChunkManager | None = None
+
+    def fill(self, ids) -> None:
+        new = [i for i in ids if i not in self.ids]
+        self.ids.update(new)
+        self.manager.on_cached(new)
+
+    def evict(self, ids) -> None:
+        gone = [i for i in ids if i in self.ids]
+        self.ids.difference_update(gone)
+        self.manager.on_evicted(gone)
+
+
+def make_manager(n=100, k=5, timeout=100.0, slots=2):
+    plan = ChunkPlan(n, k)
+    cache = Cache(plan)
+    manager = ChunkManager("ds", plan, cache.ids.__contains__, evict_timeout=timeout, slots=slots)
+    cache.manager = manager
+    return manager, cache, plan
+
+
+def check_invariants(manager: ChunkManager) -> None:
+    states = manager.states()
+    resident = sum(s in (ChunkState.LOADED, ChunkState.MARKED) for s in states)
+    loading = states.count(ChunkState.LOADING)
+    assert resident <= 2 and loading <= 1 and resident + loading <= manager.slots, states
+
+
+def test_no_preload_without_readers():
+    manager, _, _ = make_manager()
+    assert manager.tick(0.0) == []
+    assert manager.entry_chunk() == 0
+
+
+def test_lifecycle_load_mark_evict_then_load_the_third():
+    manager, cache, plan = make_manager()
+    job = object()
+    manager.attach(job)
+    [preload] = manager.tick(0.0)
+    assert preload == Preload("ds", 0, preload.ids)
+    assert sorted(preload.ids) == list(plan.ids_of(0)) and manager.state(0) is ChunkState.LOADING
+    manager.reference(job, manager.entry_chunk())
+    cache.fill(preload.ids[:10])
+    assert manager.tick(1.0) == []  # not fully loaded yet
+    assert manager.preload_remaining() == sorted(set(plan.ids_of(0)) - cache.ids)
+    cache.fill(preload.ids[10:])
+    ready, preload1 = manager.tick(2.0)
+    assert ready == ChunkReady("ds", 0) and manager.newest == 0
+    assert isinstance(preload1, Preload) and preload1.chunk == 1
+    cache.fill(preload1.ids)
+    assert manager.tick(3.0) == [ChunkReady("ds", 1)]
+    assert manager.state(0) is ChunkState.MARKED and manager.entry_chunk() == 1
+    check_invariants(manager)
+    # The job still reads chunk 0: no eviction, no third chunk.
+    assert manager.tick(50.0) == []
+    manager.finished(job, 0, 60.0)
+    manager.reference(job, 1)
+    evict, preload2 = manager.tick(61.0)
+    assert evict == Evict("ds", 0, tuple(plan.ids_of(0)), forced=False)
+    assert preload2.chunk == 2 and manager.state(0) is ChunkState.IDLE
+    cache.evict(evict.ids)
+    check_invariants(manager)
+
+
+def test_three_slots_preload_the_next_chunk_while_the_marked_one_drains():
+    manager, cache, plan = make_manager(slots=3)
+    job = object()
+    manager.attach(job)
+    cache.fill(manager.tick(0.0)[0].ids)
+    manager.reference(job, 0)
+    ready0, preload1 = manager.tick(1.0)
+    cache.fill(preload1.ids)
+    ready1, preload2 = manager.tick(2.0)
+    assert ready1 == ChunkReady("ds", 1) and manager.state(0) is ChunkState.MARKED
+    assert preload2.chunk == 2  # with two slots this would wait for chunk 0's eviction
+    check_invariants(manager)
+    cache.fill(preload2.ids)
+    assert manager.tick(3.0) == []  # loaded, but promoting it would make three resident
+    assert manager.state(2) is ChunkState.LOADING
+    check_invariants(manager)
+    manager.finished(job, 0, 4.0)
+    manager.reference(job, 1)
+    evict0, ready2, preload3 = manager.tick(5.0)
+    assert (evict0.chunk, ready2.chunk, preload3.chunk) == (0, 2, 3)
+    assert manager.state(1) is ChunkState.MARKED and manager.refs(1) == {job}
+    check_invariants(manager)
+    with pytest.raises(ValueError):
+        make_manager(slots=4)
+
+
+def test_eviction_waits_for_every_referencing_job_then_forces_after_timeout():
+    manager, cache, plan = make_manager(timeout=100.0)
+    fast, slow = object(), object()
+    for job in (fast, slow):
+        manager.attach(job)
+    cache.fill(manager.tick(0.0)[0].ids)
+    for job in (fast, slow):
+        manager.reference(job, manager.entry_chunk())
+    cache.fill(manager.tick(1.0)[1].ids)  # chunk 1
+    manager.tick(2.0)
+    assert manager.state(0) is ChunkState.MARKED
+    manager.finished(fast, 0, 10.0)
+    assert manager.tick(50.0) == [] and manager.refs(0) == {slow}
+    assert manager.tick(109.9) == []
+    evict, preload = manager.tick(110.0)
+    assert evict.chunk == 0 and evict.forced and preload.chunk == 2
+
+
+def test_detaching_the_last_reader_releases_the_marked_chunk():
+    manager, cache, _ = make_manager()
+    job = object()
+    manager.attach(job)
+    cache.fill(manager.tick(0.0)[0].ids)
+    manager.reference(job, 0)
+    cache.fill(manager.tick(1.0)[1].ids)
+    manager.tick(2.0)
+    manager.detach(job)
+    actions = manager.tick(3.0)
+    assert [type(a) for a in actions] == [Evict]  # no reader left: no further preload
+    assert not actions[0].forced
+
+
+def test_failed_preloads_complete_the_chunk():
+    manager, cache, plan = make_manager()
+    manager.attach(object())
+    ids = manager.tick(0.0)[0].ids
+    cache.fill(ids[2:])
+    manager.on_failed(ids[:2])
+    assert manager.tick(1.0)[0] == ChunkReady("ds", 0)
+
+
+def test_next_preload_pulls_windows_and_reoffers_dropped_files():
+    manager, cache, plan = make_manager()
+    assert manager.next_preload(5) == []  # nothing loading
+    manager.attach(object())
+    [preload] = manager.tick(0.0)
+    first = manager.next_preload(8)
+    assert list(first) == list(preload.ids[:8])
+    cache.fill(preload.ids[8:12])  # a job's misses filled some meanwhile: skipped
+    second = manager.next_preload(8)
+    assert second == list(preload.ids[12:20])
+    cache.fill(first[:6] + second)  # two of the first window were dropped by the cache
+    assert manager.next_preload(100) == first[6:]  # past the end: what is still missing
+    assert manager.next_preload(100) == first[6:]  # still missing: offered again
+    cache.fill(first[6:])
+    assert manager.next_preload(100) == []
+    assert manager.tick(1.0)[0] == ChunkReady("ds", 0)
+
+
+def test_cached_files_are_counted_at_start():
+    plan = ChunkPlan(100, 5)
+    cached = set(plan.ids_of(0))
+    manager = ChunkManager("ds", plan, cached.__contains__)
+    manager.attach(object())
+    [preload] = manager.tick(0.0)
+    assert preload.ids == () and manager.cached_count(0) == 20
+    assert manager.tick(0.0)[0] == ChunkReady("ds", 0)
+
+
+def test_manager_needs_three_chunks():
+    with pytest.raises(ValueError):
+        ChunkManager("ds", ChunkPlan(100, 2), lambda i: False)
+
+
+# -- chunked claims through the registry, simulated -----------------------------------------------
+
+
+class Harness:
+    """Performs the registry's actions: preloads at ``rate`` files per step, evictions at once."""
+
+    def __init__(self, registry: SessionRegistry, rate: int) -> None:
+        self.registry = registry
+        self.rate = rate
+        self.queue: deque[int] = deque()
+        self.evictions: list[Evict] = []
+        self.ready: list[int] = []
+        self.now = 0.0
+
+    def step(self) -> None:
+        self.now += 1.0
+        for action in self.registry.tick(self.now):
+            if isinstance(action, Preload):
+                self.queue.extend(action.ids)
+            elif isinstance(action, Evict):
+                self.evictions.append(action)
+                self.registry.on_evicted("ds", action.ids)
+            else:
+                self.ready.append(action.chunk)
+        manager = self.registry.dataset("ds").manager
+        check_invariants(manager)
+        batch = [self.queue.popleft() for _ in range(min(self.rate, len(self.queue)))]
+        self.registry.on_cached("ds", batch)
+
+
+def read_through(registry, harness, job, chunk, *, clock=None):
+    """``job`` claims until it has left ``chunk`` (the harness steps between claims)."""
+    while True:
+        if clock is not None:
+            clock[0] = harness.now
+        claim = registry.claim("ds", job, 0, 50)
+        assert {registry.dataset("ds").plan.chunk_of(i) for i in claim.ids} == {chunk}
+        if registry.pool("ds", job, 0).chunk != chunk:
+            return
+        harness.step()
+
+
+def chunked_registry(n=2000, clock=None, **kwargs):
+    registry = SessionRegistry(clock=clock or (lambda: 0.0), **kwargs)
+    budget = 100 * n * registry.chunk_slots // 10  # 10% chunks, two (or three) fit
+    mode = registry.add_dataset("ds", [100] * n, budget=budget)
+    assert mode is Mode.CHUNKED and registry.dataset("ds").plan.chunks == 10
+    return registry
+
+
+@pytest.mark.parametrize(
+    ("rate", "min_hits", "max_job_fetches"),
+    [
+        (30, 0.95, 100),  # preload outpaces the jobs: hits after the first few claims
+        (0, 0.45, 2040),  # no preload: the two jobs' misses load the chunks, co-operatively
+    ],
+)
+def test_chunked_claims_stay_in_the_jobs_chunk_and_cover_the_epoch(rate, min_hits, max_job_fetches):
+    registry = chunked_registry()
+    harness = Harness(registry, rate=rate)
+    plan = registry.dataset("ds").plan
+    for job, seed in (("a", 1), ("b", 2)):
+        registry.open_session("ds", job, seed=seed)
+    claimed = {"a": [], "b": []}
+    hits = total = job_fetches = 0
+    active = {"a", "b"}
+    while active:
+        harness.step()
+        for job in sorted(active):
+            claim = registry.claim("ds", job, 0, 10, epoch=0)
+            if claim.end_of_epoch:
+                active.discard(job)
+                continue
+            chunks = {plan.chunk_of(i) for i in claim.ids}
+            assert chunks == {claim.chunk}  # one claim never spans two chunks
+            hits += len(claim.hits)
+            total += len(claim.ids)
+            job_fetches += len(claim.fetch)
+            claimed[job].extend(claim.ids)
+            registry.on_cached("ds", claim.fetch)  # the job's own urgent fetches
+    for ids in claimed.values():
+        assert sorted(ids) == list(range(2000))
+    # Two jobs read 4000 files; the remote serves about 2000 (N) of them.
+    assert total == 4000 and hits / total >= min_hits
+    assert job_fetches <= max_job_fetches
+    assert len(harness.evictions) >= 8 and not any(e.forced for e in harness.evictions)
+    # Each eviction removed files of one chunk only.
+    for evict in harness.evictions:
+        assert {plan.chunk_of(i) for i in evict.ids} <= {evict.chunk}
+
+
+def test_claim_chunk_sequence_follows_the_manager():
+    registry = chunked_registry()
+    harness = Harness(registry, rate=1000)  # preloads complete within a step
+    registry.open_session("ds", "a", seed=1)
+    seen = []
+    while True:
+        harness.step()
+        claim = registry.claim("ds", "a", 0, 50)
+        if claim.end_of_epoch:
+            break
+        if claim.ids:
+            chunk = registry.dataset("ds").plan.chunk_of(claim.ids[0])
+            if not seen or seen[-1] != chunk:
+                seen.append(chunk)
+    assert seen == list(range(10))  # every chunk once, in load order
+    assert len(harness.evictions) >= 8
+
+
+def test_new_jobs_start_on_the_newest_chunk_and_old_chunk_waits_for_slow_job():
+    registry = chunked_registry()
+    harness = Harness(registry, rate=1000)
+    manager = registry.dataset("ds").manager
+    plan = registry.dataset("ds").plan
+    registry.open_session("ds", "slow", seed=1)
+    registry.open_session("ds", "fast", seed=2)
+    harness.step()
+    assert registry.claim("ds", "slow", 0, 1).ids[0] in set(plan.ids_of(0))
+    # The fast job reads chunk 0 to its end while the slow job sits on it.
+    read_through(registry, harness, "fast", 0)
+    assert registry.pool("ds", "fast", 0).chunk == 1
+    for _ in range(3):
+        harness.step()
+    assert manager.newest == 1 and manager.state(0) is ChunkState.MARKED
+    assert manager.refs(0) == {registry.pool("ds", "slow", 0)}
+    assert not harness.evictions  # chunk 0 waits for the slow job
+    registry.open_session("ds", "new", seed=3)
+    claim = registry.claim("ds", "new", 0, 20)
+    assert {plan.chunk_of(i) for i in claim.ids} == {1}  # the newest, fully loaded chunk
+    assert len(claim.hits) == 20
+    read_through(registry, harness, "slow", 0)
+    harness.step()
+    assert [e.chunk for e in harness.evictions] == [0]
+
+
+def test_straggler_chunk_is_forced_out_after_the_timeout():
+    clock = [0.0]
+    registry = chunked_registry(clock=lambda: clock[0], evict_timeout=30.0)
+    harness = Harness(registry, rate=1000)
+    registry.open_session("ds", "slow", seed=1)
+    registry.open_session("ds", "fast", seed=2)
+    harness.step()
+    registry.claim("ds", "slow", 0, 1)
+    read_through(registry, harness, "fast", 0, clock=clock)
+    finished_at = clock[0]
+    while harness.now < finished_at + 29:
+        harness.step()
+    assert not harness.evictions
+    while harness.now < finished_at + 31:
+        harness.step()
+    assert [(e.chunk, e.forced) for e in harness.evictions] == [(0, True)]
+    # The slow job goes on reading chunk 0, now as misses.
+    claim = registry.claim("ds", "slow", 0, 10)
+    assert claim.fetch and not claim.hits
+
+
+def test_a_job_that_died_without_closing_is_reaped_and_frees_its_chunk():
+    clock = [0.0]
+    registry = chunked_registry(clock=lambda: clock[0], idle_timeout=100.0)
+    harness = Harness(registry, rate=1000)
+
+    def step():
+        harness.step()
+        clock[0] = harness.now
+
+    registry.open_session("ds", "dead", seed=1)
+    step()
+    assert registry.claim("ds", "dead", 0, 5).chunk == 0  # then it dies, never closing
+    step()
+    step()
+    manager = registry.dataset("ds").manager
+    assert manager.state(0) is ChunkState.MARKED and manager.newest == 1
+    registry.open_session("ds", "live", seed=2)
+    while harness.now < 99:
+        assert registry.claim("ds", "live", 0, 1).chunk == 1
+        step()
+    assert not harness.evictions  # nobody finished chunk 0: no forced eviction either
+    step()
+    step()
+    assert [e.chunk for e in harness.evictions] == [0]
+    assert [s.job for s in registry.sessions()] == ["live"]
+    assert registry.timings("ds", "dead").closed == 1
+    with pytest.raises(UnknownSession):
+        registry.claim("ds", "dead", 0, 5)
+
+
+def test_closing_a_session_releases_its_chunk():
+    registry = chunked_registry()
+    harness = Harness(registry, rate=1000)
+    registry.open_session("ds", "a", seed=1)
+    registry.open_session("ds", "b", seed=2)
+    harness.step()
+    registry.claim("ds", "b", 0, 1)
+    read_through(registry, harness, "a", 0)
+    harness.step()
+    assert not harness.evictions
+    registry.close_session("ds", "b", 0)
+    harness.step()
+    assert [e.chunk for e in harness.evictions] == [0]
+
+
+# -- a randomized run against a model -------------------------------------------------------------
+
+
+def check_pool(registry: SessionRegistry, pool) -> None:
+    """The pool's unread set is exactly the chunk's ungiven files, cached ones apart."""
+    if pool.unread is None:
+        return
+    state = registry.dataset("ds")
+    chunk_ids = set(state.plan.ids_of(pool.chunk))
+    expected = {i for i in chunk_ids if not pool.given[i]}
+    assert set(pool.unread) == expected
+    assert {i for i in expected if pool.unread.is_cached(i)} == {
+        i for i in expected if state.cached[i]
+    }
+
+
+@pytest.mark.parametrize(("seed", "slots"), [(1, 2), (2, 2), (3, 3), (4, 3)])
+def test_random_interleaving_keeps_every_invariant(seed, slots):
+    rng = random.Random(seed)
+    clock = [0.0]
+    registry = chunked_registry(
+        n=600, clock=lambda: clock[0], evict_timeout=20.0, chunk_slots=slots
+    )
+    plan = registry.dataset("ds").plan
+    harness = Harness(registry, rate=rng.randint(0, 12))
+    jobs = {"a": 1, "b": 2, "c": 4}  # job -> world size
+    for job, world in jobs.items():
+        for rank in range(world):
+            registry.open_session("ds", job, rank=rank, world_size=world, seed=rng.randrange(9))
+    epoch = dict.fromkeys(jobs, 0)
+    given: dict[str, set[int]] = {job: set() for job in jobs}
+    epochs_done = dict.fromkeys(jobs, 0)
+    for _ in range(3000):
+        clock[0] = harness.now
+        op = rng.random()
+        if op < 0.1:
+            harness.step()
+        elif op < 0.15:  # the cache's own policy evicts something
+            cached = [i for i in range(plan.count) if registry.dataset("ds").cached[i]]
+            registry.on_evicted("ds", rng.sample(cached, min(len(cached), rng.randint(1, 20))))
+        else:
+            job = rng.choice(sorted(jobs))
+            rank = rng.randrange(jobs[job])
+            cached_before = bytes(registry.dataset("ds").cached)
+            claim = registry.claim("ds", job, rank, rng.randint(1, 40), epoch=epoch[job])
+            assert all(cached_before[i] for i in claim.hits)
+            assert not any(cached_before[i] for i in claim.fetch)
+            assert not set(claim.ids) & given[job]
+            assert len(set(claim.ids)) == len(claim.ids)
+            if claim.ids:
+                assert {plan.chunk_of(i) for i in claim.ids} == {claim.chunk}
+            given[job].update(claim.ids)
+            if rng.random() < 0.8:
+                registry.on_cached("ds", claim.fetch)
+            pool = registry.pool("ds", job, epoch[job])
+            check_pool(registry, pool)
+            if pool.remaining == 0:  # the job's epoch is given out: check, start the next
+                assert given[job] == set(range(plan.count))
+                given[job] = set()
+                epoch[job] += 1
+                epochs_done[job] += 1
+                for r in range(jobs[job]):
+                    registry.next_epoch("ds", job, r, epoch[job])
+        check_invariants(registry.dataset("ds").manager)
+    assert min(epochs_done.values()) >= 10, epochs_done
+    assert len(harness.evictions) >= 20
