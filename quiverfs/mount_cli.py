@@ -1,0 +1,257 @@
+"""``quiverfs mount``, ``quiverfs umount``, ``quiverfs mounts`` and the ``mount.fuse.quiverfs`` helper.
+
+A thin layer over :mod:`quiverfs.mount`; :func:`register` adds the commands to the
+``quiverfs`` app (quiverfs/cli.py calls it). :func:`mount_stats` gives the per-mount counters
+that ``quiverfs stats``/``mounts`` show next to mountd's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from quiverfs.errors import QuiverError, UsageError
+
+_CACHE_DIR_HELP = "Cache directory shared with mountd (default: $XDG_CACHE_HOME/quiverfs or ~/.cache/quiverfs)."
+
+#: Seconds ``mount_stats`` waits for one mount's ``user.quiver.stats`` (a hung mount must not
+#: hang ``quiverfs stats``).
+STATS_TIMEOUT = 1.0
+
+
+def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
+    if cache_size is not None:
+        from mountd import layout
+
+        layout.parse_size(cache_size, cache_dir or layout.default_cache_dir())
+
+
+def mount(
+    digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
+    foreground: bool = False, allow_other: bool = False, debug: bool = False,
+) -> str:
+    """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
+
+    Detached (the default): returns once the mount serves, with the line to print. With
+    ``foreground``: serves in this process and returns after the unmount.
+    """
+    from quiverfs.mount import MountOptions, mount_detached, run_foreground, setup_logging
+
+    _check_size(cache_size, cache_dir)
+    options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug)
+    if foreground:
+        setup_logging(debug)
+        run_foreground(options)
+        return f"unmounted {options.resolved().mountpoint}"
+    pid = mount_detached(options)
+    where = options.resolved().mountpoint
+    try:
+        dataset = os.getxattr(where, "user.quiver.dataset").decode()
+    except OSError:
+        dataset = "?"
+    return f"mounted dataset {dataset[:16]} at {where} (pid {pid})"
+
+
+def mount_stats(mounts: Iterable[Mapping[str, Any]], timeout: float = STATS_TIMEOUT) -> list[dict[str, Any]]:
+    """Per-mount counters for mountd's ``ls()["mounts"]`` records, read from each mount's
+    ``user.quiver.stats`` (opens, reads, hits, misses, bytes, errors).
+
+    Each result is the record plus ``"stats"`` (a dict, or None) and ``"stats_error"`` (why
+    there are none: not a mount point any more, not answering within ``timeout``, ...).
+    """
+    out = []
+    for record in mounts:
+        row: dict[str, Any] = dict(record)
+        row["stats"], row["stats_error"] = None, None
+        mountpoint = record.get("mountpoint")
+        if not mountpoint:
+            row["stats_error"] = "no mount point registered"
+        else:
+            row["stats"], row["stats_error"] = _read_stats(mountpoint, timeout)
+        out.append(row)
+    return out
+
+
+def _read_stats(mountpoint: str, timeout: float) -> tuple[dict[str, Any] | None, str | None]:
+    """``(stats, None)`` or ``(None, why not)``; the getxattr runs in a daemon thread."""
+    result: list[Any] = []
+
+    def read() -> None:
+        try:
+            result.append(json.loads(os.getxattr(mountpoint, "user.quiver.stats")))
+        except (OSError, ValueError) as exc:
+            result.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not result:
+        return None, f"no answer within {timeout:g}s"
+    if isinstance(result[0], OSError):
+        return None, os.strerror(result[0].errno) if result[0].errno else str(result[0])
+    if isinstance(result[0], Exception):
+        return None, str(result[0])
+    return result[0], None
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``mount``, ``umount`` and ``mounts`` to the ``quiverfs`` app."""
+
+    @app.command("mount")
+    def mount_command(
+        digest: Path = typer.Argument(..., help="The dataset's digest file (from `digests build`)."),
+        mountpoint: Path = typer.Argument(..., help="An existing empty directory."),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+        cache_size: str | None = typer.Option(
+            None, "--cache-size",
+            help="Cache size for a mountd this mount starts (10G, 20%); a running mountd keeps its own.",
+        ),
+        foreground: bool = typer.Option(
+            False, "--foreground", "-f", help="Serve in this process until unmounted (systemd, containers)."
+        ),
+        allow_other: bool = typer.Option(
+            False, "--allow-other", help="Let other users read the mount (root, or user_allow_other in /etc/fuse.conf)."
+        ),
+    ) -> None:
+        """Mount a dataset read-only: its files are read through the machine's shared cache.
+
+        Starts a mountd (default cache directory and size) when none runs. Returns once the
+        mount serves; unmount with `quiverfs umount`. Add --debug for detailed logs.
+
+        Example: quiverfs mount imagenet.qd /mnt/imagenet --cache-dir /var/cache/quiverfs
+        """
+        debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
+        line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
+                     foreground=foreground, allow_other=allow_other, debug=debug)
+        if not foreground:
+            typer.echo(line)
+
+    @app.command("umount")
+    def umount_command(
+        mountpoint: Path = typer.Argument(..., help="Where the dataset is mounted."),
+        lazy: bool = typer.Option(False, "--lazy", "-z", help="Detach now even if files are open there."),
+    ) -> None:
+        """Unmount a quiverfs mount (also one whose process died).
+
+        Example: quiverfs umount /mnt/imagenet
+        """
+        from quiverfs.mount import unmount
+
+        unmount(mountpoint, lazy=lazy)
+        typer.echo(f"unmounted {os.path.abspath(mountpoint)}")
+
+    @app.command("mounts")
+    def mounts_command(
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    ) -> None:
+        """List the mounts registered with mountd and each one's own counters.
+
+        Example: quiverfs mounts --json
+        """
+        from mountd.client import SyncClient, resolve_socket
+
+        with SyncClient.connect(resolve_socket(cache_dir)[0]) as client:
+            rows = mount_stats(client.ls()["mounts"])
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2, sort_keys=True))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="quiverfs mounts", title_justify="left")
+        for column in ("mount point", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes", "errors"):
+            table.add_column(column, justify="right" if column not in ("mount point", "dataset") else "left")
+        for row in rows:
+            stats = row["stats"] or {}
+            figures = [str(stats.get(k, "-")) for k in ("opens", "hits", "misses", "reads", "bytes", "errors")]
+            if row["stats"] is None:
+                figures[0] = row["stats_error"] or "-"
+            table.add_row(str(row.get("mountpoint") or "-"), str(row.get("dataset", ""))[:16], str(row.get("pid", "")), *figures)
+        Console().print(table)
+
+
+# -- mount.fuse.quiverfs: the mount(8) / fstab helper ----------------------------------------
+
+#: Generic mount(8)/fstab options the helper accepts and ignores (the mount is always
+#: read-only, nodev and nosuid).
+IGNORED_OPTIONS = frozenset({
+    "defaults", "ro", "rw", "auto", "noauto", "user", "nouser", "users", "nofail", "_netdev",
+    "dev", "nodev", "suid", "nosuid", "exec", "noexec", "atime", "noatime", "relatime",
+    "diratime", "nodiratime", "sync", "async",
+})
+
+HELPER = "mount.fuse.quiverfs"
+HELPER_USAGE = f"usage: {HELPER} DIGEST MOUNTPOINT [-o cache_dir=DIR,cache_size=SIZE,allow_other,foreground,debug]"
+
+
+def parse_helper_args(argv: list[str]) -> dict[str, Any]:
+    """The :func:`mount` keyword arguments for a mount(8) helper command line.
+
+    mount(8) runs ``mount.fuse.quiverfs SPEC DIR [-sfnv] [-o OPTIONS]``; ``-f`` (fake)
+    sets ``"fake": True``. Raises :class:`UsageError` on anything it does not understand.
+    """
+    positional: list[str] = []
+    opts: list[str] = []
+    fake = False
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "-o":
+            if not args:
+                raise UsageError(f"-o needs a value; {HELPER_USAGE}")
+            opts.extend(o for o in args.pop(0).split(",") if o)
+        elif arg.startswith("-o") and len(arg) > 2:
+            opts.extend(o for o in arg[2:].split(",") if o)
+        elif arg.startswith("-") and len(arg) > 1 and set(arg[1:]) <= set("sfnvh"):
+            if "h" in arg:
+                raise UsageError(HELPER_USAGE)
+            fake = fake or "f" in arg
+        else:
+            positional.append(arg)
+    if len(positional) != 2:
+        raise UsageError(HELPER_USAGE)
+    result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
+                              "cache_dir": None, "cache_size": None, "allow_other": False,
+                              "foreground": False, "debug": False, "fake": fake}
+    for opt in opts:
+        key, eq, value = opt.partition("=")
+        if key in ("cache_dir", "cache_size"):
+            if not eq or not value:
+                raise UsageError(f"option {key} needs a value ({key}=...)")
+            result[key] = Path(value) if key == "cache_dir" else value
+        elif key in ("allow_other", "foreground", "debug") and not eq:
+            result[key] = True
+        elif key in IGNORED_OPTIONS or key.startswith("x-") or key == "comment":
+            continue
+        else:
+            raise UsageError(f"unknown mount option {opt!r}; {HELPER_USAGE}")
+    return result
+
+
+def helper_main(argv: list[str] | None = None) -> int:
+    """Entry point of ``mount.fuse.quiverfs``; mount(8) exit codes (1 usage, 32 failure)."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        kwargs = parse_helper_args(args)
+        if kwargs.pop("fake"):
+            return 0
+        line = mount(**kwargs)
+    except UsageError as exc:
+        print(f"{HELPER}: {exc}", file=sys.stderr)
+        return 1
+    except QuiverError as exc:
+        print(f"{HELPER}: error: {exc}", file=sys.stderr)
+        return 32
+    except KeyboardInterrupt:
+        return 130
+    if not kwargs["foreground"]:
+        print(line)
+    return 0

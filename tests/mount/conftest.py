@@ -1,0 +1,255 @@
+"""Real-mount fixtures: a mountd and ``quiverfs mount --foreground`` in subprocesses.
+
+Every fixture skips with the reason when FUSE cannot be used here, polls for readiness with a
+deadline while checking that its process is alive (no fixed sleeps), and always cleans up:
+``fusermount3 -u`` then ``-z`` for mounts, SIGTERM then SIGKILL for processes. Each module
+uses its own temporary cache directory, so a test mountd never meets another one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import blake3
+import pytest
+import trio
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Seconds a mountd or a mount may take to become ready.
+READY_TIMEOUT = 60.0
+
+
+def fuse_skip_reason() -> str | None:
+    """Why real mounts cannot run here, or None."""
+    if not os.path.exists("/dev/fuse"):
+        return "FUSE unavailable: /dev/fuse does not exist"
+    if os.geteuid() != 0:
+        return "FUSE mount tests run as root (the test machines' setup)"
+    if shutil.which("fusermount3") is None:
+        return "FUSE unavailable: fusermount3 is not installed (apt-get install fuse3)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def fuse() -> None:
+    """Skip the module's tests when FUSE cannot be used."""
+    reason = fuse_skip_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+def quiverfs_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "quiverfs.cli", *args]
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = READY_TIMEOUT,
+             alive: Callable[[], str | None] | None = None, interval: float = 0.01) -> None:
+    """Poll ``predicate`` until true; fail after ``timeout`` or as soon as ``alive()`` names a death."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if alive is not None:
+            died = alive()
+            if died:
+                raise AssertionError(f"{what}: {died}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- mountd -------------------------------------------------------------------------------------
+
+
+class MountdProcess:
+    """``quiverfs mountd`` for one cache directory."""
+
+    def __init__(self, cache_dir: Path, cache_size: str = "8G") -> None:
+        self.cache_dir = cache_dir
+        self.cache_size = cache_size
+        self.log = cache_dir.parent / f"{cache_dir.name}-mountd.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> MountdProcess:
+        from mountd.client import probe
+
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                quiverfs_cmd("mountd", "--cache-dir", str(self.cache_dir), "--cache-size", self.cache_size),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO,
+            )
+        wait_for(lambda: probe(self.cache_dir, timeout=1.0) is not None, "mountd to answer", alive=self.died)
+        return self
+
+    def died(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"mountd exited with {self.proc.returncode}:\n{_log_tail(self.log)}"
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc)
+
+
+def stop_mountd_of(cache_dir: Path) -> None:
+    """Stop a mountd that something else started for ``cache_dir`` (e.g. a mount, on demand)."""
+    from mountd.client import SyncClient
+    from mountd.protocol import MountdUnavailable
+
+    try:
+        with SyncClient.connect(cache_dir, timeout=2.0) as client:
+            pid = client.hello_info.get("pid") or client.stats()["server"]["pid"]
+    except MountdUnavailable:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+
+
+# -- mounts -------------------------------------------------------------------------------------
+
+
+def is_mounted(path: Path) -> bool:
+    from quiverfs.mount import mounted_fstype
+
+    return mounted_fstype(path) is not None
+
+
+def force_unmount(path: Path) -> None:
+    """``fusermount3 -u``, then ``-z`` if that did not do it."""
+    if not is_mounted(path):
+        return
+    subprocess.run(["fusermount3", "-u", str(path)], capture_output=True, check=False)
+    if is_mounted(path):
+        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True, check=False)
+
+
+class MountProcess:
+    """``quiverfs mount --foreground DIGEST MOUNTPOINT`` in a subprocess."""
+
+    def __init__(self, digest: Path, mountpoint: Path, cache_dir: Path, *extra: str) -> None:
+        self.digest = digest
+        self.mountpoint = mountpoint
+        self.cache_dir = cache_dir
+        self.extra = extra
+        self.log = mountpoint.parent / f"{mountpoint.name}-mount.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> MountProcess:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                quiverfs_cmd("mount", "--foreground", "--cache-dir", str(self.cache_dir), *self.extra,
+                             str(self.digest), str(self.mountpoint)),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO,
+            )
+        wait_for(self._ready, f"the mount at {self.mountpoint}", alive=self.died)
+        return self
+
+    def _ready(self) -> bool:
+        if not os.path.ismount(self.mountpoint):
+            return False
+        try:
+            os.listdir(self.mountpoint)
+        except OSError:
+            return False
+        return True
+
+    def died(self) -> str | None:
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"the mount process exited with {self.proc.returncode}:\n{_log_tail(self.log)}"
+        return None
+
+    def stop(self) -> None:
+        try:
+            force_unmount(self.mountpoint)
+        finally:
+            if self.proc is not None:
+                _stop(self.proc)
+
+    def __enter__(self) -> MountProcess:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+# -- datasets -----------------------------------------------------------------------------------
+
+
+def write_tree(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def build_digest(source: Path, out: Path) -> str:
+    """``digests build file://SOURCE -o OUT`` through the Python API; the dataset id."""
+    from digests.build import build
+
+    result = trio.run(lambda: build("file://" + str(source), out))
+    return result.dataset_id
+
+
+def file_hash(path: str | os.PathLike[str], chunk: int = 1 << 20) -> bytes:
+    """blake3 of a file, read in chunks (through the mount when ``path`` is in one)."""
+    hasher = blake3.blake3()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            hasher.update(block)
+    return hasher.digest()
+
+
+def store_files(cache_dir: Path) -> dict[str, int]:
+    """Every file in the cache's store → size."""
+    out = {}
+    for dirpath, _, names in os.walk(cache_dir / "store"):
+        for name in names:
+            out[name] = os.path.getsize(os.path.join(dirpath, name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A temporary directory for the module (its own cache directory lives in it)."""
+    yield tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])

@@ -1,0 +1,85 @@
+"""Two mounts of two digests that share content: shared files are stored once."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import blake3
+import pytest
+
+from mountd.client import SyncClient
+from tests.mount.conftest import (
+    MountdProcess,
+    MountProcess,
+    build_digest,
+    store_files,
+    wait_for,
+    write_tree,
+)
+
+pytestmark = pytest.mark.mount
+
+rng = random.Random(7)
+SHARED = [rng.randbytes(rng.randrange(1, 200_000)) for _ in range(30)]
+ONLY_A = {f"a/only_{i}.bin": rng.randbytes(50_000 + i) for i in range(20)}
+ONLY_B = {f"b-only/{i}.dat": rng.randbytes(60_000 + i) for i in range(10)}
+# The same bytes under other names and folders in each source.
+TREE_A = {**ONLY_A, **{f"shared/s{i:02d}.bin": d for i, d in enumerate(SHARED)}}
+TREE_B = {**ONLY_B, **{f"elsewhere/deep/copy of {i}.jpg": d for i, d in enumerate(SHARED)}}
+
+
+@pytest.fixture(scope="module")
+def mounts(fuse, module_tmp: Path):
+    digests = {}
+    for name, files in (("A", TREE_A), ("B", TREE_B)):
+        write_tree(module_tmp / f"src-{name}", files)
+        digests[name] = module_tmp / f"{name}.qd"
+        build_digest(module_tmp / f"src-{name}", digests[name])
+    cache = module_tmp / "cache"
+    mountd = MountdProcess(cache).start()
+    try:
+        with MountProcess(digests["A"], module_tmp / "mnt-A", cache) as a, \
+                MountProcess(digests["B"], module_tmp / "mnt-B", cache) as b:
+            yield {"A": a.mountpoint, "B": b.mountpoint, "cache": cache}
+    finally:
+        mountd.stop()
+
+
+def test_both_mounts_serve_their_bytes(mounts) -> None:
+    for name, files in (("A", TREE_A), ("B", TREE_B)):
+        for rel, data in files.items():
+            assert (mounts[name] / rel).read_bytes() == data, (name, rel)
+
+
+def test_shared_files_are_stored_once(mounts) -> None:
+    for name, files in (("A", TREE_A), ("B", TREE_B)):  # whatever the test order, all read
+        for rel in files:
+            (mounts[name] / rel).read_bytes()
+    distinct = {blake3.blake3(d).hexdigest(): len(d) for d in [*TREE_A.values(), *TREE_B.values()]}
+    assert len(distinct) == 30 + 20 + 10
+    assert store_files(mounts["cache"]) == distinct
+    with SyncClient.connect(mounts["cache"]) as client:
+        usage = client.usage()
+        listing = client.ls()
+    assert usage["entries"] == len(distinct)
+    assert usage["used_bytes"] == sum(distinct.values())
+    assert sorted(m["mountpoint"] for m in listing["mounts"]) == sorted([str(mounts["A"]), str(mounts["B"])])
+    for name in ("A", "B"):
+        assert os.getxattr(mounts[name] / next(iter(TREE_A if name == "A" else TREE_B)), "user.quiver.cached") == b"1"
+
+
+def test_hits_reach_mountd_in_batches(mounts) -> None:
+    def total_hits() -> int:
+        with SyncClient.connect(mounts["cache"]) as client:
+            return client.stats()["counters"]["total"]["hits"]
+
+    for rel in TREE_A:  # make sure everything is cached
+        (mounts["A"] / rel).read_bytes()
+    before = total_hits()
+    for rel in TREE_A:  # every open of a cached file is a hit, reported within a second or so
+        fd = os.open(mounts["A"] / rel, os.O_RDONLY)
+        os.close(fd)
+    wait_for(lambda: total_hits() >= before + len(TREE_A), "mountd to count the mount's hits", timeout=15,
+             interval=0.1)

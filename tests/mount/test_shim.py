@@ -1,0 +1,157 @@
+"""The PyTorch shim through a real mount: the control channel answers on the mount root, and
+``QuiverBatchSampler`` gives every file exactly once per epoch to a DataLoader with 0 and 4
+workers, across epochs and across two ranks of one job.
+
+These tests need the control-channel hook in ``QuiverOperations.getxattr`` (docs/
+control-protocol.md, "The mount side"); without it every control request is ENODATA and they
+fail, by design.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from quiverfs.control import ControlClient, make_name
+from quiverfs.testing.sample_data import generate_images, write_tree
+from tests.mount.conftest import MountdProcess, MountProcess, build_digest
+
+pytestmark = pytest.mark.mount
+
+torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed (pip install -e '.[torch]')")
+torch = pytest.importorskip("torch")
+
+from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
+
+FILES = 4 * 30
+
+
+@pytest.fixture(scope="module")
+def mounted(fuse, module_tmp: Path):
+    source = module_tmp / "images"
+    count = write_tree(source, generate_images(n_classes=4, per_class=30, size=32))
+    assert count == FILES
+    digest = module_tmp / "images.qd"
+    dataset_id = build_digest(source, digest)
+    cache = module_tmp / "cache"
+    mountd = MountdProcess(cache).start()
+    try:
+        with MountProcess(digest, module_tmp / "mnt", cache) as mount:
+            yield mount.mountpoint, source, dataset_id
+    finally:
+        mountd.stop()
+
+
+class Indexed(torch.utils.data.Dataset):
+    """ImageFolder that returns (index, label) after really reading the file (in the worker)."""
+
+    def __init__(self, root: Path) -> None:
+        self.inner = torchvision.datasets.ImageFolder(str(root))
+        self.samples = self.inner.samples
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getitem__(self, i: int):
+        image, label = self.inner[i]
+        assert image.size == (32, 32)
+        return i, label
+
+
+def test_info_over_the_control_channel(mounted) -> None:
+    mnt, _, dataset_id = mounted
+    info = json.loads(os.getxattr(mnt, make_name("info")))
+    assert info["dataset"] == dataset_id and info["files"] == FILES
+    paths = ControlClient(mnt).paths()
+    assert len(paths) == FILES and paths == sorted(paths)
+    assert all((mnt / p).is_file() for p in paths[:5])
+
+
+def test_malformed_and_unknown_requests_get_errno(mounted) -> None:
+    mnt, _, _ = mounted
+    for name, code in [
+        ("user.quiver.ctl.x.claim?job=j", errno.EINVAL),
+        ("user.quiver.ctl.x.bogus", errno.EINVAL),
+        (make_name("claim", job="nobody", rank=0, n=4), errno.ENOENT),
+    ]:
+        with pytest.raises(OSError) as info:
+            os.getxattr(mnt, name)
+        assert info.value.errno == code, name
+    assert os.listdir(mnt)  # the mount keeps serving
+
+
+@pytest.mark.parametrize("workers", [0, 4])
+def test_every_file_once_per_epoch_through_a_dataloader(mounted, workers: int) -> None:
+    mnt, _, _ = mounted
+    dataset = Indexed(mnt / "train")
+    sampler = QuiverBatchSampler(dataset, batch_size=8, job=f"dl-{workers}", seed=workers)
+    assert sampler.on_quiver
+    assert len(sampler) == FILES // 8
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=workers)
+    orders = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        seen = [int(i) for indices, _ in loader for i in indices]
+        assert Counter(seen) == Counter(range(FILES)), f"epoch {epoch}"
+        orders.append(seen)
+    assert orders[0] != orders[1]  # a new random order each epoch
+    timings = ControlClient(mnt).request("timings", job=f"dl-{workers}")
+    assert timings["batches"] >= 2 * (len(sampler) - 1)
+    assert [e[0] for e in timings["epochs"]] == [0, 1, 2]
+    sampler.close()
+
+
+def test_two_ranks_split_an_epoch_with_equal_steps(mounted) -> None:
+    mnt, _, _ = mounted
+    dataset = Indexed(mnt / "train")
+    samplers = [
+        QuiverBatchSampler(dataset, batch_size=7, job="ddp", rank=r, world_size=2, report=False)
+        for r in range(2)
+    ]
+    for epoch in range(2):
+        for s in samplers:
+            s.set_epoch(epoch)
+        iterators = [iter(s) for s in samplers]
+        batches: list[list[list[int]]] = [[], []]
+        live = [True, True]
+        while any(live):  # interleave the ranks, as DDP does
+            for r, it in enumerate(iterators):
+                if live[r]:
+                    try:
+                        batches[r].append(next(it))
+                    except StopIteration:
+                        live[r] = False
+        assert len(batches[0]) == len(batches[1]) == len(samplers[0])
+        per_rank = [{i for b in bs for i in b} for bs in batches]
+        assert per_rank[0] | per_rank[1] == set(range(FILES))
+        assert not per_rank[0] & per_rank[1]
+    for s in samplers:
+        s.close()
+
+
+def test_a_second_job_reads_hits_after_the_first_epoch(mounted) -> None:
+    mnt, _, _ = mounted
+    # The tests above read everything through the mount: the whole dataset is cached now.
+    control = ControlClient(mnt)
+    control.request("open", job="late", rank=0, world=1, epoch=0, seed=9)
+    claim = control.request("claim", job="late", rank=0, n=40)
+    assert len(claim["hits"]) == 40 and claim["fetch"] == []
+    control.request("close", job="late", rank=0)
+
+
+def test_off_the_mount_it_is_a_shuffled_sampler(mounted, monkeypatch) -> None:
+    import quiverfs.torch
+
+    monkeypatch.setattr(quiverfs.torch, "_warned_off_mount", False)
+    _, source, _ = mounted
+    dataset = Indexed(source / "train")
+    with pytest.warns(RuntimeWarning, match="not on a quiverfs mount"):
+        sampler = QuiverBatchSampler(dataset, batch_size=16, job="off")
+    assert not sampler.on_quiver
+    seen = [i for batch in sampler for i in batch]
+    assert sorted(seen) == list(range(FILES)) and seen != list(range(FILES))
