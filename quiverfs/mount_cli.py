@@ -163,19 +163,9 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows, indent=2, sort_keys=True))
             return
-        from rich.console import Console
-        from rich.table import Table
+        from quiverfs.mountd_views import print_mounts
 
-        table = Table(title="quiverfs mounts", title_justify="left")
-        for column in ("mount point", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes", "errors"):
-            table.add_column(column, justify="right" if column not in ("mount point", "dataset") else "left")
-        for row in rows:
-            stats = row["stats"] or {}
-            figures = [str(stats.get(k, "-")) for k in ("opens", "hits", "misses", "reads", "bytes", "errors")]
-            if row["stats"] is None:
-                figures[0] = row["stats_error"] or "-"
-            table.add_row(str(row.get("mountpoint") or "-"), str(row.get("dataset", ""))[:16], str(row.get("pid", "")), *figures)
-        Console().print(table)
+        print_mounts(rows)
 
 
 # -- mount.fuse.quiverfs: the mount(8) / fstab helper ----------------------------------------

@@ -7,7 +7,7 @@ command definitions stay short.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -49,13 +49,43 @@ def _requests(kinds: Mapping[str, int]) -> str:
     return ", ".join(shown) or "0"
 
 
+def _console() -> Console:
+    """A console for tables: the terminal's width, or 160 columns when output is piped, so
+    tables in logs and CI output are not squeezed into rich's default 80."""
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+#: Dataset ids are shown by their first hex digits in tables (``--json`` has them whole).
+SHORT_ID = 16
+
+
 def _rows(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    return [("TOTAL", report["total"]), *sorted(report["datasets"].items())]
+    datasets = sorted(report["datasets"].items())
+    return [("TOTAL", report["total"]), *((name[:SHORT_ID], row) for name, row in datasets)]
+
+
+def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = None) -> None:
+    """One row per mount with that mount's own counters (from ``mount_cli.mount_stats``)."""
+    table = Table(title="mounts", title_justify="left")
+    for column in ("mount point", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes", "errors"):
+        left = column in ("mount point", "dataset")
+        table.add_column(column, justify="left" if left else "right", no_wrap=left)
+    for row in rows:
+        stats = row.get("stats") or {}
+        figures = [str(stats.get(k, "-")) for k in ("opens", "hits", "misses", "reads", "bytes", "errors")]
+        if not row.get("stats"):
+            figures[0] = row.get("stats_error") or "-"
+        table.add_row(
+            str(row.get("mountpoint") or "-"), str(row.get("dataset", ""))[:SHORT_ID],
+            str(row.get("pid", "")), *figures,
+        )
+    (console or _console()).print(table)
 
 
 def print_stats(report: Mapping[str, Any], console: Console | None = None) -> None:
     """Three tables: what was read from where, how fills went, and what the cache saved."""
-    console = console or Console()
+    console = console or _console()
     reads = Table(title="mountd: reads", title_justify="left")
     for column in ("dataset", "hits", "misses", "hit ratio", "from cache", "from remote", "remote requests"):
         reads.add_column(column, justify="left" if column in ("dataset", "remote requests") else "right")
@@ -97,7 +127,7 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
 
 def print_ls(listing: Mapping[str, Any], console: Console | None = None) -> None:
     """Cache usage, datasets with their cached bytes, and registered mounts."""
-    console = console or Console()
+    console = console or _console()
     usage = listing.get("usage") or {}
     used, cap = usage.get("used_bytes"), usage.get("cap_bytes")
     share = f" ({100 * used / cap:.1f}%)" if used is not None and cap else ""
@@ -140,7 +170,7 @@ def scrub_progress(console: Console | None = None) -> Iterator[Callable[[Mapping
 
 def print_scrub(report: Mapping[str, Any], console: Console | None = None) -> None:
     """One line per count of the scrub report."""
-    console = console or Console()
+    console = console or _console()
     console.print(
         f"scrub: checked {report.get('checked', 0)} files ({human_bytes(report.get('bytes_checked', 0))}) "
         f"in {report.get('seconds', 0.0):.1f} s: {report.get('ok', 0)} ok, {report.get('bad', 0)} bad, "
