@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 import blake3
 import trio
 
-from digests.errors import single_error
 from digests.paths import path_problem
 from digests.progress import Progress
 from digests.write import write_digest
@@ -35,7 +34,7 @@ from quiverfs.backends import (
     open_backend,
 )
 from quiverfs.backends.base import DEFAULT_CHUNK
-from quiverfs.errors import CorruptObject, NotFound, UsageError
+from quiverfs.errors import CorruptObject, NotFound, UsageError, first_error
 
 #: Hash buffers at least this big in a worker thread; smaller ones inline (17 µs per 110 KiB).
 THREAD_HASH_BYTES = 1 << 20
@@ -233,7 +232,7 @@ async def _list_and_hash(
                 nursery.start_soon(worker, recv.clone())
             await recv.aclose()
     except BaseExceptionGroup as group:
-        raise single_error(group) from None
+        raise first_error(group) from None
 
 
 async def hash_object(backend: Backend, info: ObjectInfo) -> tuple[int, str, bytes]:

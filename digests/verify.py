@@ -15,11 +15,10 @@ import blake3
 import trio
 
 from digests.digest import Digest, FileEntry
-from digests.errors import single_error
 from digests.progress import Progress
 from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
 from quiverfs.backends.base import DEFAULT_CHUNK
-from quiverfs.errors import AccessDenied, BackendError, NotFound
+from quiverfs.errors import AccessDenied, BackendError, NotFound, first_error
 
 
 @dataclass
@@ -86,7 +85,7 @@ async def verify(
                 nursery.start_soon(worker, recv.clone())
             await recv.aclose()
     except BaseExceptionGroup as group:
-        raise single_error(group) from None
+        raise first_error(group) from None
     finally:
         for backend in backends.values():
             await backend.aclose()

@@ -50,3 +50,28 @@ class PermanentFailure(BackendError):
 
 class CorruptObject(BackendError):
     """Bytes read from the remote do not match what the digest says (size or content hash)."""
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The exception to report for a nursery's exception group.
+
+    trio groups the errors of concurrent tasks; a user wants the first real one, as one line.
+    Our own errors win over others; cancellations are never the story.
+    """
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for exc in leaves:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+    for exc in leaves:
+        if isinstance(exc, QuiverError):
+            return exc
+    return leaves[0] if leaves else group

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import trio
 
-from quiverfs.errors import QuiverError, UsageError
+from quiverfs.errors import QuiverError, UsageError, first_error
 
 log = logging.getLogger("quiverfs.mount")
 
@@ -298,7 +298,7 @@ def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
             trio.run(serve, options, digest, status)
         except BaseExceptionGroup as group:
             # Nurseries wrap what their tasks raise; a user wants the one error, not a group.
-            raise _first_leaf(group) from None
+            raise first_error(group) from None
         finally:
             digest.close()
     except QuiverError as exc:
@@ -307,24 +307,6 @@ def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
     except BaseException as exc:
         status.send(f"error: internal error: {type(exc).__name__}: {exc} (see the mount log)")
         raise
-
-
-def _first_leaf(group: BaseExceptionGroup) -> BaseException:
-    """The most telling exception in a (nested) group: a QuiverError if there is one."""
-    leaves: list[BaseException] = []
-
-    def walk(exc: BaseException) -> None:
-        if isinstance(exc, BaseExceptionGroup):
-            for inner in exc.exceptions:
-                walk(inner)
-        else:
-            leaves.append(exc)
-
-    walk(group)
-    for leaf in leaves:
-        if isinstance(leaf, QuiverError):
-            return leaf
-    return leaves[0] if leaves else group
 
 
 class _Child:

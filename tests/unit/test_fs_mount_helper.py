@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from quiverfs import mount
-from quiverfs.errors import UsageError
+from quiverfs.errors import UsageError, first_error
 from quiverfs.mount_cli import helper_main, parse_helper_args
 
 
@@ -65,9 +65,9 @@ def test_mountpoint_checks(tmp_path) -> None:
 def test_one_error_comes_out_of_nested_exception_groups() -> None:
     inner = mount.MountError("the kernel did not accept the mount at /m")
     group = BaseExceptionGroup("outer", [ExceptionGroup("inner", [RuntimeError("cancelled"), inner])])
-    assert mount._first_leaf(group) is inner
+    assert first_error(group) is inner
     plain = RuntimeError("a bug")
-    assert mount._first_leaf(ExceptionGroup("g", [plain])) is plain
+    assert first_error(ExceptionGroup("g", [plain])) is plain
 
 
 def test_cache_dir_must_be_a_directory(tmp_path) -> None:
