@@ -37,8 +37,9 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 
@@ -68,6 +69,23 @@ __all__ = [
 ]
 
 log = logging.getLogger("mountd.cache")
+
+
+class CacheListener(Protocol):
+    """Told of every change to the store's content (mountd's session layer, tests).
+
+    Called in the trio thread, in the same step as the change; must not await or raise
+    (an exception is logged and ignored: a listener can never break a fill or an eviction).
+    """
+
+    def filled(self, hash: bytes) -> None:
+        """``hash`` is now in the store (a fill landed)."""
+
+    def removed(self, hashes: Sequence[bytes]) -> None:
+        """``hashes`` left the store (eviction, scrub, ``evict``, missing file)."""
+
+    def fill_failed(self, hash: bytes) -> None:
+        """A fill of ``hash`` failed for good (not: cancelled)."""
 
 
 @dataclass(eq=False)
@@ -130,6 +148,7 @@ class Cache:
         #: An index write failed while running (rows may disagree with the store): the next
         #: open must reconcile, so aclose does not mark the index clean.
         self._dirty = False
+        self._listeners: list[CacheListener] = []
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -339,6 +358,7 @@ class Cache:
                     self.entries += 1
                     assert self._policy is not None
                     self._policy.on_insert(flight.hash, flight.size)
+                    self._tell("filled", flight.hash)
                 finally:
                     self.reserved -= flight.size
                     self._notify_space()
@@ -351,16 +371,19 @@ class Cache:
             counters.add_verify_failure(flight.dataset)
             log.warning("verify failure: %s", exc)  # once per event, with the location
             flight.error = exc
+            self._tell("fill_failed", flight.hash)
         except QuiverError as exc:
             counters.add_fill_error(flight.dataset)
             log.warning("fill of %s failed: %s", flight.hash.hex(), exc)
             flight.error = exc
+            self._tell("fill_failed", flight.hash)
         except Exception as exc:
             counters.add_fill_error(flight.dataset)
             log.exception("fill of %s failed unexpectedly", flight.hash.hex())
             error = CacheError(f"fill of {flight.hash.hex()} failed: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             flight.error = error
+            self._tell("fill_failed", flight.hash)
         finally:
             counters.fills_in_flight -= 1
             if self._flights.get(flight.hash) is flight:
@@ -455,6 +478,7 @@ class Cache:
         assert self._policy is not None
         self._policy.on_remove(hashes)
         self._notify_space()
+        self._tell("removed", hashes)
         try:
             index.delete(hashes)
         except sqlite3.Error:
@@ -484,6 +508,34 @@ class Cache:
         index.drop_refs(dataset)
         return result
 
+    def evict_hashes(
+        self, hashes: Iterable[bytes], *, keep: Callable[[bytes], bool] | None = None
+    ) -> tuple[int, int]:
+        """Remove exactly these hashes from the store (a chunk's co-ordinated eviction);
+        returns ``(files, bytes)`` removed.
+
+        Skipped: hashes not indexed, pinned ones (unpin first), ones being filled right now,
+        and those for which ``keep(hash)`` is true (the caller's "still held by another
+        resident chunk or dataset"). Listeners hear ``removed`` for what went.
+        """
+        index = self._require_open()
+        victims: list[tuple[bytes, int]] = []
+        seen: set[bytes] = set()
+        for hash in hashes:
+            hash = layout.check_hash(hash)
+            if hash in seen or hash in self._flights:
+                continue
+            seen.add(hash)
+            if keep is not None and keep(hash):
+                continue
+            size = index.size_of(hash)
+            if size is not None:
+                victims.append((hash, size))
+        if not victims:
+            return 0, 0
+        pinned = index.pinned_of([h for h, _ in victims])
+        return self._remove([(h, s) for h, s in victims if h not in pinned], reason="evict")
+
     def pin(self, hashes: Sequence[bytes]) -> int:
         """Never evict these (indexed) hashes until :meth:`unpin`; returns entries pinned."""
         return self._require_open().set_pinned([layout.check_hash(h) for h in hashes], True)
@@ -494,7 +546,53 @@ class Cache:
         self._notify_space()
         return changed
 
+    # -- listeners ------------------------------------------------------------------------------
+
+    def add_listener(self, listener: CacheListener) -> None:
+        """Tell ``listener`` of every fill, removal and failed fill from now on."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: CacheListener) -> None:
+        """Stop telling ``listener``."""
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    def _tell(self, event: str, arg: object) -> None:
+        for listener in self._listeners:
+            try:
+                getattr(listener, event)(arg)
+            except Exception:  # a listener bug must not break a fill or an eviction
+                log.exception("cache listener %r failed on %s", listener, event)
+
     # -- prefetch and hits ---------------------------------------------------------------------
+
+    def fetch_now(
+        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None
+    ) -> int:
+        """Start fills for ``items`` at once, ahead of the prefetch queue (a claim's misses:
+        the job reads them next). Returns how many fills were started; cached and in-flight
+        hashes are skipped. The fills still run under the fill limiter and the remote limits,
+        and count as prefetches. Needs :meth:`run` (its nursery owns the fills)."""
+        index = self._require_open()
+        if self._nursery is None:
+            raise CacheClosed("fetch_now needs the cache's workers (Cache.run) to be running")
+        started: set[bytes] = set()
+        for hash, size, location in items:
+            hash = layout.check_hash(hash)
+            if hash in started or hash in self._flights or index.size_of(hash) is not None:
+                continue
+            # Two tasks for one hash (a second claim before this one's task ran) still make
+            # one remote read: the later joins the earlier's flight (single-flight).
+            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset)
+            started.add(hash)
+        return len(started)
+
+    async def _fetch_now(
+        self, hash: bytes, size: int, location: Location, dataset: str | None
+    ) -> None:
+        with contextlib.suppress(QuiverError):  # counted and logged by the flight
+            await self._await_fill(hash, size, location, dataset, prefetch=True)
+
 
     def prefetch(
         self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None

@@ -42,7 +42,8 @@ from mountd import layout, protocol
 from mountd.protocol import PROTOCOL_VERSION, MountdUnavailable, PermissionDenied, ProtocolError
 
 #: Requests that are safe to send again when the connection dropped before their answer.
-IDEMPOTENT = frozenset({"hello", "ensure", "prefetch", "stats", "usage", "ls", "register", "unregister"})
+IDEMPOTENT = frozenset({"hello", "ensure", "prefetch", "stats", "usage", "ls", "register", "unregister",
+                        "session_open", "timings", "sessions"})
 
 #: Seconds a blocking client waits for mountd to accept and answer ``hello``.
 CONNECT_TIMEOUT = 5.0
@@ -601,6 +602,46 @@ class AsyncClient:
 
     async def shutdown(self) -> dict[str, Any]:
         return await self.call("shutdown")
+
+    # Job sessions (docs/control-protocol.md). Errors are SessionError subclasses with errno.
+
+    async def session_open(self, dataset: str, job: str, *, rank: int = 0, world_size: int = 1,
+                           epoch: int = 0, seed: int = 0, lookahead: int = 10) -> dict[str, Any]:
+        """Open (idempotently) ``job``'s ``rank`` session on ``dataset``; the session info."""
+        return await self.call("session_open", {
+            "dataset": dataset, "job": job, "rank": rank, "world_size": world_size,
+            "epoch": epoch, "seed": seed, "lookahead": lookahead,
+        })
+
+    async def claim(self, dataset: str, job: str, rank: int, n: int, *,
+                    epoch: int | None = None) -> dict[str, Any]:
+        """Up to ``n`` compact ids: ``{"epoch", "hits", "fetch", "chunk", "remaining"}``."""
+        args: dict[str, Any] = {"dataset": dataset, "job": job, "rank": rank, "n": n}
+        if epoch is not None:
+            args["epoch"] = epoch
+        return await self.call("claim", args)
+
+    async def next_epoch(self, dataset: str, job: str, rank: int, epoch: int | None = None) -> dict[str, Any]:
+        args: dict[str, Any] = {"dataset": dataset, "job": job, "rank": rank}
+        if epoch is not None:
+            args["epoch"] = epoch
+        return await self.call("next_epoch", args)
+
+    async def session_close(self, dataset: str, job: str, rank: int, *, seconds: float | None = None) -> None:
+        args: dict[str, Any] = {"dataset": dataset, "job": job, "rank": rank}
+        if seconds is not None:
+            args["seconds"] = seconds
+        await self.call("session_close", args)
+
+    async def report_batch(self, dataset: str, job: str, rank: int, seconds: float) -> None:
+        await self.call("report_batch", {"dataset": dataset, "job": job, "rank": rank, "seconds": seconds})
+
+    async def report_epoch(self, dataset: str, job: str, rank: int, epoch: int, seconds: float) -> None:
+        await self.call("report_epoch", {"dataset": dataset, "job": job, "rank": rank,
+                                         "epoch": epoch, "seconds": seconds})
+
+    async def timings(self, dataset: str, job: str) -> dict[str, Any]:
+        return await self.call("timings", {"dataset": dataset, "job": job})
 
 
 @asynccontextmanager

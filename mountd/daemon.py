@@ -52,6 +52,9 @@ class DaemonConfig:
     cache: CacheConfig
     #: Port for the Prometheus endpoint on 127.0.0.1; None = no endpoint, 0 = any free port.
     metrics_port: int | None = None
+    #: Force every dataset's residency mode ("lru" for comparisons); None = chosen from the
+    #: cache budget (docs/substitutable-reads.md).
+    dataset_mode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,12 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         stack.callback(_remove_socket, socket_path)
         stack.callback(listener.close)
 
-        server = Server(cache, cache_dir)
+        server = Server(cache, cache_dir, dataset_mode=config.dataset_mode)
         nursery = await stack.enter_async_context(trio.open_nursery())
         await nursery.start(cache.run)
+        if server.coop is not None:
+            stack.callback(server.coop.close)
+            await nursery.start(server.coop.run)
         await nursery.start(server.serve, listener)
         metrics_port = None
         if config.metrics_port is not None:

@@ -247,6 +247,19 @@ class Index:
                 ).rowcount
         return changed
 
+    def pinned_of(self, hashes: Sequence[bytes]) -> set[bytes]:
+        """Those of ``hashes`` that are indexed and pinned."""
+        out: set[bytes] = set()
+        for part in batched(hashes):
+            marks = ",".join("?" * len(part))
+            out.update(
+                row[0]
+                for row in self.conn.execute(
+                    f"SELECT hash FROM entries WHERE pinned=1 AND hash IN ({marks})", tuple(part)
+                )
+            )
+        return out
+
     def delete(self, hashes: Sequence[bytes]) -> None:
         """Drop entries and every reference to them."""
         c = self.conn

@@ -51,9 +51,16 @@ MAX_TEXT = 4096
 #: Operations only root or the uid that owns mountd may call (checked with SO_PEERCRED).
 ADMIN_OPS = frozenset({"evict", "scrub", "shutdown"})
 
+#: Operations of substitutable, co-operative reads (job sessions; docs/control-protocol.md).
+SESSION_OPS = frozenset(
+    {"session_open", "claim", "next_epoch", "session_close", "report_batch", "report_epoch",
+     "timings", "sessions"}
+)
+
 #: Every operation the server knows.
 OPS = frozenset(
     {"hello", "ensure", "prefetch", "register", "unregister", "hits", "stats", "usage", "ls"}
+    | SESSION_OPS
     | ADMIN_OPS
 )
 

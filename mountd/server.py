@@ -36,6 +36,7 @@ import trio
 
 from mountd import protocol
 from mountd.cache import Location
+from mountd.coop import CoopService, info_json
 from mountd.costs import scheme_of
 from mountd.protocol import (
     ADMIN_OPS,
@@ -168,8 +169,15 @@ class Server:
     event the daemon waits on; the ``shutdown`` op sets it after answering.
     """
 
-    def __init__(self, cache: Any, cache_dir: str | os.PathLike[str], *, owner_uid: int | None = None) -> None:
+    def __init__(self, cache: Any, cache_dir: str | os.PathLike[str], *, owner_uid: int | None = None,
+                 dataset_mode: str | None = None) -> None:
         self.cache = cache
+        #: Job sessions and claims (docs/substitutable-reads.md); its tick loop is started by
+        #: the daemon (``nursery.start(server.coop.run)``). Needs the real Cache's listener
+        #: hooks; a fake cache without them gets no session layer.
+        self.coop: CoopService | None = (
+            CoopService(cache, mode=dataset_mode) if hasattr(cache, "add_listener") else None
+        )
         self.cache_dir = Path(cache_dir)
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
         self.started_at = time.time()
@@ -343,6 +351,8 @@ class Server:
             info = {"digest": digest, "mountpoint": mountpoint, "pid": pid, "uid": conn.peer.uid,
                     "sources": sources}
             self.cache.register_dataset(dataset, info)
+        if self.coop is not None:
+            self.coop.dataset_registered(dataset, digest)
         self._dataset_refs[dataset] += 1
         self.mounts[record.id] = record
         conn.mounts.add(record.id)
@@ -362,6 +372,8 @@ class Server:
                 self.cache.unregister_dataset(record.dataset)
             except QuiverError as exc:
                 log.warning("unregister %s: %s", record.dataset, exc)
+            if self.coop is not None:
+                self.coop.dataset_unregistered(record.dataset)
         return True
 
     async def _op_unregister(self, conn: Connection, request: Request) -> dict[str, Any]:
@@ -445,9 +457,67 @@ class Server:
             nursery.cancel_scope.cancel()
         return _to_json(report)
 
+    # -- job sessions (docs/control-protocol.md; errors carry errno: mountd.requests) ----------
+
+    def _coop(self) -> CoopService:
+        if self.coop is None:
+            raise ProtocolError("this mountd has no session layer")
+        return self.coop
+
+    async def _op_session_open(self, conn: Connection, request: Request) -> dict[str, Any]:
+        a = _session_args(request, {"dataset", "job", "rank", "world_size", "epoch", "seed", "lookahead"})
+        dataset, job = a.pop("dataset", None), a.pop("job", None)
+        return await self._coop().open_session(dataset, job, **a)
+
+    async def _op_claim(self, conn: Connection, request: Request) -> dict[str, Any]:
+        a = _session_args(request, {"dataset", "job", "rank", "n", "epoch"})
+        return self._coop().claim(a.get("dataset"), a.get("job"), a.get("rank"), a.get("n"), a.get("epoch"))
+
+    async def _op_next_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
+        a = _session_args(request, {"dataset", "job", "rank", "epoch"})
+        coop = self._coop()
+        info = coop.registry.next_epoch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("epoch"))
+        coop.wake()
+        return info_json(info)
+
+    async def _op_session_close(self, conn: Connection, request: Request) -> dict[str, Any]:
+        a = _session_args(request, {"dataset", "job", "rank", "seconds"})
+        coop = self._coop()
+        coop.registry.close_session(a.get("dataset"), a.get("job"), a.get("rank"), seconds=a.get("seconds"))
+        coop.wake()
+        return {"closed": True}
+
+    async def _op_report_batch(self, conn: Connection, request: Request) -> dict[str, Any]:
+        a = _session_args(request, {"dataset", "job", "rank", "seconds"})
+        self._coop().registry.report_batch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("seconds"))
+        return {"recorded": 1}
+
+    async def _op_report_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
+        a = _session_args(request, {"dataset", "job", "rank", "epoch", "seconds"})
+        self._coop().registry.report_epoch(
+            a.get("dataset"), a.get("job"), a.get("rank"), a.get("epoch"), a.get("seconds")
+        )
+        return {"recorded": 1}
+
+    async def _op_timings(self, conn: Connection, request: Request) -> dict[str, Any]:
+        a = _session_args(request, {"dataset", "job"})
+        return _to_json(self._coop().registry.timings(a.get("dataset"), a.get("job")))
+
+    async def _op_sessions(self, conn: Connection, request: Request) -> dict[str, Any]:
+        return {"sessions": self._coop().sessions()}
+
     async def _op_shutdown(self, conn: Connection, request: Request) -> dict[str, Any]:
         log.info("shutdown requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
         return {"stopping": True, "pid": os.getpid()}
+
+
+def _session_args(request: Request, allowed: set[str]) -> dict[str, Any]:
+    """A session request's arguments; unknown ones are a :class:`ProtocolError`. Values are
+    checked by :class:`mountd.sessions.SessionRegistry` (``InvalidRequest``, errno EINVAL)."""
+    unknown = set(request.args) - allowed
+    if unknown:
+        raise ProtocolError(f"unknown arguments of {request.op}: {', '.join(sorted(unknown))[:200]}")
+    return dict(request.args)
 
 
 def _to_json(value: Any) -> Any:

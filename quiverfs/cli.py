@@ -83,6 +83,10 @@ def mountd_command(
         help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port).",
         min=0, max=65535,
     ),
+    dataset_mode: str | None = typer.Option(
+        None, "--dataset-mode",
+        help="Force every dataset's residency: full, chunked, off or lru (default: chosen from the cache size).",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
@@ -102,7 +106,9 @@ def mountd_command(
         remote_requests=remote_requests,
         remote_concurrency=remote_concurrency,
     )
-    main(DaemonConfig(cache=config, metrics_port=metrics_port))
+    if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):
+        raise UsageError(f"--dataset-mode must be full, chunked, off or lru, not {dataset_mode!r}")
+    main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode))
 
 
 @app.command()
@@ -122,15 +128,21 @@ def stats(
     """
     from mountd.client import SyncClient
     from mountd.costs import stats_report
+    from quiverfs.mount_cli import mount_stats
 
     with SyncClient.connect(_cache_dir(cache_dir)) as client:
         report = stats_report(client.stats(), in_region=in_region)
+        mounts = client.ls()["mounts"]
+    # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
+    report["mounts"] = mount_stats(mounts)
     if as_json:
         _print_json(report)
     else:
-        from quiverfs.mountd_views import print_stats
+        from quiverfs.mountd_views import print_mounts, print_stats
 
         print_stats(report)
+        if report["mounts"]:
+            print_mounts(report["mounts"])
 
 
 @app.command("ls")

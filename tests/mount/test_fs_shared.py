@@ -83,3 +83,29 @@ def test_hits_reach_mountd_in_batches(mounts) -> None:
         os.close(fd)
     wait_for(lambda: total_hits() >= before + len(TREE_A), "mountd to count the mount's hits", timeout=15,
              interval=0.1)
+
+
+def test_stats_shows_each_mount_beside_mountd(mounts) -> None:
+    import json
+    import subprocess
+
+    from tests.mount.conftest import quiverfs_cmd
+
+    for rel in ONLY_B:
+        (mounts["B"] / rel).read_bytes()
+    out = subprocess.run(
+        quiverfs_cmd("stats", "--cache-dir", str(mounts["cache"]), "--json"),
+        capture_output=True, text=True, check=True,
+    )
+    report = json.loads(out.stdout)
+    by_mountpoint = {row["mountpoint"]: row for row in report["mounts"]}
+    assert set(by_mountpoint) == {str(mounts["A"]), str(mounts["B"])}
+    b_stats = by_mountpoint[str(mounts["B"])]["stats"]
+    assert b_stats["opens"] >= len(ONLY_B)
+    assert b_stats["hits"] + b_stats["misses"] >= len(ONLY_B)
+    assert report["total"]["hits"] + report["total"]["misses"] >= len(ONLY_B)
+    table = subprocess.run(
+        quiverfs_cmd("stats", "--cache-dir", str(mounts["cache"])),
+        capture_output=True, text=True, check=True,
+    ).stdout
+    assert "mounts" in table and str(mounts["B"].name) in table

@@ -1,0 +1,371 @@
+"""Substitutable, co-operative reads inside mountd: the registry wired to the cache.
+
+:class:`CoopService` owns mountd's :class:`~mountd.sessions.SessionRegistry` and one
+:class:`~mountd.datasets.DatasetView` per dataset registered with a digest, and does what
+docs/substitutable-reads.md ("What the caller must do") asks of mountd:
+
+* **Datasets.** A ``register`` that carries a digest path loads the dataset's compact-id view
+  (in the background) and adds it to the registry with the ids already in the store, the
+  cache budget (:attr:`CoopService.budget`, ``budget_fraction`` of the cache: headroom above
+  two chunks for misses of jobs running ahead) and the mode — chosen from the budget, or
+  fixed by mountd's ``--dataset-mode`` (``lru`` for comparisons).
+* **Notifications.** As a :class:`~mountd.cache.CacheListener` it forwards every fill,
+  removal and failed fill to ``on_cached`` / ``on_evicted`` / ``on_fetch_failed`` for every
+  compact id of that hash in every dataset. Events that arrive while a view loads are kept
+  and replayed after it is added (the cached set is a snapshot taken before loading).
+* **Claims.** A claim's misses start filling at once (:meth:`Cache.fetch_now`: ahead of the
+  prefetch queue, under the remote limits).
+* **Ticks.** About every second and right after claims and notifications,
+  :meth:`CoopService.tick` performs the registry's actions: ``Preload`` pins the chunk's
+  cached files and starts the pull-model preload (DELI's 50/50 rule: windows of
+  ``preload_window`` files, the next one pulled when half of the previous is in), files of a
+  loading or resident chunk are pinned as they land (so LRU pressure from other datasets
+  cannot evict them), and ``Evict`` unpins the chunk and removes exactly its files with
+  :meth:`Cache.evict_hashes`, except those another resident chunk or dataset still holds.
+
+Everything runs in mountd's trio thread; each method is atomic between awaits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+
+from mountd.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
+from mountd.datasets import DatasetView, load_view
+from mountd.sessions import SessionInfo, SessionRegistry, UnknownDataset
+from quiverfs.errors import QuiverError
+
+log = logging.getLogger("mountd.coop")
+
+#: Seconds between two ticks when nothing wakes the loop earlier.
+TICK_INTERVAL = 1.0
+
+#: Share of the cache given to managed datasets as their budget (the rest is headroom for
+#: misses outside the two resident chunks).
+BUDGET_FRACTION = 0.8
+
+#: Seconds after which a preload never reported filled or failed is presumed lost.
+PRELOAD_TTL = 120.0
+
+_HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
+
+
+def info_json(info: SessionInfo) -> dict[str, Any]:
+    """A :class:`SessionInfo` as sent over the wire."""
+    return {
+        "dataset": info.dataset, "job": info.job, "rank": info.rank,
+        "world_size": info.world_size, "epoch": info.epoch, "seed": info.seed,
+        "lookahead": info.lookahead, "files": info.files, "quota": info.quota,
+        "mode": str(info.mode),
+    }
+
+
+class CoopService:
+    """The session layer of one mountd (see the module docstring).
+
+    ``cache`` is the :class:`~mountd.cache.Cache`; ``mode`` None chooses each dataset's mode
+    from the budget, else forces it (``"lru"``, ``"off"``, ``"full"``, ``"chunked"``);
+    ``preload_window`` bounds the preload fills in flight per dataset (default: half the
+    cache's fill concurrency, so claimed misses always find fill slots).
+    """
+
+    def __init__(
+        self,
+        cache: Any,
+        *,
+        registry: SessionRegistry | None = None,
+        mode: str | None = None,
+        budget: int | None = None,
+        budget_fraction: float = BUDGET_FRACTION,
+        preload_window: int | None = None,
+        tick_interval: float = TICK_INTERVAL,
+    ) -> None:
+        self.cache = cache
+        self.registry = registry or SessionRegistry()
+        self.mode = Mode(mode) if mode is not None else None
+        config = getattr(cache, "config", None)
+        cap = getattr(config, "cache_size", 0)
+        self.budget = budget if budget is not None else int(cap * budget_fraction)
+        fills = getattr(config, "fill_concurrency", 32)
+        self.preload_window = preload_window or max(2, fills // 2)
+        self.tick_interval = tick_interval
+        self.views: dict[str, DatasetView] = {}
+        self.digests: dict[str, str] = {}
+        self._loading: dict[str, trio.Event] = {}
+        self._load_errors: dict[str, QuiverError] = {}
+        self._pending: dict[str, list[tuple[str, Any]]] = {}
+        #: dataset → hash → clock when its preload was started
+        self._preloading: dict[str, dict[bytes, float]] = {}
+        self._wake = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        #: (dataset, chunk, files removed, forced) of the last co-ordinated evictions
+        self.evictions: deque[tuple[str, int, int, bool]] = deque(maxlen=1000)
+        cache.add_listener(self)
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The tick loop and the home of background view loads; until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                task_status.started()
+                while True:
+                    with trio.move_on_after(self.tick_interval):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
+                    try:
+                        self.tick()
+                    except Exception:  # a bug in one tick must not stop the loop
+                        log.exception("tick failed")
+            finally:
+                self._nursery = None
+
+    def wake(self) -> None:
+        """Run a tick soon (after claims and notifications)."""
+        self._wake.set()
+
+    def close(self) -> None:
+        """Stop listening to the cache and close the digests."""
+        self.cache.remove_listener(self)
+        for view in self.views.values():
+            view.close()
+        self.views.clear()
+
+    # -- datasets ----------------------------------------------------------------------------
+
+    def dataset_registered(self, dataset: str, digest: str | None) -> None:
+        """A mount registered ``dataset`` with its digest path: load its view (in the
+        background when :meth:`run` is running, else on the first session)."""
+        if digest is None or dataset in self.views or dataset in self._loading:
+            return
+        self.digests[dataset] = digest
+        self._load_errors.pop(dataset, None)
+        if self._nursery is not None:
+            self._start_load(dataset)
+
+    def dataset_unregistered(self, dataset: str) -> None:
+        """The last registration of ``dataset`` went: forget it unless sessions are open."""
+        view = self.views.get(dataset)
+        if view is None:
+            return
+        try:
+            self.registry.remove_dataset(dataset)
+        except QuiverError:
+            return  # sessions still read it: keep it until they are done
+        del self.views[dataset]
+        self._preloading.pop(dataset, None)
+        self._unpin(view.hashes)
+        view.close()
+
+    def _start_load(self, dataset: str) -> trio.Event:
+        event = self._loading[dataset] = trio.Event()
+        self._pending[dataset] = []
+        assert self._nursery is not None
+        self._nursery.start_soon(self._load, dataset, event)
+        return event
+
+    async def _load(self, dataset: str, event: trio.Event) -> None:
+        try:
+            # Snapshot first, then buffer events until the view is in the registry.
+            present = self.cache.index.all_hashes()
+            view = await load_view(dataset, self.digests[dataset])
+            try:
+                cached = await trio.to_thread.run_sync(lambda: list(view.cached_ids(present)))
+                mode = self.registry.add_dataset(
+                    dataset, view.sizes, budget=self.budget, mode=self.mode, cached=cached,
+                )
+            except BaseException:
+                view.close()
+                raise
+            self.views[dataset] = view
+            log.info("dataset %s: %d files, %d cached, mode %s", dataset, view.count, len(cached), mode)
+            for event_name, arg in self._pending.pop(dataset, []):
+                self._forward(event_name, arg, only=dataset)
+            self.wake()
+        except QuiverError as exc:
+            log.warning("cannot load dataset %s: %s", dataset, exc)
+            self._load_errors[dataset] = exc
+        except Exception as exc:
+            log.exception("loading dataset %s failed", dataset)
+            self._load_errors[dataset] = UnknownDataset(f"dataset {dataset} could not be loaded: {exc}")
+        finally:
+            self._pending.pop(dataset, None)
+            self._loading.pop(dataset, None)
+            event.set()
+
+    async def ensure_view(self, dataset: str) -> DatasetView:
+        """The loaded view of ``dataset``, waiting for (or starting) its load;
+        :class:`UnknownDataset` when no mount registered it with a digest."""
+        if not isinstance(dataset, str):
+            raise UnknownDataset("dataset must be a string")
+        while True:
+            view = self.views.get(dataset)
+            if view is not None:
+                return view
+            event = self._loading.get(dataset)
+            if event is None:
+                if dataset in self._load_errors:
+                    raise self._load_errors[dataset]
+                if dataset not in self.digests:
+                    raise UnknownDataset(
+                        f"dataset {dataset} is not registered with a digest (mount it first)"
+                    )
+                if self._nursery is None:
+                    event = trio.Event()
+                    self._loading[dataset] = event
+                    self._pending[dataset] = []
+                    await self._load(dataset, event)
+                    continue
+                event = self._start_load(dataset)
+            await event.wait()
+
+    # -- cache events (CacheListener) ----------------------------------------------------------
+
+    def filled(self, hash: bytes) -> None:
+        self._forward("filled", hash)
+
+    def removed(self, hashes: Sequence[bytes]) -> None:
+        self._forward("removed", list(hashes))
+
+    def fill_failed(self, hash: bytes) -> None:
+        self._forward("fill_failed", hash)
+
+    def _forward(self, event: str, arg: Any, only: str | None = None) -> None:
+        for pending in self._pending.values():
+            pending.append((event, arg))
+        reg = self.registry
+        for name, view in list(self.views.items()):
+            if only is not None and name != only:
+                continue
+            if event == "removed":
+                ids = [i for h in arg for i in view.ids_of(h)]
+                if ids:
+                    reg.on_evicted(name, ids)
+                continue
+            ids = view.ids_of(arg)
+            if not ids:
+                continue
+            self._preloading.get(name, {}).pop(arg, None)
+            if event == "filled":
+                reg.on_cached(name, ids)
+                state = reg.dataset(name)
+                if state.manager is not None and any(
+                    state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids
+                ):
+                    self.cache.pin([arg])
+            else:
+                reg.on_fetch_failed(name, ids)
+        self.wake()
+
+    # -- requests ------------------------------------------------------------------------------
+
+    async def open_session(self, dataset: str, job: str, **kw: Any) -> dict[str, Any]:
+        """``session_open``: load the dataset if needed, open (idempotently) the session."""
+        await self.ensure_view(dataset)
+        info = self.registry.open_session(dataset, job, **kw)
+        self.wake()
+        return info_json(info)
+
+    def claim(self, dataset: str, job: str, rank: int, n: int, epoch: int | None) -> dict[str, Any]:
+        """``claim``: the registry's claim; its misses start filling now."""
+        claim = self.registry.claim(dataset, job, rank, n, epoch=epoch)
+        if claim.fetch:
+            view = self.views[dataset]
+            self.cache.fetch_now(view.items(claim.fetch), dataset)
+        self.wake()
+        return {
+            "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),
+            "chunk": claim.chunk, "remaining": claim.remaining,
+        }
+
+    def sessions(self) -> list[dict[str, Any]]:
+        """Every open session."""
+        return [info_json(i) for i in self.registry.sessions()]
+
+    # -- ticks ---------------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> list[Any]:
+        """Perform the registry's chunk actions, then top up the preload windows."""
+        actions = self.registry.tick(now)
+        for action in actions:
+            view = self.views.get(action.dataset)
+            if view is None:
+                continue
+            if isinstance(action, Preload):
+                state = self.registry.dataset(action.dataset)
+                ids = state.plan.ids_of(action.chunk)
+                self.cache.pin(view.hashes_of(i for i in ids if state.is_cached(i)))
+                log.info("dataset %s: loading chunk %d (%d files to fetch)",
+                         action.dataset, action.chunk, len(action.ids))
+            elif isinstance(action, ChunkReady):
+                log.info("dataset %s: chunk %d loaded", action.dataset, action.chunk)
+            elif isinstance(action, Evict):
+                self._evict(view, action)
+        self._pump_preloads()
+        return actions
+
+    def _evict(self, view: DatasetView, action: Evict) -> None:
+        state = self.registry.dataset(action.dataset)
+        self._unpin(view.hashes_of(state.plan.ids_of(action.chunk)))
+
+        def keep(content_hash: bytes) -> bool:
+            return self._held_elsewhere(content_hash, action.dataset, action.chunk)
+
+        files, nbytes = self.cache.evict_hashes(view.hashes_of(action.ids), keep=keep)
+        self.evictions.append((action.dataset, action.chunk, files, action.forced))
+        log.info("dataset %s: evicted chunk %d (%d files, %d bytes%s)", action.dataset,
+                 action.chunk, files, nbytes, ", forced" if action.forced else "")
+
+    def _held_elsewhere(self, content_hash: bytes, dataset: str, chunk: int) -> bool:
+        """Whether another resident (or loading) chunk, or another managed-whole dataset,
+        holds ``content_hash``."""
+        for name, view in self.views.items():
+            ids = view.ids_of(content_hash)
+            if not ids:
+                continue
+            state = self.registry.dataset(name)
+            if state.manager is None:
+                if name != dataset:
+                    return True
+                continue
+            for i in ids:
+                c = state.plan.chunk_of(i)
+                if (name, c) != (dataset, chunk) and state.manager.state(c) in _HELD:
+                    return True
+        return False
+
+    def _unpin(self, hashes: Sequence[bytes] | bytes) -> None:
+        if isinstance(hashes, bytes):  # a view's packed hashes
+            hashes = [hashes[i : i + 32] for i in range(0, len(hashes), 32)]
+        try:
+            self.cache.unpin(list(hashes))
+        except QuiverError as exc:
+            log.warning("unpin failed: %s", exc)
+
+    def _pump_preloads(self) -> None:
+        """DELI's 50/50 rule: pull the next window once half of the previous one is in."""
+        now = trio.current_time()
+        for name, view in self.views.items():
+            state = self.registry.dataset(name)
+            if state.manager is None or state.manager.loading is None:
+                self._preloading.pop(name, None)
+                continue
+            outstanding = self._preloading.setdefault(name, {})
+            for h in [h for h, t in outstanding.items() if now - t > PRELOAD_TTL]:
+                del outstanding[h]
+            if len(outstanding) > self.preload_window // 2:
+                continue
+            ids = self.registry.next_preload(name, self.preload_window - len(outstanding))
+            items = [item for item in view.items(ids) if item[0] not in outstanding]
+            if not items:
+                continue
+            for h, _, _ in items:
+                outstanding[h] = now
+            self.cache.fetch_now(items, name)
+

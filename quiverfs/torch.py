@@ -1,0 +1,317 @@
+"""PyTorch shim: a batch sampler that reads what is cached first (substitutable reads).
+
+``QuiverBatchSampler`` replaces ``shuffle=True`` for a dataset whose files live on a quiverfs
+mount: every epoch it claims batches from mountd through the mount's control channel
+(:mod:`quiverfs.control`), so each file is read exactly once per epoch, cached files first,
+and the misses it claims are already being fetched when the DataLoader's workers open them::
+
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+    from quiverfs.torch import QuiverBatchSampler
+
+    dataset = ImageFolder("/mnt/imagenet/train", transform=...)
+    sampler = QuiverBatchSampler(dataset, batch_size=256)       # rank/world from torch.distributed
+    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=8)
+    for epoch in range(90):
+        sampler.set_epoch(epoch)
+        for images, labels in loader:
+            ...
+    sampler.close()
+
+Claims happen in the process that iterates the sampler (the DataLoader's main process); the
+workers only open files, so any number of workers works. This module imports torch; quiverfs
+itself never does. See docs/shim.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import math
+import os
+import random
+import secrets
+import time
+import warnings
+import weakref
+from array import array
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+from quiverfs.control import ControlClient, find_mount_root
+
+__all__ = ["QuiverBatchSampler"]
+
+_warned_off_mount = False
+
+
+def _dataset_paths(dataset: Any, paths: Sequence[str | os.PathLike[str]] | None) -> list[str]:
+    if paths is not None:
+        return [os.fspath(p) for p in paths]
+    samples = getattr(dataset, "samples", None) or getattr(dataset, "imgs", None)
+    if samples is None:
+        raise TypeError(
+            "QuiverBatchSampler needs the dataset's file paths: pass an ImageFolder-like dataset "
+            "(with .samples) or paths=[one path per dataset index]"
+        )
+    return [os.fspath(s[0]) if isinstance(s, tuple | list) else os.fspath(s) for s in samples]
+
+
+def _distributed() -> tuple[int, int] | None:
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def _shared_job_id() -> str:
+    """A fresh job id, the same on every rank (broadcast from rank 0 under DDP)."""
+    job = [f"job-{secrets.token_hex(8)}"]
+    if _distributed() is not None:
+        torch.distributed.broadcast_object_list(job, src=0)
+    return job[0]
+
+
+class QuiverBatchSampler(Sampler[list[int]]):
+    """Batches of dataset indices claimed from mountd (see the module docstring).
+
+    ``dataset``: an ImageFolder-like dataset (``.samples`` paths), or pass ``paths`` (one per
+    dataset index). ``job``: unique per job and equal on every rank (default: random,
+    broadcast from rank 0 when torch.distributed is initialised). ``rank``/``world_size``:
+    default from torch.distributed, else 0/1. ``fetch_size`` (default ``4 × batch_size``):
+    files per claim — DELI's fetch size; the next claim is made when fewer than
+    ``threshold × fetch_size`` claimed files are left (DELI's pre-fetch threshold; 0.5 is
+    the 50/50 rule). ``report``: send each mini-batch's time (measured between two batches
+    taken from this sampler, so it includes data wait and compute) and each epoch's time to
+    mountd. With ``world_size > 1`` every rank yields exactly ``len(self)`` batches (padding
+    with repeats or dropping the excess), as DDP needs equal step counts.
+
+    Off a quiverfs mount (or on a mount without a control channel) it warns once and behaves
+    like a seeded shuffled sampler (``DistributedSampler``-style split across ranks).
+    """
+
+    def __init__(
+        self,
+        dataset: Any = None,
+        batch_size: int = 32,
+        *,
+        paths: Sequence[str | os.PathLike[str]] | None = None,
+        job: str | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        seed: int = 0,
+        epoch: int = 0,
+        fetch_size: int | None = None,
+        threshold: float = 0.5,
+        drop_last: bool = False,
+        lookahead: int = 10,
+        report: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if not 0 <= threshold <= 1:
+            raise ValueError("threshold must be in [0, 1]")
+        self.paths = _dataset_paths(dataset, paths)
+        if not self.paths:
+            raise ValueError("the dataset is empty")
+        dist = _distributed()
+        self.rank = rank if rank is not None else (dist[0] if dist else 0)
+        self.world_size = world_size if world_size is not None else (dist[1] if dist else 1)
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        self.batch_size = batch_size
+        self.fetch_size = fetch_size or 4 * batch_size
+        self.threshold = threshold
+        self.drop_last = drop_last
+        self.seed = seed
+        self.lookahead = lookahead
+        self.report = report
+        self.job = job or _shared_job_id()
+        self._start_epoch = epoch
+        self._epoch: int | None = None  # set_epoch's value for the next __iter__
+        self._last_epoch: int | None = None
+        self._started = time.monotonic()
+        self.root = find_mount_root(os.path.dirname(self.paths[0]))
+        self.control: ControlClient | None = None
+        self.session: dict[str, Any] = {}
+        self._cid_to_index = array("q")
+        self.mapped = len(self.paths)
+        if self.root is not None:
+            self._open_on_mount(epoch)
+        self._finalizer: weakref.finalize | None = None
+        if self.control is None:
+            _warn_off_mount(self.paths[0])
+        else:
+            self._finalizer = weakref.finalize(self, _close_session, self.control, self.job, self.rank)
+
+    # -- set-up -------------------------------------------------------------------------------
+
+    def _open_on_mount(self, epoch: int) -> None:
+        control = ControlClient(self.root)  # type: ignore[arg-type]
+        try:
+            self.session = self._open(control, epoch)
+            table = control.paths()
+        except OSError as exc:
+            if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+                return  # a mount without a control channel: fall back
+            raise
+        index = {os.path.relpath(p, self.root): i for i, p in enumerate(self.paths)}
+        mapping = array("q", [-1]) * len(table)
+        mapped = 0
+        for cid, rel in enumerate(table):
+            i = index.get(rel)
+            if i is not None:
+                mapping[cid] = i
+                mapped += 1
+        self._cid_to_index = mapping
+        self.mapped = mapped
+        self.control = control
+
+    def _open(self, control: ControlClient, epoch: int) -> dict[str, Any]:
+        return control.request(
+            "open", job=self.job, rank=self.rank, world=self.world_size, epoch=epoch,
+            seed=self.seed, lookahead=self.lookahead,
+        )
+
+    @property
+    def on_quiver(self) -> bool:
+        """Whether claims come from mountd (False: the shuffled fallback)."""
+        return self.control is not None
+
+    # -- the Sampler protocol -----------------------------------------------------------------
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration reads (otherwise: the previous one + 1)."""
+        self._epoch = epoch
+
+    def _samples_per_rank(self) -> int:
+        return math.ceil(self.mapped / self.world_size)
+
+    def __len__(self) -> int:
+        n = self._samples_per_rank()
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self._epoch is not None:
+            epoch = self._epoch
+        elif self._last_epoch is not None:
+            epoch = self._last_epoch + 1
+        else:
+            epoch = self._start_epoch
+        self._epoch = None
+        self._last_epoch = epoch
+        batches = self._claimed(epoch) if self.control is not None else self._shuffled(epoch)
+        yield from self._timed(batches, epoch)
+
+    def _timed(self, batches: Iterator[list[int]], epoch: int) -> Iterator[list[int]]:
+        started = time.monotonic()
+        last: float | None = None
+        for batch in batches:
+            yield batch
+            now = time.monotonic()
+            if last is not None and self.report:
+                self.report_batch(now - last)
+            last = now
+        if self.report:
+            self.report_epoch(epoch, time.monotonic() - started)
+
+    def _shuffled(self, epoch: int) -> Iterator[list[int]]:
+        order = list(range(len(self.paths)))
+        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        if self.world_size > 1:
+            total = self._samples_per_rank() * self.world_size
+            order += order[: total - len(order)]
+            order = order[self.rank : total : self.world_size]
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            if len(batch) < self.batch_size and self.drop_last:
+                return
+            yield batch
+
+    def _claimed(self, epoch: int) -> Iterator[list[int]]:
+        target = len(self) if self.world_size > 1 else None
+        low = max(self.batch_size, int(self.threshold * self.fetch_size))
+        buffer: deque[int] = deque()
+        recent: list[int] = []
+        produced = 0
+        end = False
+        while True:
+            while not end and len(buffer) < low:
+                ids = self._claim(epoch)
+                if ids is None:
+                    end = True
+                else:
+                    buffer.extend(i for i in (self._cid_to_index[c] for c in ids) if i >= 0)
+            if not buffer or (len(buffer) < self.batch_size and self.drop_last):
+                break
+            batch = [buffer.popleft() for _ in range(min(self.batch_size, len(buffer)))]
+            recent = batch
+            yield batch
+            produced += 1
+            if target is not None and produced >= target:
+                return  # DDP: the same step count on every rank (the rest stays unread)
+        rng = random.Random(f"pad:{self.seed}:{epoch}:{self.rank}")
+        while target is not None and produced < target and recent:
+            yield [rng.choice(recent) for _ in range(self.batch_size)]
+            produced += 1
+
+    def _claim(self, epoch: int) -> list[int] | None:
+        """The next claim's compact ids (hits first); None at the end of the epoch."""
+        assert self.control is not None
+        for _attempt in range(3):
+            try:
+                answer = self.control.request(
+                    "claim", job=self.job, rank=self.rank, n=self.fetch_size, epoch=epoch
+                )
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:  # reaped, or mountd restarted: open again
+                    self.session = self._open(self.control, epoch)
+                    continue
+                if exc.errno == errno.ESTALE:  # this epoch is over for the job
+                    return None
+                raise
+            ids = answer["hits"] + answer["fetch"]
+            return ids or None
+        raise OSError(errno.ENOENT, "the session keeps disappearing; is mountd restarting?")
+
+    # -- timing reports and closing -----------------------------------------------------------
+
+    def report_batch(self, seconds: float) -> None:
+        """Report one mini-batch's time (data wait + compute); best effort."""
+        self._report("batch", s=f"{max(0.0, seconds):.6f}")
+
+    def report_epoch(self, epoch: int, seconds: float) -> None:
+        """Report one epoch's time; best effort."""
+        self._report("epoch", epoch=epoch, s=f"{max(0.0, seconds):.6f}")
+
+    def _report(self, op: str, **args: Any) -> None:
+        if self.control is None:
+            return
+        with contextlib.suppress(OSError):  # timings are advisory: never fail training on them
+            self.control.request(op, job=self.job, rank=self.rank, **args)
+
+    def close(self) -> None:
+        """Close this rank's session (with its run time). Also done at exit."""
+        if self._finalizer is not None and self._finalizer.detach() is not None:
+            assert self.control is not None
+            _close_session(self.control, self.job, self.rank, time.monotonic() - self._started)
+
+
+def _close_session(control: ControlClient, job: str, rank: int, seconds: float | None = None) -> None:
+    with contextlib.suppress(OSError):  # already closed, unmounted, or mountd gone
+        control.request("close", job=job, rank=rank, s=None if seconds is None else f"{seconds:.6f}")
+
+
+def _warn_off_mount(path: str) -> None:
+    global _warned_off_mount
+    if not _warned_off_mount:
+        _warned_off_mount = True
+        warnings.warn(
+            f"QuiverBatchSampler: {path} is not on a quiverfs mount with a control channel; "
+            "reading in a seeded shuffled order instead",
+            RuntimeWarning, stacklevel=3,
+        )

@@ -1,0 +1,318 @@
+"""Substitutable, co-operative reads over the real RPC: an in-process mountd (real Cache,
+real socket, real tick loop) serving a file:// dataset described by a real digest."""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pytest
+import trio
+
+from digests.build import build
+from mountd import layout
+from mountd.cache import CacheConfig, Location
+from mountd.chunks import Mode
+from mountd.client import AsyncClient, open_client
+from mountd.daemon import DaemonConfig, serve
+from mountd.datasets import DatasetView
+from mountd.protocol import ProtocolError
+from mountd.requests import (
+    InvalidRequest,
+    SessionConflict,
+    StaleEpoch,
+    UnknownDataset,
+    UnknownSession,
+)
+from mountd.server import Server
+
+
+@dataclass
+class Env:
+    server: Server
+    client: AsyncClient
+    cache_dir: Path
+    dataset: str
+    digest: Path
+    url: str
+    files: list[tuple[str, bytes]]  # in digest (path) order
+
+    @property
+    def view(self) -> DatasetView:
+        assert self.server.coop is not None
+        return self.server.coop.views[self.dataset]
+
+    def in_store(self, cid: int) -> bool:
+        return layout.store_path(self.cache_dir, self.view.hash_of(cid)).exists()
+
+
+def _short_dir(tmp_path: Path) -> Path:
+    # unix socket paths are limited to 107 bytes
+    return tmp_path if len(str(tmp_path)) < 60 else Path(os.path.relpath(tmp_path))
+
+
+@asynccontextmanager
+async def mountd_env(tmp_path: Path, *, files: int = 200, size: int = 1000,
+                     cache_size: int = 1 << 26, mode: str | None = None) -> AsyncIterator[Env]:
+    source = tmp_path / "remote"
+    source.mkdir()
+    data = []
+    for i in range(files):
+        body = i.to_bytes(4, "big") + os.urandom(size - 4)
+        name = f"d{i % 7}/f{i:05d}.bin"
+        (source / name).parent.mkdir(exist_ok=True)
+        (source / name).write_bytes(body)
+        data.append((name, body))
+    data.sort(key=lambda item: [p.encode() for p in item[0].split("/")])
+    digest = tmp_path / "ds.qd"
+    url = "file://" + str(source)
+    result = await build(url, digest)
+    cache_dir = _short_dir(tmp_path) / "cache"
+    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=cache_size), dataset_mode=mode)
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(partial(serve, config, handle_signals=False))
+        async with open_client(cache_dir) as client:
+            await client.register(result.dataset_id, digest=str(digest))
+            yield Env(running.server, client, cache_dir, result.dataset_id, digest, url, data)
+        running.server.shutdown.set()
+
+
+async def wait_until(predicate, timeout: float = 20.0, what: str = "") -> None:
+    with trio.move_on_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def read_epoch(env: Env, job: str, ranks: int, n: int, epoch: int,
+                     read: bool = False) -> list[list[int]]:
+    """Claim round-robin over ``ranks`` until every rank is at the end; per-rank ids."""
+    given: list[list[int]] = [[] for _ in range(ranks)]
+    done = [False] * ranks
+    while not all(done):
+        for rank in range(ranks):
+            if done[rank]:
+                continue
+            claim = await env.client.claim(env.dataset, job, rank, n, epoch=epoch)
+            assert claim["epoch"] == epoch
+            ids = claim["hits"] + claim["fetch"]
+            if not ids:
+                done[rank] = True
+            given[rank].extend(ids)
+            if read:
+                for cid in ids:  # what a reader does: open, falling back to ensure on a miss
+                    if not env.in_store(cid):
+                        h, s, loc = env.view.item(cid)
+                        await env.client.ensure(h, s, loc, env.dataset)
+    return given
+
+
+async def test_view_matches_the_digest_order(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=30) as env:
+        info = await env.client.session_open(env.dataset, "j")
+        assert info["files"] == 30 and info["mode"] == "full"
+        view = env.view
+        for cid, (name, body) in enumerate(env.files):
+            h, size, loc = view.item(cid)
+            assert (size, loc.key, loc.offset) == (len(body), name, 0)
+            assert view.ids_of(h) == [cid]
+        assert view.ids_of(b"\0" * 32) == []
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+async def test_exactly_once_per_epoch_over_several_epochs(tmp_path: Path, ranks: int) -> None:
+    async with mountd_env(tmp_path, files=203) as env:
+        for rank in range(ranks):
+            info = await env.client.session_open(env.dataset, "job", rank=rank, world_size=ranks)
+        quota = info["quota"]
+        assert quota == -(-203 // ranks)
+        for epoch in range(3):
+            given = await read_epoch(env, "job", ranks, 7, epoch)
+            everything = [cid for ids in given for cid in ids]
+            assert Counter(everything) == Counter(range(203)), f"epoch {epoch}"
+            assert all(len(ids) <= quota for ids in given)
+        with pytest.raises(StaleEpoch) as info:
+            await env.client.claim(env.dataset, "job", 0, 1, epoch=0)
+        assert info.value.errno == errno.ESTALE
+        for rank in range(ranks):
+            await env.client.session_close(env.dataset, "job", rank, seconds=1.5)
+
+
+async def test_claims_are_hits_while_cached_unread_files_remain(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=400) as env:
+        # Load the view (session_open waits for it), then cache 10% through the real fill path.
+        await env.client.session_open(env.dataset, "warm")
+        cached = list(range(0, 400, 10))
+        for cid in cached:
+            h, s, loc = env.view.item(cid)
+            await env.client.ensure(h, s, loc, env.dataset)
+        await env.client.session_close(env.dataset, "warm", 0)
+        await env.client.session_open(env.dataset, "job", seed=3)
+        hits = total = 0
+        while total < 36:  # 40 cached: at least n=4 cached unread remain for every claim
+            claim = await env.client.claim(env.dataset, "job", 0, 4)
+            hits += len(claim["hits"])
+            total += len(claim["hits"]) + len(claim["fetch"])
+        assert hits / total >= 0.95
+        # The remaining epoch is mostly misses, and every claimed miss gets fetched.
+        claimed_misses: list[int] = []
+        while True:
+            claim = await env.client.claim(env.dataset, "job", 0, 16)
+            if not claim["hits"] and not claim["fetch"]:
+                break
+            claimed_misses.extend(claim["fetch"])
+        assert len(claimed_misses) >= 300
+        await wait_until(lambda: all(env.in_store(c) for c in claimed_misses), what="claimed misses")
+        stats = await env.client.stats()
+        assert stats["counters"]["datasets"][env.dataset]["prefetches"] >= 300
+
+
+async def test_hits_come_from_what_is_cached(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=100) as env:
+        await env.client.session_open(env.dataset, "warm")
+        cached = set(range(0, 100, 10))
+        for cid in cached:
+            h, s, loc = env.view.item(cid)
+            await env.client.ensure(h, s, loc, env.dataset)
+        await env.client.session_open(env.dataset, "job")
+        claim = await env.client.claim(env.dataset, "job", 0, 10)
+        assert set(claim["hits"]) == cached and claim["fetch"] == []
+
+
+async def test_session_errors_carry_errno(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=20) as env:
+        await env.client.session_open(env.dataset, "job", rank=0, world_size=2)
+        cases = [
+            (env.client.claim(env.dataset, "nobody", 0, 1), UnknownSession, errno.ENOENT),
+            (env.client.claim(env.dataset, "job", 0, 0), InvalidRequest, errno.EINVAL),
+            (env.client.session_open(env.dataset, "job", rank=0, world_size=3), SessionConflict,
+             errno.EBUSY),
+            (env.client.session_open("f" * 64, "job"), UnknownDataset, errno.ENOENT),
+            (env.client.call("claim", {"dataset": env.dataset, "job": "job", "rank": True, "n": 1}),
+             InvalidRequest, errno.EINVAL),
+        ]
+        for call, cls, code in cases:
+            with pytest.raises(cls) as info:
+                await call
+            assert info.value.errno == code
+        with pytest.raises(ProtocolError):
+            await env.client.call("claim", {"dataset": env.dataset, "bogus": 1})
+        # ... and the good session is undisturbed
+        claim = await env.client.claim(env.dataset, "job", 0, 5)
+        assert len(claim["hits"] + claim["fetch"]) == 5
+        await env.client.report_batch(env.dataset, "job", 0, 0.25)
+        await env.client.report_epoch(env.dataset, "job", 0, 0, 3.0)
+        timings = await env.client.timings(env.dataset, "job")
+        assert timings["batches"] == 1 and timings["epochs"] == [[0, 0, 3.0]]
+
+
+async def test_lru_mode_can_be_forced(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=20, mode="lru") as env:
+        info = await env.client.session_open(env.dataset, "job")
+        assert info["mode"] == Mode.LRU
+
+
+async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path) -> None:
+    # 300 files of 1000 B; a 100 kB cache: budget 80 kB → chunks of ~30 kB (10 chunks).
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=100_000) as env:
+        info = await env.client.session_open(env.dataset, "job", seed=1)
+        assert info["mode"] == "chunked"
+        assert env.server.coop is not None
+        state = env.server.coop.registry.dataset(env.dataset)
+        manager = state.manager
+        assert manager is not None
+        plan = state.plan
+        max_resident = 0
+
+        def chunks_in_store() -> list[int]:
+            held = Counter(plan.chunk_of(c) for c in range(300) if env.in_store(c))
+            # a chunk "is resident in the store" when most of its files are there
+            return [c for c, k in held.items() if k > plan.size_of(c) // 2]
+
+        for epoch in range(2):
+            while True:
+                claim = await env.client.claim(env.dataset, "job", 0, 10, epoch=epoch)
+                ids = claim["hits"] + claim["fetch"]
+                if not ids:
+                    break
+                for cid in ids:
+                    if not env.in_store(cid):
+                        h, s, loc = env.view.item(cid)
+                        await env.client.ensure(h, s, loc, env.dataset)
+                await trio.sleep(0.02)  # let the tick loop preload and evict
+                max_resident = max(max_resident, len(manager.resident()))
+                assert len(chunks_in_store()) <= 3  # two resident + the loading one
+        assert max_resident <= 2
+        evictions = [e for e in env.server.coop.evictions if e[0] == env.dataset]
+        assert len({chunk for _, chunk, _, _ in evictions}) >= 3
+        assert sum(files for _, _, files, _ in evictions) > 0
+
+        usage = await env.client.usage()
+        assert usage["used_bytes"] <= 100_000
+        await wait_until(lambda: len(chunks_in_store()) <= 2 or manager.loading is not None,
+                         what="at most two chunks resident")
+
+
+async def test_fills_reach_every_dataset_sharing_the_content(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=10) as env:
+        await env.client.session_open(env.dataset, "a")
+        h, s, loc = env.view.item(3)
+        assert not env.server.coop.registry.dataset(env.dataset).is_cached(3)
+        await env.client.ensure(h, s, Location(loc.url, loc.key, loc.offset, loc.length), None)
+        assert env.server.coop.registry.dataset(env.dataset).is_cached(3)
+        cache = env.server.cache
+        cache.pin([h])
+        assert cache.evict_hashes([h]) == (0, 0)  # pinned: kept
+        cache.unpin([h])
+        assert cache.evict_hashes([h], keep=lambda _: True) == (0, 0)  # held elsewhere: kept
+        assert cache.evict_hashes([h, h]) == (1, s)
+        assert not env.in_store(3)
+        assert not env.server.coop.registry.dataset(env.dataset).is_cached(3)
+
+
+async def test_two_jobs_on_a_cold_cache_fetch_each_file_about_once(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=300) as env:
+        for job in ("a", "b"):
+            await env.client.session_open(env.dataset, job, seed=0)  # same seed: still disjoint
+        before = (await env.client.stats())["counters"]["total"]["remote_requests"]["GET"]
+        given: dict[str, list[int]] = {"a": [], "b": []}
+
+        async def reader(job: str) -> None:
+            while True:
+                claim = await env.client.claim(env.dataset, job, 0, 8)
+                ids = claim["hits"] + claim["fetch"]
+                if not ids:
+                    return
+                given[job].extend(ids)
+                for cid in ids:
+                    h, s, loc = env.view.item(cid)
+                    await env.client.ensure(h, s, loc, env.dataset)  # the read
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader, "a")
+            nursery.start_soon(reader, "b")
+        assert sorted(given["a"]) == sorted(given["b"]) == list(range(300))
+        after = (await env.client.stats())["counters"]["total"]["remote_requests"]["GET"]
+        assert after - before <= 1.05 * 300
+
+
+async def test_fills_while_the_view_loads_are_not_lost(tmp_path: Path) -> None:
+    import blake3
+
+    async with mountd_env(tmp_path, files=50) as env:
+        # The view started loading at register; fill files at once, racing the load.
+        for name, body in env.files[:10]:
+            loc = Location(env.url, name, 0, len(body))
+            await env.client.ensure(blake3.blake3(body).digest(), len(body), loc, env.dataset)
+        await env.client.session_open(env.dataset, "job")
+        state = env.server.coop.registry.dataset(env.dataset)
+        assert [state.is_cached(i) for i in range(12)] == [True] * 10 + [False] * 2
+        claim = await env.client.claim(env.dataset, "job", 0, 10)
+        assert sorted(claim["hits"]) == list(range(10))

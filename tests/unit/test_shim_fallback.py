@@ -1,0 +1,76 @@
+"""QuiverBatchSampler off a quiverfs mount: a seeded shuffled sampler, split across ranks."""
+
+from __future__ import annotations
+
+import socket
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+
+import quiverfs.torch as shim  # noqa: E402  (after the importorskip)
+from quiverfs.torch import QuiverBatchSampler  # noqa: E402
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> list[str]:
+    out = []
+    for i in range(23):
+        p = tmp_path / f"c{i % 3}" / f"{i:03d}.bin"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(b"x")
+        out.append(str(p))
+    return out
+
+
+def test_warns_once_and_shuffles(paths, monkeypatch) -> None:
+    monkeypatch.setattr(shim, "_warned_off_mount", False)
+    with pytest.warns(RuntimeWarning, match="not on a quiverfs mount"):
+        sampler = QuiverBatchSampler(paths=paths, batch_size=5, job="j")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        QuiverBatchSampler(paths=paths, batch_size=5, job="j")  # no second warning
+    assert not sampler.on_quiver and len(sampler) == 5
+    first = [i for b in sampler for i in b]
+    second = [i for b in sampler for i in b]  # next epoch: another order
+    assert sorted(first) == sorted(second) == list(range(23)) and first != second
+    sampler.set_epoch(0)
+    assert [i for b in sampler for i in b] == first  # seeded by (seed, epoch)
+
+
+def test_ranks_split_evenly(paths, monkeypatch) -> None:
+    monkeypatch.setattr(shim, "_warned_off_mount", True)
+    samplers = [QuiverBatchSampler(paths=paths, batch_size=4, job="j", rank=r, world_size=3,
+                                   drop_last=False) for r in range(3)]
+    per_rank = [[i for b in s for i in b] for s in samplers]
+    assert all(len(ids) == 8 for ids in per_rank)  # ceil(23 / 3), padded with repeats
+    assert set().union(*per_rank) == set(range(23))
+    assert all(len(s) == 2 for s in samplers)
+
+
+def test_drop_last_and_validation(paths, monkeypatch) -> None:
+    monkeypatch.setattr(shim, "_warned_off_mount", True)
+    sampler = QuiverBatchSampler(paths=paths, batch_size=5, job="j", drop_last=True)
+    batches = list(sampler)
+    assert len(batches) == len(sampler) == 4 and all(len(b) == 5 for b in batches)
+    with pytest.raises(ValueError):
+        QuiverBatchSampler(paths=paths, job="j", rank=2, world_size=2)
+    with pytest.raises(TypeError):
+        QuiverBatchSampler(object(), job="j")
+
+
+def test_rank_and_job_come_from_torch_distributed(paths, monkeypatch) -> None:
+    monkeypatch.setattr(shim, "_warned_off_mount", True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                         rank=0, world_size=1)
+    try:
+        sampler = QuiverBatchSampler(paths=paths, batch_size=4)
+        assert (sampler.rank, sampler.world_size) == (0, 1)
+        assert sampler.job.startswith("job-")
+    finally:
+        torch.distributed.destroy_process_group()
