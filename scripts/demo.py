@@ -95,7 +95,7 @@ def main() -> int:
         run([quiverfs, "mount", str(digest), str(mountpoint), "--cache-dir", str(cache),
              "--cache-size", "1G"], env)
         try:
-            step("training a small CNN through the mount (epoch 0 cold, epoch 1 cached)")
+            step("training a small CNN through the mount with the QuiverBatchSampler shim (epoch 0 cold, epoch 1 cached)")
             run([sys.executable, str(REPO / "scripts" / "demo_train.py"), str(mountpoint / "train"),
                  "--epochs", str(args.epochs)], env)
             step("quiverfs stats")

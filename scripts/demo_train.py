@@ -1,8 +1,11 @@
 """Train a small CNN for a few mini-batches on an ImageFolder tree (the demo's last step).
 
 Run as a separate process by scripts/demo.py so that torch is only loaded here:
-``python scripts/demo_train.py ROOT --epochs 2 --batches 20``. Prints one line per epoch with
-the images/s it saw and the loss, so a cold (bucket) and a warm (cache) epoch can be compared.
+``python scripts/demo_train.py ROOT --epochs 2 --batches 20``. Batches come from quiverfs's
+``QuiverBatchSampler`` (the shim: cached files first, every file once per epoch, misses
+prefetched as they are claimed); ``--shuffle`` uses a plain shuffled DataLoader instead.
+Prints one line per epoch with the images/s it saw and the loss, so a cold (bucket) and a
+warm (cache) epoch can be compared.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
+
+from quiverfs.torch import QuiverBatchSampler
 
 
 def small_cnn(classes: int) -> nn.Module:
@@ -32,16 +37,24 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=0, help="mini-batches per epoch (0 = all)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--shuffle", action="store_true", help="a plain shuffled sampler, not the shim")
     args = parser.parse_args()
 
     torch.manual_seed(0)
     dataset = datasets.ImageFolder(args.root, transform=transforms.ToTensor())
     print(f"ImageFolder: {len(dataset)} images, {len(dataset.classes)} classes", flush=True)
-    loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
+    sampler = None
+    if args.shuffle:
+        loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.workers)
+    else:
+        sampler = QuiverBatchSampler(dataset, batch_size=args.batch_size)
+        loader = DataLoader(dataset, batch_sampler=sampler, num_workers=args.workers)
     model = small_cnn(len(dataset.classes))
     optimiser = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     for epoch in range(args.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
         started, seen, total_loss, steps = time.monotonic(), 0, 0.0, 0
         for images, labels in loader:
             optimiser.zero_grad()
@@ -59,6 +72,8 @@ def main() -> None:
             f"({seen / elapsed:.0f} images/s), mean loss {total_loss / steps:.3f}",
             flush=True,
         )
+    if sampler is not None:
+        sampler.close()
 
 
 if __name__ == "__main__":
