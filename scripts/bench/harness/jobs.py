@@ -1,0 +1,313 @@
+"""Emulated training jobs: one process each, a real DataLoader, a sleep for compute.
+
+A job reads its dataset's files with a ``torch.utils.data.DataLoader`` (``workers`` worker
+processes, ``prefetch_factor`` batches each, persistent across epochs) over a dataset that
+returns each file's bytes as a uint8 tensor (no decoding), and sleeps ``compute_s`` per
+mini-batch (the GPU step). Readers (``JobSpec.reader``):
+
+=================  =================================================================================
+``mount-shuffle``  files through the mount, a shuffled sampler (``RandomSampler`` per epoch)
+``mount-shim``     files through the mount, :class:`quiverfs.torch.QuiverBatchSampler`
+``bucket``         straight from the bucket with quiverfs's backend code (``open_backend`` +
+                   ``read_range``), no cache, shuffled; optionally throttled per worker so that
+                   the jobs together get ``bucket_bandwidth`` / ``bucket_requests``
+``synthetic``      no I/O: zero tensors of the file size, shuffled (the upper bound)
+=================  =================================================================================
+
+Each mini-batch is timed from asking the loader for it to the end of its compute: data wait
++ compute. :func:`run_jobs` starts N jobs, waits until every one has set up (torch imported,
+dataset and sampler built), starts them together and returns each job's JSON result.
+
+Run as a script (``python jobs.py SPEC.json``) it is one job: it prints ``ready``, waits for
+a line on stdin, runs, and prints its result as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+READERS = ("mount-shuffle", "mount-shim", "bucket", "synthetic")
+
+
+@dataclass
+class JobSpec:
+    """One emulated training job (see the module docstring)."""
+
+    name: str
+    reader: str
+    #: Directory the relative paths are under: the mountpoint, or the bucket's directory.
+    root: str
+    #: A file with the dataset's relative paths, one a line (the dataset's index order).
+    rels_file: str
+    #: Bytes per file (the synthetic reader's tensor size).
+    file_size: int
+    #: The bucket's URL (``bucket`` reader).
+    url: str = ""
+    batch_size: int = 16
+    epochs: int = 1
+    #: Stop each epoch after this many mini-batches (None: the whole epoch).
+    batches: int | None = None
+    #: Seconds of emulated compute per mini-batch.
+    compute_s: float = 0.1
+    workers: int = 2
+    prefetch_factor: int = 2
+    seed: int = 0
+    #: QuiverBatchSampler's fetch size (None: its default, 4 × batch size).
+    fetch_size: int | None = None
+    #: ``bucket`` reader: this job's share of the bucket's bytes/s and requests/s (None: no cap).
+    bucket_bandwidth: float | None = None
+    bucket_requests: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.reader not in READERS:
+            raise ValueError(f"unknown reader {self.reader!r}; one of {READERS}")
+
+
+# -- inside the job process ---------------------------------------------------------------------
+
+
+class _BucketReader:
+    """Reads through a quiverfs backend from a sync DataLoader worker: a trio loop in a
+    thread of the worker process (created lazily, after the fork), calls handed to it."""
+
+    def __init__(self, url: str, bandwidth: float | None, requests: float | None) -> None:
+        self.url, self.bandwidth, self.requests = url, bandwidth, requests
+        self._pid: int | None = None
+
+    def _start(self) -> None:
+        import trio
+
+        from mountd.limits import RemoteLimits
+        from quiverfs.backends import open_backend
+
+        ready = threading.Event()
+
+        async def serve() -> None:
+            self.backend = open_backend(self.url)
+            self.limits = RemoteLimits(self.bandwidth, self.requests, 1)
+            self.token = trio.lowlevel.current_trio_token()
+            ready.set()
+            await trio.sleep_forever()
+
+        threading.Thread(target=trio.run, args=(serve,), daemon=True).start()
+        ready.wait()
+        self._pid = os.getpid()
+
+    def read(self, key: str, length: int) -> tuple[bytes, int]:
+        """The object's bytes and the GET requests it cost."""
+        import trio
+
+        if self._pid != os.getpid():
+            self._start()
+
+        async def one() -> tuple[bytes, int]:
+            before = self.backend.counters.requests["GET"]
+            async with self.limits.request(length):
+                data = await self.backend.read_range(key, 0, length)
+            return data, self.backend.counters.requests["GET"] - before
+
+        return trio.from_thread.run(one, trio_token=self.token)
+
+
+def _make_dataset(spec: JobSpec, rels: list[str]):  # -> torch Dataset
+    import torch
+    from torch.utils.data import Dataset
+
+    class Files(Dataset):
+        """Item i: (file i's bytes as a uint8 tensor, remote GETs it cost)."""
+
+        def __init__(self) -> None:
+            self.paths = [os.path.join(spec.root, rel) for rel in rels]
+            self.bucket = None
+            if spec.reader == "bucket":
+                self.bucket = _BucketReader(spec.url, spec.bucket_bandwidth, spec.bucket_requests)
+
+        def __len__(self) -> int:
+            return len(self.paths)
+
+        def __getitem__(self, i: int):
+            if spec.reader == "synthetic":
+                return torch.zeros(spec.file_size, dtype=torch.uint8), 0
+            if self.bucket is not None:
+                data, gets = self.bucket.read(rels[i], spec.file_size)
+            else:
+                with open(self.paths[i], "rb") as f:
+                    data, gets = f.read(), 0
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), gets
+
+    return Files()
+
+
+def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
+    """Set up, wait for ``go()`` (the start signal), run the epochs; the result dict."""
+    t_setup = time.perf_counter()
+    import torch
+    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+
+    rels = Path(spec.rels_file).read_text().split("\n")
+    rels = [r for r in rels if r]
+    dataset = _make_dataset(spec, rels)
+    sampler = None
+    if spec.reader == "mount-shim":
+        from quiverfs.torch import QuiverBatchSampler
+
+        sampler = QuiverBatchSampler(dataset, spec.batch_size, paths=dataset.paths, job=spec.name,
+                                     seed=spec.seed, fetch_size=spec.fetch_size)
+        if not sampler.on_quiver:
+            raise RuntimeError(f"{spec.root} is not a quiverfs mount with a control channel")
+        batch_sampler = sampler
+    else:
+        generator = torch.Generator().manual_seed(spec.seed)
+        batch_sampler = BatchSampler(RandomSampler(dataset, generator=generator),
+                                     spec.batch_size, drop_last=False)
+    loader = DataLoader(dataset, batch_sampler=batch_sampler, num_workers=spec.workers,
+                        persistent_workers=spec.workers > 0,
+                        prefetch_factor=spec.prefetch_factor if spec.workers > 0 else None,
+                        # fork: the dataset class is local, and the bucket reader's thread
+                        # starts in each worker after the fork
+                        multiprocessing_context="fork" if spec.workers > 0 else None)
+    setup_s = time.perf_counter() - t_setup
+    if go is not None:
+        go()
+
+    started = time.perf_counter()
+    epochs: list[dict[str, Any]] = []
+    batch_times: list[float] = []
+    waits: list[float] = []
+    files = nbytes = gets = 0
+    for epoch in range(spec.epochs):
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        e_start = time.perf_counter()
+        e_times: list[float] = []
+        e_waits: list[float] = []
+        it = iter(loader)
+        while spec.batches is None or len(e_times) < spec.batches:
+            t0 = time.perf_counter()
+            try:
+                data, got = next(it)
+            except StopIteration:
+                break
+            t1 = time.perf_counter()
+            time.sleep(spec.compute_s)
+            t2 = time.perf_counter()
+            e_waits.append(t1 - t0)
+            e_times.append(t2 - t0)
+            files += data.shape[0]
+            nbytes += data.numel()
+            gets += int(got.sum())
+        del it
+        epochs.append({"epoch": epoch, "seconds": time.perf_counter() - e_start,
+                       "batches": len(e_times), "mean_batch_s": _mean(e_times),
+                       "mean_wait_s": _mean(e_waits)})
+        batch_times += e_times
+        waits += e_waits
+    wall = time.perf_counter() - started
+    if sampler is not None:
+        sampler.close()
+    return {
+        "name": spec.name, "reader": spec.reader, "setup_s": setup_s, "wall_s": wall,
+        "batches": len(batch_times), "files": files, "bytes": nbytes, "bucket_gets": gets,
+        "mean_batch_s": _mean(batch_times), "mean_wait_s": _mean(waits),
+        "p50_batch_s": _quantile(batch_times, 0.5), "p95_batch_s": _quantile(batch_times, 0.95),
+        "epochs": epochs,
+    }
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _main(spec_path: str) -> None:
+    spec = JobSpec(**json.loads(Path(spec_path).read_text()))
+
+    def go() -> None:
+        print("ready", flush=True)
+        if not sys.stdin.readline():  # the harness went away: do not run
+            raise SystemExit(1)
+
+    result = run_job(spec, go)
+    print(json.dumps(result), flush=True)
+
+
+# -- the harness side ---------------------------------------------------------------------------
+
+
+def write_rels(path: Path, rels: list[str] | tuple[str, ...]) -> str:
+    """Write the relative paths file a :class:`JobSpec` names; returns its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(rels) + "\n")
+    return str(path)
+
+
+def run_jobs(specs: list[JobSpec], workdir: Path, timeout: float = 900.0) -> list[dict[str, Any]]:
+    """Run ``specs`` as concurrent job processes started together; their results, in order.
+
+    Every job process is killed if anything fails (or on Ctrl-C); its stderr is in
+    ``workdir/NAME.log``, its result in ``workdir/NAME.result.json``."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs: list[tuple[JobSpec, subprocess.Popen, Path]] = []
+    timer = None
+    try:
+        for spec in specs:
+            spec_file = workdir / f"{spec.name}.json"
+            spec_file.write_text(json.dumps(asdict(spec)))
+            log = workdir / f"{spec.name}.log"
+            with open(log, "wb") as err:
+                proc = subprocess.Popen([sys.executable, __file__, str(spec_file)], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=err, text=True,
+                                        cwd=Path(__file__).resolve().parents[3])
+            procs.append((spec, proc, log))
+        timer = threading.Timer(timeout, lambda: [p.kill() for _, p, _ in procs])
+        timer.daemon = True
+        timer.start()
+        for spec, proc, log in procs:
+            line = proc.stdout.readline().strip()
+            if line != "ready":
+                raise RuntimeError(f"job {spec.name} did not start ({line!r}):\n{_tail(log)}")
+        for _, proc, _ in procs:  # start them together
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        results = []
+        for spec, proc, log in procs:
+            line = proc.stdout.readline()
+            if proc.wait() != 0 or not line:
+                raise RuntimeError(f"job {spec.name} failed (exit {proc.returncode}):\n{_tail(log)}")
+            results.append(json.loads(line))
+            (workdir / f"{spec.name}.result.json").write_text(line)  # for later diagnosis
+        return results
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for _, proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+    _main(sys.argv[1])

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Substitutable reads when the dataset does not fit: the shim vs. a shuffled sampler on LRU.
+
+Four emulated training jobs (separate processes, a real DataLoader each, a sleep per
+mini-batch for compute) read three epochs of one dataset through one mount; the cache holds
+20% of the dataset and the bucket (``file://`` behind mountd's remote limits) is the
+bottleneck whenever jobs miss. Three runs, side by side in one invocation, each with a
+fresh mountd and mount:
+
+* all-hit: cache larger than the dataset, filled before the jobs start, shuffled sampler —
+  the reference mini-batch time (data never waits on the bucket);
+* shim: cache = 20%, mountd's default chunked residency (``--dataset-mode chunked``),
+  ``QuiverBatchSampler`` (hits first, claimed misses prefetched, jobs share chunks);
+* LRU: cache = 20%, ``--dataset-mode lru``, shuffled sampler (what a plain DataLoader gets).
+
+Printed: mean mini-batch time (data wait + compute, over every mini-batch of every job and
+epoch) ÷ the all-hit mean, for the shim (target <= 1.3, Quiver §7.5/7.6) and for LRU beside
+it, plus remote bytes per run. ``--synthetic`` adds a run with no I/O at all (the upper bound).
+
+    .venv/bin/python scripts/bench/shim_vs_lru.py
+    .venv/bin/python scripts/bench/shim_vs_lru.py --scale 2 --compute 0.2 --remote-files 150
+
+Needs root and FUSE; everything lives under .bench/ (git-ignored). See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harness.jobs import JobSpec, run_jobs, write_rels  # noqa: E402
+from harness.report import RemoteDelta, epoch_means, parameters, summarize, table, verdict  # noqa: E402
+from harness.world import (  # noqa: E402
+    BENCH,
+    DatasetSpec,
+    MountdConfig,
+    World,
+    make_dataset,
+    sigterm_as_interrupt,
+)
+
+TARGET = 1.3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--files", type=int, default=1200, help="files in the dataset (before --scale)")
+    parser.add_argument("--file-size", type=int, default=32 * 1024, help="bytes per file")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies --files")
+    parser.add_argument("--cache-fraction", type=float, default=0.2, help="cache size / dataset bytes")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--compute", type=float, default=0.2, help="seconds of compute per mini-batch")
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per job")
+    parser.add_argument("--remote-files", type=float, default=150.0,
+                        help="bucket speed in files/s: sets --remote-requests and --remote-bandwidth")
+    parser.add_argument("--fetch-size", type=int, default=None,
+                        help="QuiverBatchSampler's fetch size (default: its own, 4 x batch size)")
+    parser.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader batches per worker in flight")
+    parser.add_argument("--shim-mode", default="chunked", help="mountd --dataset-mode for the shim run")
+    parser.add_argument("--synthetic", action="store_true", help="also run the jobs with no I/O")
+    args = parser.parse_args()
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        raise SystemExit("needs root and /dev/fuse")
+    sigterm_as_interrupt()
+
+    spec = DatasetSpec(files=int(args.files * args.scale), file_size=args.file_size)
+    dataset = make_dataset(spec)
+    requests = args.remote_files
+    bandwidth = args.remote_files * spec.file_size
+    limits = {"remote_bandwidth": bandwidth, "remote_requests": requests}
+    small = int(dataset.total_bytes * args.cache_fraction)
+    work = BENCH / "shim_vs_lru"
+    rels_file = write_rels(work / "rels.txt", dataset.rels)
+
+    def jobs(reader: str, root: str) -> list[JobSpec]:
+        return [JobSpec(name=f"{reader}-{i}", reader=reader, root=root, rels_file=rels_file,
+                        file_size=spec.file_size, batch_size=args.batch_size, epochs=args.epochs,
+                        compute_s=args.compute, workers=args.workers, seed=i,
+                        prefetch_factor=args.prefetch_factor, fetch_size=args.fetch_size)
+                for i in range(args.jobs)]
+
+    runs: dict[str, tuple[list[dict], RemoteDelta | None, MountdConfig | None, list[str]]] = {}
+
+    def run(name: str, config: MountdConfig, reader: str, warm: bool = False) -> None:
+        with World(dataset, f"shim_vs_lru-{name}", config) as world:
+            if warm:
+                world.warm()
+            before = world.counters()
+            results = run_jobs(jobs(reader, str(world.mountpoint)), work / name)
+            remote = RemoteDelta.between(before, world.counters())
+            notes = [line.split("INFO ", 1)[-1] for line in world.mountd_log_lines("mountd.coop")
+                     if "mode" in line]
+            notes.append(f"{len(world.mountd_log_lines('evicted chunk'))} chunk evictions, "
+                         f"{len(world.mountd_log_lines('loading chunk'))} chunk loads")
+        runs[name] = (results, remote, config, notes)
+
+    run("all-hit", MountdConfig(int(dataset.total_bytes * 1.5), dataset_mode="full", **limits),
+        "mount-shuffle", warm=True)
+    run("shim", MountdConfig(small, dataset_mode=args.shim_mode, **limits), "mount-shim")
+    run("lru", MountdConfig(small, dataset_mode="lru", **limits), "mount-shuffle")
+    if args.synthetic:
+        runs["synthetic"] = (run_jobs(jobs("synthetic", str(dataset.source)), work / "synthetic"),
+                             None, None, [])
+
+    for name, (results, _, _, _) in runs.items():
+        for r in results:
+            if r["files"] != spec.files * args.epochs:
+                raise SystemExit(f"{name}: job {r['name']} read {r['files']} files, expected "
+                                 f"{spec.files * args.epochs} (every file once per epoch)")
+
+    ref = summarize(runs["all-hit"][0])["mean_batch_s"]
+    demand = args.batch_size / args.compute  # files/s one job reads when data never waits
+    print()
+    print(parameters({
+        "jobs": args.jobs, "epochs": args.epochs, "files": spec.files, "file_size": spec.file_size,
+        "dataset_bytes": dataset.total_bytes, "cache_bytes": small, "cache_fraction": args.cache_fraction,
+        "batch_size": args.batch_size, "compute_s": args.compute, "workers": args.workers,
+        "prefetch_factor": args.prefetch_factor, "fetch_size": args.fetch_size or 4 * args.batch_size,
+        "remote_requests/s": requests, "remote_bandwidth_B/s": int(bandwidth),
+        "bucket/one job's demand": round(requests / demand, 2), "shim_mode": args.shim_mode,
+        "cpus": os.cpu_count(),
+    }))
+    for name, (_, _, _, notes) in runs.items():
+        for note in notes:
+            print(f"mountd ({name}): {note}")
+    print()
+    rows = []
+    for name, (results, remote, _, _) in runs.items():
+        s = summarize(results)
+        ratio = s["mean_batch_s"] / ref
+        target, result = "", ""
+        if name == "shim":
+            target, result = f"<= {TARGET}", verdict(ratio, TARGET)
+        elif name == "lru":
+            target = "(beside)"
+        per_epoch = " ".join(f"{x / ref:.2f}" for x in epoch_means(results))
+        remote_ratio = "" if remote is None else f"{remote.bytes / dataset.total_bytes:.2f}"
+        rows.append([name, s["mean_batch_s"], s["mean_wait_s"], ratio, per_epoch, remote_ratio,
+                     s["mean_epoch_s"], target, result])
+    print(table(["run", "mini-batch s", "data wait s", "/ all-hit", "per epoch / all-hit",
+                 "remote / dataset", "epoch s", "target", "result"], rows))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
