@@ -20,6 +20,24 @@ INTERNAL_ERROR = 70
 INTERRUPTED = 130
 
 
+def _click_classes(name: str) -> tuple[type[BaseException], ...]:
+    """``name`` from click and, where typer vendors its own copy of click (typer >= 0.29:
+    ``typer._click``), from that copy too: typer raises the vendored classes."""
+    modules = [click.exceptions]
+    try:
+        from typer._click import exceptions as vendored  # type: ignore[import-not-found]
+
+        modules.append(vendored)
+    except ImportError:
+        pass
+    return tuple(getattr(module, name) for module in modules if hasattr(module, name))
+
+
+_EXIT = _click_classes("Exit")
+_CLICK_ERROR = _click_classes("ClickException")
+_ABORT = _click_classes("Abort")
+
+
 def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
     """Run ``app`` with ``argv`` (default ``sys.argv[1:]``) and exit with its status."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -33,12 +51,12 @@ def run_app(app: typer.Typer, prog: str, argv: list[str] | None = None) -> None:
             traceback.print_exc()
         print(f"{prog}: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
+    except _EXIT as exc:
         sys.exit(exc.exit_code)
-    except click.ClickException as exc:
+    except _CLICK_ERROR as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, click.exceptions.Abort):
+    except (KeyboardInterrupt, *_ABORT):
         print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(INTERRUPTED)
     except Exception as exc:
