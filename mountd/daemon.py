@@ -55,6 +55,9 @@ class DaemonConfig:
     #: Force every dataset's residency mode ("lru" for comparisons); None = chosen from the
     #: cache budget (docs/substitutable-reads.md).
     dataset_mode: str | None = None
+    #: Chunk slots of a chunked dataset: 2 = the paper's double buffering, 3 = the next chunk
+    #: preloads while a marked one drains (docs/substitutable-reads.md, "Chunks").
+    chunk_slots: int = 2
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,8 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         stack.callback(_remove_socket, socket_path)
         stack.callback(listener.close)
 
-        server = Server(cache, cache_dir, dataset_mode=config.dataset_mode)
+        server = Server(cache, cache_dir, dataset_mode=config.dataset_mode,
+                        chunk_slots=config.chunk_slots)
         nursery = await stack.enter_async_context(trio.open_nursery())
         await nursery.start(cache.run)
         if server.coop is not None:

@@ -50,6 +50,7 @@ from mountd.protocol import (
     check_list,
     check_text,
 )
+from mountd.sessions import SessionRegistry
 from quiverfs import __version__
 from quiverfs.errors import QuiverError, UsageError
 
@@ -170,13 +171,14 @@ class Server:
     """
 
     def __init__(self, cache: Any, cache_dir: str | os.PathLike[str], *, owner_uid: int | None = None,
-                 dataset_mode: str | None = None) -> None:
+                 dataset_mode: str | None = None, chunk_slots: int = 2) -> None:
         self.cache = cache
         #: Job sessions and claims (docs/substitutable-reads.md); its tick loop is started by
         #: the daemon (``nursery.start(server.coop.run)``). Needs the real Cache's listener
         #: hooks; a fake cache without them gets no session layer.
         self.coop: CoopService | None = (
-            CoopService(cache, mode=dataset_mode) if hasattr(cache, "add_listener") else None
+            CoopService(cache, mode=dataset_mode, registry=SessionRegistry(chunk_slots=chunk_slots))
+            if hasattr(cache, "add_listener") else None
         )
         self.cache_dir = Path(cache_dir)
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid

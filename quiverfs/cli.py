@@ -87,6 +87,10 @@ def mountd_command(
         None, "--dataset-mode",
         help="Force every dataset's residency: full, chunked, off or lru (default: chosen from the cache size).",
     ),
+    chunk_slots: int = typer.Option(
+        2, "--chunk-slots", min=2, max=3,
+        help="Chunks of a chunked dataset held at once: 2 (double buffering) or 3 (preload the next while one drains).",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
@@ -108,7 +112,8 @@ def mountd_command(
     )
     if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):
         raise UsageError(f"--dataset-mode must be full, chunked, off or lru, not {dataset_mode!r}")
-    main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode))
+    main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode,
+                      chunk_slots=chunk_slots))
 
 
 @app.command()

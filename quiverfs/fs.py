@@ -77,6 +77,9 @@ XATTR_CACHED = b"user.quiver.cached"
 XATTR_DATASET = b"user.quiver.dataset"
 XATTR_STATS = b"user.quiver.stats"
 
+#: ensure() + open() attempts for a miss whose store file is evicted before we open it.
+ENSURE_ATTEMPTS = 3
+
 #: Names on the root that are requests over the control channel (see quiverfs/control.py).
 CONTROL_PREFIX = b"user.quiver.ctl."
 
@@ -397,15 +400,26 @@ class QuiverOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fd, keep_cache=True)
 
     async def _open_miss(self, entry: FileEntry) -> int:
-        """Ask mountd for ``entry``'s content, then open the store file it names."""
+        """Ask mountd for ``entry``'s content, then open the store file it names.
+
+        mountd may evict the file between answering ``ensure`` and our ``open`` (another
+        job's chunk eviction or LRU pressure on a full cache); the store file is then simply
+        gone, so ask again, a bounded number of times, rather than fail the read.
+        """
         self.counters.misses += 1
-        try:
-            path = await self.fetcher.ensure(entry)
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except Exception as exc:
-            self.counters.errors += 1
-            log.warning("cannot read %s: %s", entry.path, exc)
-            raise fuse_error(exc) from None
+        error: Exception | None = None
+        for _ in range(ENSURE_ATTEMPTS):
+            try:
+                path = await self.fetcher.ensure(entry)
+                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError as exc:
+                error = exc  # evicted before we opened it: ask again
+            except Exception as exc:
+                error = exc
+                break
+        self.counters.errors += 1
+        log.warning("cannot read %s: %s", entry.path, error)
+        raise fuse_error(error) from None
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         try:

@@ -64,6 +64,8 @@ def main() -> None:
                         help="QuiverBatchSampler's fetch size (default: its own, 4 x batch size)")
     parser.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader batches per worker in flight")
     parser.add_argument("--shim-mode", default="chunked", help="mountd --dataset-mode for the shim run")
+    parser.add_argument("--chunk-slots", type=int, default=None, choices=(2, 3),
+                        help="mountd --chunk-slots for the shim run (default: mountd's)")
     parser.add_argument("--synthetic", action="store_true", help="also run the jobs with no I/O")
     args = parser.parse_args()
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
@@ -103,7 +105,7 @@ def main() -> None:
 
     run("all-hit", MountdConfig(int(dataset.total_bytes * 1.5), dataset_mode="full", **limits),
         "mount-shuffle", warm=True)
-    run("shim", MountdConfig(small, dataset_mode=args.shim_mode, **limits), "mount-shim")
+    run("shim", MountdConfig(small, dataset_mode=args.shim_mode, chunk_slots=args.chunk_slots, **limits), "mount-shim")
     run("lru", MountdConfig(small, dataset_mode="lru", **limits), "mount-shuffle")
     if args.synthetic:
         runs["synthetic"] = (run_jobs(jobs("synthetic", str(dataset.source)), work / "synthetic"),

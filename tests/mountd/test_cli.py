@@ -144,3 +144,26 @@ def test_mountd_rejects_bad_sizes_before_starting(capsys, tmp_path):
 def test_every_command_has_help_with_an_example(capsys, command):
     code, out, _ = cli(capsys, command, "--help")
     assert code == 0 and "Example: quiverfs " in out
+
+
+def test_mountd_chunk_slots_are_2_or_3(capsys, tmp_path):
+    code, _, err = cli(capsys, "mountd", "--cache-dir", str(tmp_path), "--chunk-slots", "4")
+    assert code == 2 and "--chunk-slots" in err and "internal error" not in err
+
+
+def test_chunk_slots_reach_the_session_registry(tmp_path):
+    import trio
+
+    from mountd.cache import Cache, CacheConfig
+    from mountd.server import Server
+
+    async def check() -> None:
+        cache = Cache(CacheConfig(cache_dir=tmp_path / "cache", cache_size=1 << 20))
+        await cache.open()
+        try:
+            assert Server(cache, tmp_path / "cache", chunk_slots=3).coop.registry.chunk_slots == 3
+            assert Server(cache, tmp_path / "cache").coop.registry.chunk_slots == 2
+        finally:
+            await cache.aclose()
+
+    trio.run(check)

@@ -49,12 +49,18 @@ class FakeFetcher:
         self.content = content
         self.calls: list[str] = []
         self.error: Exception | None = None
+        #: ensure() calls whose file "mountd" evicts before the caller can open it.
+        self.evict_before_open = 0
 
     async def ensure(self, entry) -> str:
         self.calls.append(entry.path)
         if self.error is not None:
             raise self.error
         path = layout.store_path(self.cache_dir, entry.hash)
+        if self.evict_before_open:
+            self.evict_before_open -= 1
+            path.unlink(missing_ok=True)
+            return str(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(self.content[entry.hash])
         return str(path)
@@ -195,6 +201,25 @@ async def test_statfs(setup) -> None:
 
 
 # -- reads ------------------------------------------------------------------------------------
+
+
+async def test_a_miss_evicted_before_open_is_asked_for_again(setup) -> None:
+    ops, digest, fetcher, files = setup
+    fetcher.evict_before_open = 2
+    info = await ops.open(_ino(digest, "sub/b.bin"), os.O_RDONLY, None)
+    assert fetcher.calls == ["sub/b.bin"] * 3
+    assert await ops.read(info.fh, 0, 1 << 20) == files["sub/b.bin"]
+    await ops.release(info.fh)
+    assert ops.counters.errors == 0
+
+
+async def test_a_miss_evicted_every_time_fails_with_eio(setup) -> None:
+    ops, digest, fetcher, _ = setup
+    fetcher.evict_before_open = 10
+    with pytest.raises(pyfuse3.FUSEError) as failed:
+        await ops.open(_ino(digest, "sub/b.bin"), os.O_RDONLY, None)
+    assert failed.value.errno == errno.EIO
+    assert len(fetcher.calls) == 3 and ops.counters.errors == 1
 
 
 async def test_miss_then_hit(setup) -> None:

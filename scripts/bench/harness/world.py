@@ -155,6 +155,7 @@ class MountdConfig:
     remote_requests: float | None = None
     remote_concurrency: int | None = None
     dataset_mode: str | None = None
+    chunk_slots: int | None = None
 
     def flags(self) -> list[str]:
         out = ["--cache-size", str(int(self.cache_size))]
@@ -166,6 +167,8 @@ class MountdConfig:
             out += ["--remote-concurrency", str(self.remote_concurrency)]
         if self.dataset_mode:
             out += ["--dataset-mode", self.dataset_mode]
+        if self.chunk_slots:
+            out += ["--chunk-slots", str(self.chunk_slots)]
         return out
 
 
