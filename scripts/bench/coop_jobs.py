@@ -32,15 +32,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.cli import add_workload_args, bucket_limits, dataset_spec, preflight  # noqa: E402
 from harness.jobs import JobSpec, run_jobs, write_rels  # noqa: E402
 from harness.report import RemoteDelta, parameters, summarize, table, verdict  # noqa: E402
 from harness.world import (  # noqa: E402
     BENCH,
-    DatasetSpec,
     MountdConfig,
     World,
     make_dataset,
-    sigterm_as_interrupt,
 )
 
 TARGET = 1.05
@@ -48,30 +47,20 @@ TARGET = 1.05
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=7)
-    parser.add_argument("--files", type=int, default=1400, help="files in the dataset (before --scale)")
-    parser.add_argument("--file-size", type=int, default=32 * 1024, help="bytes per file")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiplies --files")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--compute", type=float, default=0.05, help="seconds of compute per mini-batch")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per job")
-    parser.add_argument("--remote-files", type=float, default=200.0,
-                        help="bucket speed in files/s: sets --remote-requests and --remote-bandwidth")
+    add_workload_args(parser, jobs=7, files=1400, compute=0.05, remote_files=200.0)
     parser.add_argument("--cache-factor", type=float, default=1.5, help="cache size / dataset bytes (>= 1)")
     parser.add_argument("--baseline-batches", type=int, default=None,
                         help="baseline jobs stop after this many mini-batches (default: the whole epoch)")
     parser.add_argument("--no-baseline", action="store_true", help="compute the baseline as 7.0 instead")
     args = parser.parse_args()
-    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        raise SystemExit("needs root and /dev/fuse")
-    sigterm_as_interrupt()
+    preflight()
 
-    spec = DatasetSpec(files=int(args.files * args.scale), file_size=args.file_size)
+    spec = dataset_spec(args)
     dataset = make_dataset(spec)
-    requests = args.remote_files
-    bandwidth = args.remote_files * spec.file_size
+    limits = bucket_limits(args, spec)
+    bandwidth, requests = limits["remote_bandwidth"], limits["remote_requests"]
     config = MountdConfig(cache_size=int(dataset.total_bytes * args.cache_factor),
-                          remote_bandwidth=bandwidth, remote_requests=requests, dataset_mode="full")
+                          dataset_mode="full", **limits)
     work = BENCH / "coop_jobs"
     rels_file = write_rels(work / "rels.txt", dataset.rels)
 

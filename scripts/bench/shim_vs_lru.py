@@ -33,15 +33,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.cli import add_workload_args, bucket_limits, dataset_spec, preflight  # noqa: E402
 from harness.jobs import JobSpec, run_jobs, write_rels  # noqa: E402
 from harness.report import RemoteDelta, epoch_means, parameters, summarize, table, verdict  # noqa: E402
 from harness.world import (  # noqa: E402
     BENCH,
-    DatasetSpec,
     MountdConfig,
     World,
     make_dataset,
-    sigterm_as_interrupt,
 )
 
 TARGET = 1.3
@@ -49,17 +48,9 @@ TARGET = 1.3
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=4)
+    add_workload_args(parser, jobs=4, files=1200, compute=0.2, remote_files=150.0)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--files", type=int, default=1200, help="files in the dataset (before --scale)")
-    parser.add_argument("--file-size", type=int, default=32 * 1024, help="bytes per file")
-    parser.add_argument("--scale", type=float, default=1.0, help="multiplies --files")
     parser.add_argument("--cache-fraction", type=float, default=0.2, help="cache size / dataset bytes")
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--compute", type=float, default=0.2, help="seconds of compute per mini-batch")
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader workers per job")
-    parser.add_argument("--remote-files", type=float, default=150.0,
-                        help="bucket speed in files/s: sets --remote-requests and --remote-bandwidth")
     parser.add_argument("--fetch-size", type=int, default=None,
                         help="QuiverBatchSampler's fetch size (default: its own, 4 x batch size)")
     parser.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader batches per worker in flight")
@@ -68,15 +59,12 @@ def main() -> None:
                         help="mountd --chunk-slots for the shim run (default: mountd's)")
     parser.add_argument("--synthetic", action="store_true", help="also run the jobs with no I/O")
     args = parser.parse_args()
-    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        raise SystemExit("needs root and /dev/fuse")
-    sigterm_as_interrupt()
+    preflight()
 
-    spec = DatasetSpec(files=int(args.files * args.scale), file_size=args.file_size)
+    spec = dataset_spec(args)
     dataset = make_dataset(spec)
-    requests = args.remote_files
-    bandwidth = args.remote_files * spec.file_size
-    limits = {"remote_bandwidth": bandwidth, "remote_requests": requests}
+    limits = bucket_limits(args, spec)
+    bandwidth, requests = limits["remote_bandwidth"], limits["remote_requests"]
     small = int(dataset.total_bytes * args.cache_fraction)
     work = BENCH / "shim_vs_lru"
     rels_file = write_rels(work / "rels.txt", dataset.rels)

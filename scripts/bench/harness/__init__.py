@@ -8,6 +8,7 @@
   :class:`quiverfs.torch.QuiverBatchSampler`, or none), a sleep per mini-batch for compute;
   reads through the mount, straight from the bucket with quiverfs's backend code (no cache),
   or not at all (synthetic data). Runs of N concurrent jobs start together.
+* :mod:`.cli` — the command-line knobs the scripts share and their start-up checks.
 * :mod:`.report` — remote counters before/after a run, and the tables the scripts print.
 
 The scripts in ``scripts/bench/`` (``coop_jobs.py``, ``shim_vs_lru.py``) build on it; see
