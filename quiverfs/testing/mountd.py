@@ -54,6 +54,15 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int:
     return proc.wait()
 
 
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log file ("" when it cannot be read): for error messages
+    about a child process that died."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, what: str,
                alive: Callable[[], bool] | None = None) -> object:
     """Poll ``predicate`` with growing intervals until it is truthy; AssertionError on timeout."""

@@ -21,6 +21,8 @@ import blake3
 import pytest
 import trio
 
+from quiverfs.testing.mountd import log_tail, stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 
 #: Seconds a mountd or a mount may take to become ready.
@@ -64,23 +66,6 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = READY_TI
         time.sleep(interval)
 
 
-def _log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _stop(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 # -- mountd -------------------------------------------------------------------------------------
 
 
@@ -107,7 +92,7 @@ class MountdProcess:
 
     def died(self) -> str | None:
         if self.proc is not None and self.proc.poll() is not None:
-            return f"mountd exited with {self.proc.returncode}:\n{_log_tail(self.log)}"
+            return f"mountd exited with {self.proc.returncode}:\n{log_tail(self.log)}"
         return None
 
     def kill(self) -> None:
@@ -118,7 +103,7 @@ class MountdProcess:
 
     def stop(self) -> None:
         if self.proc is not None:
-            _stop(self.proc)
+            stop_process(self.proc)
 
 
 def stop_mountd_of(cache_dir: Path) -> None:
@@ -196,7 +181,7 @@ class MountProcess:
 
     def died(self) -> str | None:
         if self.proc is not None and self.proc.poll() is not None:
-            return f"the mount process exited with {self.proc.returncode}:\n{_log_tail(self.log)}"
+            return f"the mount process exited with {self.proc.returncode}:\n{log_tail(self.log)}"
         return None
 
     def stop(self) -> None:
@@ -204,7 +189,7 @@ class MountProcess:
             force_unmount(self.mountpoint)
         finally:
             if self.proc is not None:
-                _stop(self.proc)
+                stop_process(self.proc)
 
     def __enter__(self) -> MountProcess:
         return self.start()

@@ -35,8 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quiverfs.testing.mountd import log_tail, stop_process
+
 REPO = Path(__file__).resolve().parents[3]
 BENCH = REPO / ".bench"
+
+#: Seconds mountd or a mount may take to stop after SIGTERM before it is killed.
+STOP_TIMEOUT = 15.0
 
 #: Seconds mountd or a mount may take to become ready.
 READY_TIMEOUT = 60.0
@@ -56,24 +61,6 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = READY_TI
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(0.02)
-
-
-def log_tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def stop_process(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """SIGTERM, wait, then SIGKILL."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def sigterm_as_interrupt() -> None:
@@ -284,10 +271,10 @@ class World:
         finally:
             try:
                 if self.mount is not None:
-                    stop_process(self.mount)
+                    stop_process(self.mount, STOP_TIMEOUT)
             finally:
                 if self.mountd is not None:
-                    stop_process(self.mountd)
+                    stop_process(self.mountd, STOP_TIMEOUT)
 
     # -- while it runs -----------------------------------------------------------------------------
 
