@@ -80,6 +80,12 @@ class FileEntry:
 Entry = FileEntry | DirEntry
 
 
+def _identity(path: str) -> tuple[int, int, int, int]:
+    """What tells one digest file from another at the same path (builds rename over it)."""
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 def _db_error(path: str, exc: sqlite3.Error) -> DigestError:
     return DigestError(f"invalid digest {path}: corrupted ({exc})")
 
@@ -96,6 +102,7 @@ class Digest:
         self._sources = sources
         self._dir_count = int(meta["dir_count"])
         self._dir_paths: dict[int, str] = {ROOT_ID: ""}
+        self._identity = _identity(path)
 
     # -- opening -------------------------------------------------------------------------
 
@@ -171,6 +178,21 @@ class Digest:
             conn.close()
             raise
         return cls(path, conn, meta, sources)
+
+    def reopen(self, *, mmap_size: int = DEFAULT_MMAP) -> Digest:
+        """A second, independent connection to this already validated digest, without
+        checking it again: for another process (a SQLite connection must not cross a fork)
+        or thread. Raises :class:`DigestError` if the file at :attr:`path` is no longer the
+        one that was validated (replaced since)."""
+        if _identity(self.path) != self._identity:
+            raise DigestError(f"digest {self.path} was replaced after it was opened")
+        uri = f"file:{quote(os.path.abspath(self.path))}?mode=ro&immutable=1"
+        try:
+            conn = sqlite3.connect(uri, uri=True)
+            conn.execute(f"PRAGMA mmap_size = {int(mmap_size)}")
+        except sqlite3.Error as exc:
+            raise _db_error(self.path, exc) from None
+        return Digest(self.path, conn, dict(self._meta), dict(self._sources))
 
     def close(self) -> None:
         """Close the connection; the object is unusable afterwards."""

@@ -13,7 +13,7 @@ specified in docs/control-protocol.md; this module holds both ends:
 * :class:`ControlChannel` — the mount side, called by ``QuiverOperations.getxattr`` for names
   starting with :data:`CONTROL_PREFIX` on the root inode (:func:`control_for` makes one per
   mount). It parses the name, forwards the request to mountd over the mount's async client,
-  and returns the response bytes or raises ``pyfuse3.FUSEError(errno)``.
+  and returns the response bytes or raises ``FsError(errno)``.
 * :class:`ControlClient` — the caller side (no pyfuse3, no trio): builds names with a fresh
   nonce, follows paged responses, and raises ``OSError(errno)``.
 
@@ -228,16 +228,16 @@ class ControlChannel:
         return []
 
     async def getxattr(self, name: bytes) -> bytes:
-        """The response to the request ``name``; ``pyfuse3.FUSEError(errno)`` on failure."""
-        import pyfuse3
+        """The response to the request ``name``; :class:`~quiverfs.tree.FsError` on failure."""
+        from quiverfs.tree import FsError
 
         outcome = await self.handle(name)
         if isinstance(outcome, int):
-            raise pyfuse3.FUSEError(outcome)
+            raise FsError(outcome)
         return outcome
 
     async def handle(self, name: bytes) -> bytes | int:
-        """Response bytes or an errno (the pyfuse3-free core of :meth:`getxattr`)."""
+        """Response bytes or an errno (the core of :meth:`getxattr`)."""
         now = self.clock()
         self._expire(now)
         done = self._done.get(name)

@@ -29,6 +29,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -36,10 +37,12 @@ import time
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
 
+from quiverfs import fuse_channel, fuse_wire, fuse_worker
 from quiverfs.errors import QuiverError, UsageError, first_error
 
 log = logging.getLogger("quiverfs.mount")
@@ -49,12 +52,6 @@ HITS_INTERVAL = 1.0
 
 #: Hashes per ``hits`` notification (well under the protocol's MAX_ITEMS).
 HITS_BATCH = 50_000
-
-#: pyfuse3 worker tasks kept waiting for requests, and the most it starts. pyfuse3 starts a
-#: task whenever none is idle and ends idle ones above ``min_tasks``; a floor near the
-#: number of concurrent readers avoids starting and ending a task per request.
-MIN_TASKS = 8
-MAX_TASKS = 128
 
 #: Seconds :func:`mount_detached` waits for the child to serve.
 READY_TIMEOUT = 60.0
@@ -80,6 +77,7 @@ class MountOptions:
     cache_size: str | None = None  #: for a mountd started on demand; None: mountd's default
     allow_other: bool = False  #: let other users read the mount (root, or user_allow_other)
     debug: bool = False  #: log every failure with details
+    workers: int = 0  #: processes serving FUSE requests; 0: one per core, 2 to 4
 
     def resolved(self) -> MountOptions:
         """The same options with absolute paths (a detached child runs in ``/``)."""
@@ -89,7 +87,7 @@ class MountOptions:
         return MountOptions(
             Path(os.path.abspath(os.path.expanduser(self.digest))),
             Path(os.path.abspath(os.path.expanduser(self.mountpoint))),
-            cache_dir, self.cache_size, self.allow_other, self.debug,
+            cache_dir, self.cache_size, self.allow_other, self.debug, self.workers,
         )
 
 
@@ -130,7 +128,7 @@ def fuse_unavailable() -> str | None:
         return "/dev/fuse does not exist (load the fuse module, or give the container the device)"
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         return "/dev/fuse is not readable and writable by this user"
-    if os.geteuid() != 0 and shutil.which("fusermount3") is None:
+    if shutil.which("fusermount3") is None:
         return "fusermount3 is not installed (apt-get install fuse3)"
     return None
 
@@ -224,8 +222,6 @@ async def _announce_ready(mountpoint: Path, status: _Status, dataset: str) -> No
 
 async def serve(options: MountOptions, digest, status: _Status | None = None) -> None:
     """Mount ``digest`` at ``options.mountpoint`` and serve until unmounted or signalled."""
-    import pyfuse3
-
     from mountd.client import open_client, probe
     from quiverfs.fs import QuiverOperations
 
@@ -245,36 +241,126 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         )
 
         def extra_stats() -> dict:
-            return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint)}
+            return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint), "workers": len(pids)}
 
-        ops = QuiverOperations(digest, cache_dir, MountdFetcher(client, dataset), extra_stats=extra_stats)
-        fuse_options = set(pyfuse3.default_options)
-        fuse_options |= {"ro", f"fsname=quiverfs:{dataset[:16]}", "subtype=quiverfs"}
+        workers = options.workers or fuse_worker.default_workers()
+        counters = fuse_worker.SharedCounters(workers + 1)
+        ops = QuiverOperations(digest, cache_dir, MountdFetcher(client, dataset), counters,
+                               extra_stats=extra_stats)
+        fuse_options = {"ro", "nosuid", "nodev", "default_permissions",
+                        f"fsname=quiverfs:{dataset[:16]}", "subtype=quiverfs"}
         if options.allow_other:
             fuse_options.add("allow_other")
+        pids: list[int] = []
         try:
-            pyfuse3.init(ops, os.fspath(mountpoint), fuse_options)
-        except RuntimeError as exc:
+            fuse_fd = fuse_channel.mount(mountpoint, fuse_options)
+        except QuiverError as exc:
             ops.close()
-            raise MountError(f"cannot mount at {mountpoint}: {exc}") from None
-        # Everything allocated so far lives as long as the mount: keep it out of the
-        # collector's scans, which otherwise grow with the imported modules on every request.
-        gc.collect()
-        gc.freeze()
+            raise MountError(str(exc)) from None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            fuse_channel.handshake(fuse_fd)
+            # Everything allocated so far lives as long as the mount: keep it out of the
+            # collector's scans (and out of copy-on-write faults in the workers).
+            gc.collect()
+            gc.freeze()
+            pids = fuse_worker.fork_workers(
+                workers, partial(_worker_main, fuse_fd, digest, cache_dir, counters, ours, theirs))
+            theirs.close()
+            stop = partial(_stop_serving, mountpoint, pids)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
-                nursery.start_soon(_watch_signals, pyfuse3.terminate)
+                nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
-                await pyfuse3.main(min_tasks=MIN_TASKS, max_tasks=MAX_TASKS)
+                await _serve_forwarded(ops, trio.socket.from_stdlib_socket(ours), fuse_fd)
                 nursery.cancel_scope.cancel()
         finally:
             # Unmounts if we are leaving for any reason other than an external unmount. The
             # last second of hit reports is dropped: they are advisory, and sending them could
             # mean waiting for a mountd to start.
-            pyfuse3.close(unmount=True)
+            if mounted_fstype(mountpoint) is not None:
+                fuse_channel.unmount(mountpoint, lazy=True)
+            _reap(pids)
+            ours.close()
+            theirs.close()
+            os.close(fuse_fd)
             ops.close()
             log.info("unmounted %s", mountpoint)
+
+
+def _worker_main(fuse_fd: int, digest, cache_dir: Path, counters, ours: socket.socket,
+                 theirs: socket.socket, slot: int) -> None:
+    """A forked worker (quiverfs/fuse_worker.py): its own digest connection, then serve."""
+    from quiverfs.tree import Tree
+
+    ours.close()
+    # The parent's connection must not be used here (nor closed: it is the parent's).
+    with digest.reopen() as own:
+        tree = Tree(own, cache_dir)
+        fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot)).run()
+
+
+async def _serve_forwarded(ops, sock, fuse_fd: int) -> None:
+    """Answer what the workers forward until the last of them is gone (the mount ended)."""
+    async with trio.open_nursery() as nursery:
+        while True:
+            message = await sock.recv(fuse_wire.REQUEST_BUFFER + 64)
+            if not message:
+                return
+            kind, body = message[:1], message[1:]
+            if kind == fuse_worker.HITS:
+                ops.add_hits(body)
+            elif kind == fuse_worker.FORWARD:
+                nursery.start_soon(_answer, ops, body, fuse_fd)
+
+
+async def _answer(ops, request: bytes, fuse_fd: int) -> None:
+    out = await ops.answer(request)
+    try:
+        if isinstance(out, list):
+            os.writev(fuse_fd, out)
+        else:
+            os.write(fuse_fd, out)
+    except OSError as exc:
+        # ENOENT: the kernel gave up on the request (interrupted); ENODEV: unmounted.
+        if exc.errno not in (errno.ENOENT, errno.ENODEV):
+            log.warning("cannot answer a FUSE request: %s", exc)
+
+
+def _stop_serving(mountpoint: Path, pids: list[int]) -> None:
+    """Unmount (lazily: open files do not block it) and stop the workers."""
+    fuse_channel.unmount(mountpoint, lazy=True)
+    for pid in pids:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+
+
+def _reap(pids: list[int], timeout: float = 5.0) -> None:
+    """Wait for the workers to exit (SIGTERM after ``timeout``/2, SIGKILL after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    alive = set(pids)
+    signalled = killed = False
+    while alive:
+        for pid in list(alive):
+            with suppress(ChildProcessError):
+                done, _ = os.waitpid(pid, os.WNOHANG)
+                if not done:
+                    continue
+            alive.discard(pid)
+        if not alive:
+            return
+        left = deadline - time.monotonic()
+        if left < timeout / 2 and not signalled:
+            signalled = True
+            for pid in alive:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+        if left < 0 and not killed:
+            killed = True
+            for pid in alive:
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
 
 
 def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
@@ -346,8 +432,6 @@ def setup_logging(debug: bool) -> None:
         stream=sys.stderr, level=logging.DEBUG if debug else logging.INFO, force=True,
         format="%(asctime)s quiverfs-mount[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
-    if not debug:
-        logging.getLogger("pyfuse3").setLevel(logging.WARNING)
 
 
 def _serve_in_child(options: MountOptions, status_fd: int, log_fd: int) -> None:

@@ -25,6 +25,9 @@ _CACHE_DIR_HELP = "Cache directory shared with mountd (default: $XDG_CACHE_HOME/
 #: hang ``quiverfs stats``).
 STATS_TIMEOUT = 1.0
 
+#: Most processes a mount may serve its requests with (`--workers`).
+MAX_WORKERS = 32
+
 
 def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
     if cache_size is not None:
@@ -35,7 +38,7 @@ def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
 
 def mount(
     digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
-    foreground: bool = False, allow_other: bool = False, debug: bool = False,
+    foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
@@ -45,7 +48,9 @@ def mount(
     from quiverfs.mount import MountOptions, mount_detached, run_foreground, setup_logging
 
     _check_size(cache_size, cache_dir)
-    options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug)
+    if not 0 <= workers <= MAX_WORKERS:
+        raise UsageError(f"--workers must be between 1 and {MAX_WORKERS} (0: one per core), not {workers}")
+    options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers)
     if foreground:
         setup_logging(debug)
         run_foreground(options)
@@ -119,6 +124,9 @@ def register(app: typer.Typer) -> None:
         allow_other: bool = typer.Option(
             False, "--allow-other", help="Let other users read the mount (root, or user_allow_other in /etc/fuse.conf)."
         ),
+        workers: int = typer.Option(
+            0, "--workers", help="Processes serving the mount's requests (default 0: one per core, 2 to 4).",
+        ),
     ) -> None:
         """Mount a dataset read-only: its files are read through the machine's shared cache.
 
@@ -129,7 +137,7 @@ def register(app: typer.Typer) -> None:
         """
         debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
-                     foreground=foreground, allow_other=allow_other, debug=debug)
+                     foreground=foreground, allow_other=allow_other, debug=debug, workers=workers)
         if not foreground:
             typer.echo(line)
 
@@ -179,7 +187,8 @@ IGNORED_OPTIONS = frozenset({
 })
 
 HELPER = "mount.fuse.quiverfs"
-HELPER_USAGE = f"usage: {HELPER} DIGEST MOUNTPOINT [-o cache_dir=DIR,cache_size=SIZE,allow_other,foreground,debug]"
+HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
+                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,allow_other,foreground,debug]")
 
 
 def parse_helper_args(argv: list[str]) -> dict[str, Any]:
@@ -210,13 +219,17 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
         raise UsageError(HELPER_USAGE)
     result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
                               "cache_dir": None, "cache_size": None, "allow_other": False,
-                              "foreground": False, "debug": False, "fake": fake}
+                              "foreground": False, "debug": False, "workers": 0, "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
         if key in ("cache_dir", "cache_size"):
             if not eq or not value:
                 raise UsageError(f"option {key} needs a value ({key}=...)")
             result[key] = Path(value) if key == "cache_dir" else value
+        elif key == "workers":
+            if not eq or not value.isdigit():
+                raise UsageError(f"option workers needs a number (workers=N), not {opt!r}")
+            result[key] = int(value)
         elif key in ("allow_other", "foreground", "debug") and not eq:
             result[key] = True
         elif key in IGNORED_OPTIONS or key.startswith("x-") or key == "comment":

@@ -2,7 +2,7 @@
 # Install everything a fresh Debian 12 machine needs to run and test quiverfs.
 #
 # Idempotent: each step checks what is already there and does only what is missing.
-#   scripts/setup.sh              system packages, .venv with the test extras, Azurite
+#   scripts/setup.sh              system packages, .venv with the test and bench extras, Azurite
 #   scripts/setup.sh --torch      the same plus the pinned PyTorch extra (for the main job)
 set -euo pipefail
 
@@ -24,7 +24,7 @@ as_root() {
         echo "setup.sh: need root (or sudo) to run: $*" >&2; exit 1; fi
 }
 
-# --- system packages: FUSE 3 and what pyfuse3 compiles against --------------------------
+# --- system packages: FUSE 3 (fusermount3), and libfuse for the benchmarks' pyfuse3 -----------
 apt_packages=(fuse3 libfuse3-dev pkg-config)
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -43,14 +43,14 @@ if [ ! -x .venv/bin/python ]; then
     say "creating .venv with $("$python" --version)"
     "$python" -m venv .venv
 fi
-extras="test"
-[ "$want_torch" = 1 ] && extras="test,torch"
+extras="test,bench"
+[ "$want_torch" = 1 ] && extras="test,bench,torch"
 # Reinstall only when pyproject.toml or the extras changed since the last successful run.
 stamp=".venv/.quiverfs-installed"
 fingerprint="$(sha256sum pyproject.toml | cut -c1-16) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$fingerprint" ]; then
     # With torch already installed, a run without --torch must not drop it: keep the larger set.
-    if [ "$want_torch" = 0 ] && [ -f "$stamp" ] && grep -q torch "$stamp"; then extras="test,torch"; fi
+    if [ "$want_torch" = 0 ] && [ -f "$stamp" ] && grep -q torch "$stamp"; then extras="test,bench,torch"; fi
     say "installing quiverfs[$extras] into .venv (editable)"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q -e ".[$extras]"

@@ -45,6 +45,7 @@ WORK = os.path.join(REPO, ".bench", "mount_hits")
 FILE_SIZE = 110 * 1024
 TARGET_FIRST = 0.15
 TARGET_SECOND = 0.30
+WORKERS = 0  # --workers of the mount (0: its default)
 
 
 def quiverfs(*args: str) -> list[str]:
@@ -126,7 +127,8 @@ class Mount:
             cmd = [sys.executable, os.path.abspath(__file__), "--passthrough-serve", self.mountpoint,
                    self.digest, self.cache]
         else:
-            cmd = quiverfs("mount", "--foreground", "--cache-dir", self.cache, self.digest, self.mountpoint)
+            cmd = quiverfs("mount", "--foreground", "--cache-dir", self.cache, "--workers", str(WORKERS),
+                           self.digest, self.mountpoint)
             if self.profile:
                 cmd = [sys.executable, "-m", "cProfile", "-o", self.profile, *cmd[1:]]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -224,7 +226,10 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2, help="fresh mounts per filesystem (best reported)")
     parser.add_argument("--profile", action="store_true", help="profile the mount process (cProfile)")
+    parser.add_argument("--workers", type=int, default=0, help="processes serving the mount (0: its default)")
     args = parser.parse_args()
+    global WORKERS
+    WORKERS = args.workers
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         raise SystemExit("needs root and /dev/fuse")
 

@@ -1,0 +1,86 @@
+"""Opening a FUSE connection: mount through ``fusermount3``, answer INIT, unmount.
+
+``fusermount3`` (setuid, from the fuse3 package) does the mount for root and for users alike:
+it opens ``/dev/fuse``, mounts it with our options and hands the descriptor back over a
+unix socket (the ``_FUSE_COMMFD`` protocol libfuse uses). The kernel's first request on the
+new connection is INIT, which :func:`handshake` answers before anything else is served.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import socket
+import subprocess
+from collections.abc import Iterable
+
+from quiverfs import fuse_wire
+from quiverfs.errors import QuiverError
+
+log = logging.getLogger("quiverfs.fuse")
+
+FUSERMOUNT = "fusermount3"
+
+
+class FuseMountError(QuiverError):
+    """The kernel or fusermount3 refused the mount."""
+
+
+def mount(mountpoint: str | os.PathLike[str], options: Iterable[str]) -> int:
+    """Mount a FUSE filesystem at ``mountpoint``; the connection's ``/dev/fuse`` descriptor."""
+    mountpoint = os.fspath(mountpoint)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours:
+        try:
+            env = dict(os.environ, _FUSE_COMMFD=str(theirs.fileno()))
+            proc = subprocess.run(
+                [FUSERMOUNT, "-o", ",".join(sorted(options)), "--", mountpoint],
+                env=env, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                capture_output=True, text=True, timeout=30, check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise FuseMountError(f"cannot run {FUSERMOUNT}: {exc}") from None
+        finally:
+            theirs.close()
+        _, fds, _, _ = socket.recv_fds(ours, 8, 1)
+    if proc.returncode != 0 or not fds:
+        for fd in fds:
+            os.close(fd)
+        detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        raise FuseMountError(f"cannot mount at {mountpoint}: {detail}")
+    os.set_inheritable(fds[0], False)
+    return fds[0]
+
+
+def handshake(fd: int) -> tuple[int, int]:
+    """Read the kernel's INIT from ``fd`` and answer it; ``(minor, flags)`` agreed on."""
+    while True:
+        try:
+            request = os.read(fd, fuse_wire.REQUEST_BUFFER)
+            break
+        except InterruptedError:
+            continue
+    _, opcode, unique, _ = fuse_wire.parse_header(request)
+    if opcode != fuse_wire.INIT:
+        raise FuseMountError(f"the kernel's first FUSE request was {opcode}, not INIT")
+    major, minor, max_readahead, flags = fuse_wire.INIT_IN.unpack_from(request, fuse_wire.HEADER_SIZE)
+    if major != fuse_wire.KERNEL_MAJOR:
+        os.write(fd, fuse_wire.error(unique, errno.EPROTO))
+        raise FuseMountError(f"unsupported FUSE protocol {major}.{minor} (need {fuse_wire.KERNEL_MAJOR}.x)")
+    body = fuse_wire.init_body(minor, flags, max_readahead)
+    os.write(fd, fuse_wire.reply(unique, body))
+    agreed_minor = min(minor, fuse_wire.KERNEL_MINOR)
+    log.debug("FUSE %d.%d, flags %#x", major, agreed_minor, flags & fuse_wire.WANTED_FLAGS)
+    return agreed_minor, flags & fuse_wire.WANTED_FLAGS
+
+
+def unmount(mountpoint: str | os.PathLike[str], *, lazy: bool = True) -> bool:
+    """Unmount ``mountpoint`` (lazily by default: files still open keep working until closed)."""
+    args = [FUSERMOUNT, "-u", "-q", *(["-z"] if lazy else []), "--", os.fspath(mountpoint)]
+    try:
+        done = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("cannot unmount %s: %s", mountpoint, exc)
+        return False
+    return done.returncode == 0

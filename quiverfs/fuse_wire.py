@@ -1,0 +1,193 @@
+"""The FUSE kernel protocol, as far as a read-only filesystem needs it: opcodes, structs, replies.
+
+quiverfs speaks the protocol of ``/dev/fuse`` itself instead of going through libfuse (see
+docs/mount.md "Why not libfuse"): the layouts below are those of ``<linux/fuse.h>``,
+protocol 7.38, little-endian, every struct padded to 8 bytes. Nothing here does I/O; the
+encoders return ``bytes`` ready to be written to the device in one ``write``, which is what
+the kernel requires of a reply.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+import struct
+from dataclasses import dataclass
+
+#: Protocol version we answer INIT with (the kernel uses the smaller of its and ours).
+KERNEL_MAJOR = 7
+KERNEL_MINOR = 38
+
+# -- opcodes (enum fuse_opcode) -----------------------------------------------------------------
+LOOKUP = 1
+FORGET = 2
+GETATTR = 3
+SETATTR = 4
+READLINK = 5
+SYMLINK = 6
+MKNOD = 8
+MKDIR = 9
+UNLINK = 10
+RMDIR = 11
+RENAME = 12
+LINK = 13
+OPEN = 14
+READ = 15
+WRITE = 16
+STATFS = 17
+RELEASE = 18
+FSYNC = 20
+SETXATTR = 21
+GETXATTR = 22
+LISTXATTR = 23
+REMOVEXATTR = 24
+FLUSH = 25
+INIT = 26
+OPENDIR = 27
+READDIR = 28
+RELEASEDIR = 29
+FSYNCDIR = 30
+ACCESS = 34
+CREATE = 35
+INTERRUPT = 36
+DESTROY = 38
+IOCTL = 39
+BATCH_FORGET = 42
+FALLOCATE = 43
+READDIRPLUS = 44
+RENAME2 = 45
+COPY_FILE_RANGE = 47
+TMPFILE = 51
+
+#: Requests that would change the tree or a file: always EROFS (the mount is also ``ro``, so
+#: the VFS refuses most of them before they reach us).
+MUTATING = frozenset({SETATTR, SYMLINK, MKNOD, MKDIR, UNLINK, RMDIR, RENAME, LINK, WRITE, FSYNC,
+                      SETXATTR, REMOVEXATTR, FSYNCDIR, CREATE, FALLOCATE, RENAME2,
+                      COPY_FILE_RANGE, TMPFILE})
+
+#: Requests the kernel expects no reply to.
+NO_REPLY = frozenset({FORGET, BATCH_FORGET, INTERRUPT})
+
+# -- INIT flags -----------------------------------------------------------------------------------
+ASYNC_READ = 1 << 0
+DO_READDIRPLUS = 1 << 13
+READDIRPLUS_AUTO = 1 << 14
+PARALLEL_DIROPS = 1 << 18
+MAX_PAGES = 1 << 22
+
+#: What we ask for (and take only where the kernel offers it): parallel reads and lookups,
+#: READDIRPLUS (a listing hands the kernel every entry's attributes, so no LOOKUP follows it),
+#: and reads of up to ``MAX_PAGES_WANTED`` pages per request.
+WANTED_FLAGS = ASYNC_READ | DO_READDIRPLUS | READDIRPLUS_AUTO | PARALLEL_DIROPS | MAX_PAGES
+MAX_PAGES_WANTED = 256  # 1 MiB reads
+MAX_WRITE = 128 * 1024
+
+#: A request buffer must hold the largest request (a WRITE of MAX_WRITE plus headers).
+REQUEST_BUFFER = MAX_WRITE + 4096
+
+# -- structs ----------------------------------------------------------------------------------------
+IN_HEADER = struct.Struct("<IIQQIIIHH")  # len, opcode, unique, nodeid, uid, gid, pid, extlen, pad
+OUT_HEADER = struct.Struct("<IiQ")  # len, error (negative errno), unique
+ATTR = struct.Struct("<QQQQQQIIIIIIIIII")  # fuse_attr, 88 bytes
+ENTRY_HEAD = struct.Struct("<QQQQII")  # nodeid, generation, entry/attr valid (s, ns)
+ATTR_OUT_HEAD = struct.Struct("<QII")  # attr_valid, attr_valid_nsec, dummy
+READ_IN = struct.Struct("<QQI")  # fh, offset, size (then read_flags, lock_owner, flags)
+GETXATTR_IN = struct.Struct("<II")  # size, padding
+GETXATTR_OUT = struct.Struct("<II")  # size, padding
+INIT_IN = struct.Struct("<IIII")  # major, minor, max_readahead, flags
+INIT_OUT = struct.Struct("<IIIIHHIIHHI7I")  # fuse_init_out, 64 bytes
+OPEN_OUT = struct.Struct("<QII")  # fh, open_flags, padding
+DIRENT_HEAD = struct.Struct("<QQII")  # ino, off, namelen, type
+STATFS_OUT = struct.Struct("<QQQQQIIII6I")  # fuse_kstatfs, 80 bytes
+
+HEADER_SIZE = IN_HEADER.size  # 40
+
+
+@dataclass(frozen=True, slots=True)
+class Attributes:
+    """What the kernel is told about one inode (``struct fuse_attr``)."""
+
+    ino: int
+    mode: int
+    size: int
+    uid: int
+    gid: int
+    mtime_ns: int
+    blksize: int = 4096
+
+    def pack(self) -> bytes:
+        seconds, nanos = divmod(self.mtime_ns, 10**9)
+        return ATTR.pack(self.ino, self.size, (self.size + 511) // 512, seconds, seconds, seconds,
+                         nanos, nanos, nanos, self.mode, 1, self.uid, self.gid, 0, self.blksize, 0)
+
+
+def parse_header(request: bytes) -> tuple[int, int, int, int]:
+    """``(length, opcode, unique, nodeid)`` of a request."""
+    length, opcode, unique, nodeid = IN_HEADER.unpack_from(request)[:4]
+    return length, opcode, unique, nodeid
+
+
+def cstring(request: bytes, offset: int) -> bytes:
+    """The NUL-terminated name starting at ``offset`` (a LOOKUP's or GETXATTR's name)."""
+    end = request.find(b"\0", offset)
+    return request[offset:] if end < 0 else request[offset:end]
+
+
+# -- replies ---------------------------------------------------------------------------------------
+
+
+def reply(unique: int, body: bytes = b"") -> bytes:
+    """A successful reply carrying ``body``."""
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), 0, unique) + body
+
+
+def error(unique: int, code: int) -> bytes:
+    """A failed reply: ``code`` is a positive errno."""
+    if not 0 < code < 4096:
+        code = errno.EIO
+    return OUT_HEADER.pack(OUT_HEADER.size, -code, unique)
+
+
+def entry_body(attributes: Attributes | None, timeout: int) -> bytes:
+    """``fuse_entry_out``; ``None`` is a negative entry the kernel caches for ``timeout``."""
+    if attributes is None:
+        return ENTRY_HEAD.pack(0, 0, timeout, 0, 0, 0) + bytes(ATTR.size)
+    return ENTRY_HEAD.pack(attributes.ino, 0, timeout, timeout, 0, 0) + attributes.pack()
+
+
+def attr_body(attributes: Attributes, timeout: int) -> bytes:
+    """``fuse_attr_out``."""
+    return ATTR_OUT_HEAD.pack(timeout, 0, 0) + attributes.pack()
+
+
+def xattr_body(value: bytes, asked: int) -> bytes | int:
+    """The reply body to a GETXATTR/LISTXATTR of ``asked`` bytes, or ``ERANGE``.
+
+    Asked for 0 bytes, the caller wants the size (``getxattr(2)`` with a zero buffer)."""
+    if asked == 0:
+        return GETXATTR_OUT.pack(len(value), 0)
+    if len(value) > asked:
+        return errno.ERANGE
+    return value
+
+
+def dirent(name: bytes, attributes: Attributes, cookie: int, timeout: int | None) -> bytes:
+    """One ``fuse_dirent`` (``timeout`` None) or ``fuse_direntplus``, padded to 8 bytes."""
+    head = DIRENT_HEAD.pack(attributes.ino, cookie, len(name), stat.S_IFMT(attributes.mode) >> 12)
+    record = head + name + b"\0" * (-len(name) % 8)
+    if timeout is None:
+        return record
+    return entry_body(attributes, timeout) + record
+
+
+def statfs_body(blocks: int, files: int, block_size: int, name_max: int) -> bytes:
+    """``fuse_statfs_out``: a full filesystem (nothing free: it is read-only)."""
+    return STATFS_OUT.pack(blocks, 0, 0, files, 0, block_size, name_max, block_size, 0, *([0] * 6))
+
+
+def init_body(kernel_minor: int, kernel_flags: int, max_readahead: int) -> bytes:
+    """``fuse_init_out`` answering the kernel's INIT."""
+    minor = min(kernel_minor, KERNEL_MINOR)
+    flags = WANTED_FLAGS & kernel_flags
+    return INIT_OUT.pack(KERNEL_MAJOR, minor, max_readahead, flags, 16, 12, MAX_WRITE, 1,
+                         MAX_PAGES_WANTED, 0, 0, *([0] * 7))

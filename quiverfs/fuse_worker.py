@@ -1,0 +1,301 @@
+"""The processes that serve a mount's FUSE requests: the hot path, in parallel.
+
+A mount's process (quiverfs/mount.py) answers the kernel's INIT and then forks a few workers
+that all read requests from the same ``/dev/fuse`` descriptor; the kernel hands each request
+to exactly one blocked reader. A worker answers everything that needs only the digest and the
+store, synchronously and inline: LOOKUP, GETATTR, READDIR(PLUS), STATFS and every READ of a
+file whose store file exists (one ``os.pread``, no RPC, no thread hop). The rest goes to the
+mount's main process over a ``SOCK_SEQPACKET`` socket, as the raw request, and the main
+process answers it on the same descriptor: READs of files not in the store (a miss: mountd's
+``ensure``), and the extended attributes (the control channel keeps its state there).
+
+Why several processes: one Python process serving FUSE tops out far below what the kernel can
+take (docs/mount.md "Why not libfuse"), and the tree holds no per-inode state, so any process
+can answer any request.
+
+Zero-message opens: OPEN and OPENDIR are answered ENOSYS once, which tells the kernel (since
+Linux 4.19/5.1) to stop sending OPEN, RELEASE, OPENDIR and RELEASEDIR at all and to keep file
+pages and directory listings cached (``FOPEN_KEEP_CACHE``/``FOPEN_CACHE_DIR``): the content
+never changes. A second read of a file whose pages the kernel kept never reaches us. FLUSH is
+answered ENOSYS for the same reason, and IOCTL with ENOTTY (Python's ``open()`` asks
+whether every file is a terminal).
+
+Counters live in a shared memory block, one slot per process (a single writer each), so the
+main process can sum them at any time; hit reports for mountd are batched and sent to the main
+process every :data:`FLUSH_INTERVAL` (from a timer signal, which is also what interrupts a
+worker blocked in ``read`` while the mount is idle).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import mmap
+import os
+import signal
+import socket
+import struct
+from collections.abc import Callable
+
+from quiverfs import fuse_wire as w
+from quiverfs.tree import TIMEOUT, FsError, Tree
+
+log = logging.getLogger("quiverfs.fuse")
+
+#: Seconds between a worker's hit reports to the main process.
+FLUSH_INTERVAL = 0.25
+
+#: Hit reports sent at once when this many are pending, whatever the time.
+FLUSH_BATCH = 512
+
+#: Store file descriptors a worker keeps open, by inode (the READs of a large file follow each
+#: other; evicted store files stay readable through an open descriptor, and their content is
+#: the verified content of the digest, so serving from one is never wrong).
+OPEN_FILES = 64
+
+#: Message kinds on the socket between workers and the main process.
+FORWARD = b"Q"  # a raw request for the main process to answer
+HITS = b"H"  # u64 bytes, then 32-byte hashes opened from the store
+
+#: Counter slots: what ``user.quiver.stats`` shows (see quiverfs.fs.MountCounters).
+COUNTERS = ("opens", "reads", "hits", "misses", "bytes", "errors")
+OPENS, READS, HITS_N, MISSES, BYTES, ERRORS = range(len(COUNTERS))
+
+
+class SharedCounters:
+    """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._width = 8 * len(COUNTERS)
+        self._map = mmap.mmap(-1, self._width * slots)
+
+    def slot(self, index: int) -> memoryview:
+        """Row ``index`` as a writable array of u64 (only its owner writes it)."""
+        start = index * self._width
+        return memoryview(self._map)[start:start + self._width].cast("Q")
+
+    def totals(self) -> dict[str, int]:
+        sums = [0] * len(COUNTERS)
+        for index in range(self.slots):
+            for i, value in enumerate(struct.unpack_from(f"<{len(COUNTERS)}Q", self._map, index * self._width)):
+                sums[i] += value
+        return dict(zip(COUNTERS, sums, strict=True))
+
+
+class Worker:
+    """One serving process: reads requests from ``fuse_fd`` and answers or forwards them."""
+
+    def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview) -> None:
+        self.fd = fuse_fd
+        self.tree = tree
+        self.main = main
+        self.counters = counters
+        self._files: dict[int, int] = {}
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._in_read = False
+        self._flush_due = False
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Serve until the connection ends (unmounted: ENODEV)."""
+        signal.signal(signal.SIGALRM, self._on_timer)
+        signal.setitimer(signal.ITIMER_REAL, FLUSH_INTERVAL, FLUSH_INTERVAL)
+        fd, read, handle = self.fd, os.read, self.handle
+        try:
+            while True:
+                self._in_read = True
+                try:
+                    request = read(fd, w.REQUEST_BUFFER)
+                except OSError as exc:
+                    self._in_read = False
+                    if exc.errno == errno.ENODEV:
+                        return
+                    if exc.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
+                        continue  # ENOENT: the request was interrupted before we read it
+                    raise
+                self._in_read = False
+                out = handle(request)
+                if out is not None:
+                    self._send(out)
+                if self._flush_due:
+                    self.flush()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self.flush()
+
+    def _send(self, out: bytes | list[bytes]) -> None:
+        try:
+            if type(out) is list:
+                os.writev(self.fd, out)
+            else:
+                os.write(self.fd, out)  # type: ignore[arg-type]
+        except OSError as exc:
+            # ENOENT: the kernel gave up on the request (interrupted); ENODEV: unmounted.
+            if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                log.warning("cannot answer a FUSE request: %s", exc)
+
+    def _on_timer(self, signum: int, frame: object) -> None:
+        # Only flush while the loop is parked in read(): otherwise it may be touching the
+        # pending list, so ask it to flush when it is done with the request in hand.
+        if self._pending:
+            if self._in_read:
+                self.flush()
+            else:
+                self._flush_due = True
+
+    def flush(self) -> None:
+        """Send the pending hit reports to the main process."""
+        self._flush_due = False
+        if not self._pending:
+            return
+        hashes, nbytes = self._pending, self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
+        try:
+            self.main.send(HITS + struct.pack("<Q", nbytes) + b"".join(hashes))
+        except OSError as exc:
+            log.debug("dropped %d hit reports: %s", len(hashes), exc)
+
+    # -- requests ----------------------------------------------------------------------------
+
+    def handle(self, request: bytes) -> bytes | list[bytes] | None:
+        """The reply to ``request`` (None: forwarded, or nothing to answer)."""
+        _, opcode, unique, nodeid = w.parse_header(request)
+        try:
+            if opcode == w.READ:
+                return self._read(request, unique, nodeid)
+            if opcode == w.LOOKUP:
+                entry = self.tree.lookup(nodeid, w.cstring(request, w.HEADER_SIZE))
+                attributes = None if entry is None else self.tree.attributes(entry)
+                return w.reply(unique, w.entry_body(attributes, TIMEOUT))
+            if opcode == w.IOCTL:
+                return w.error(unique, errno.ENOTTY)
+            if opcode == w.GETATTR:
+                return w.reply(unique, w.attr_body(self.tree.attributes(self.tree.entry(nodeid)), TIMEOUT))
+            if opcode == w.READDIRPLUS or opcode == w.READDIR:
+                _, offset, size = w.READ_IN.unpack_from(request, w.HEADER_SIZE)
+                return w.reply(unique, self.tree.listing(nodeid, offset, size, opcode == w.READDIRPLUS))
+            if opcode in w.NO_REPLY:
+                return None
+            if opcode in (w.OPEN, w.OPENDIR, w.FLUSH, w.ACCESS):
+                return w.error(unique, errno.ENOSYS)  # see the module docstring
+            if opcode in (w.GETXATTR, w.LISTXATTR):
+                return self._forward(request, unique)
+            if opcode == w.STATFS:
+                return w.reply(unique, self.tree.statfs())
+            if opcode in (w.RELEASE, w.RELEASEDIR, w.DESTROY):
+                return w.reply(unique)
+            if opcode in w.MUTATING:
+                return w.error(unique, errno.EROFS)
+            if opcode == w.READLINK:
+                return w.error(unique, errno.EINVAL)
+            return w.error(unique, errno.ENOSYS)
+        except FsError as exc:
+            return w.error(unique, exc.errno)
+        except Exception:
+            log.exception("FUSE request %d failed", opcode)
+            self.counters[ERRORS] += 1
+            return w.error(unique, errno.EIO)
+
+    def _read(self, request: bytes, unique: int, inode: int) -> list[bytes] | bytes | None:
+        _, offset, size = w.READ_IN.unpack_from(request, w.HEADER_SIZE)
+        counters = self.counters
+        fd = self._files.get(inode)
+        if fd is None:
+            entry = self.tree.file(inode)
+            if entry.size == 0:
+                counters[READS] += 1
+                return w.reply(unique)
+            try:
+                fd = os.open(self.tree.store_path(entry.hash), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return self._forward(request, unique)  # a miss: the main process asks mountd
+            except OSError as exc:
+                counters[ERRORS] += 1
+                log.warning("cannot open the store file of %s: %s", entry.path, exc)
+                return w.error(unique, errno.EIO)
+            self._keep_open(inode, fd)
+        if offset == 0:
+            # A file's first READ: the kernel asks for offset 0 once per time it reads the
+            # file into its page cache, so this counts files read, not requests.
+            counters[OPENS] += 1
+            counters[HITS_N] += 1
+            self._pending.append(self.tree.file(inode).hash)
+            self._pending_bytes += self.tree.file(inode).size
+            if len(self._pending) >= FLUSH_BATCH:
+                self._flush_due = True
+        try:
+            data = os.pread(fd, size, offset)
+        except OSError as exc:
+            counters[ERRORS] += 1
+            log.warning("read of inode %d failed: %s", inode, exc)
+            return w.error(unique, errno.EIO)
+        counters[READS] += 1
+        counters[BYTES] += len(data)
+        return [w.OUT_HEADER.pack(w.OUT_HEADER.size + len(data), 0, unique), data]
+
+    def _keep_open(self, inode: int, fd: int) -> None:
+        files = self._files
+        files[inode] = fd
+        if len(files) > OPEN_FILES:
+            oldest = next(iter(files))
+            os.close(files.pop(oldest))
+
+    def _forward(self, request: bytes, unique: int) -> bytes | None:
+        try:
+            self.main.send(FORWARD + request)
+        except OSError as exc:
+            log.warning("cannot reach the mount's main process: %s", exc)
+            return w.error(unique, errno.EIO)
+        return None
+
+
+# -- starting workers ---------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGTERM us when the mount's main process dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def fork_workers(count: int, target: Callable[[int], None]) -> list[int]:
+    """Fork ``count`` processes running ``target(slot)`` (slots 1..count); their pids.
+
+    The children leave the parent's trio run behind: no wakeup fd, default SIGTERM (the
+    parent stops them with it), SIGINT/SIGHUP ignored (a terminal's ^C goes to the whole
+    process group; the parent decides what happens), and they exit when the parent dies.
+    """
+    parent = os.getpid()
+    pids = []
+    for slot in range(1, count + 1):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the child
+            code = 0
+            try:
+                signal.set_wakeup_fd(-1)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                _die_with_parent()
+                if os.getppid() == parent:
+                    target(slot)
+            except BaseException:
+                log.exception("FUSE worker %d failed", slot)
+                code = 1
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        pids.append(pid)
+    return pids
+
+
+def default_workers() -> int:
+    """Workers for this machine: one per core, at least 2, at most 4."""
+    return max(2, min(4, len(os.sched_getaffinity(0))))

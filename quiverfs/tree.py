@@ -1,0 +1,195 @@
+"""The mount's tree: one digest's directories and files as inodes, attributes and listings.
+
+Directory and file ids from the digest are the inode numbers (the root's id is 1, FUSE's root
+nodeid), sizes come from the digest, every directory is ``0o555`` and every file ``0o444``,
+owned by the mounting user (docs/mount.md "Tree"). The tree never changes, so answers carry
+long kernel timeouts and negative lookups are cached too.
+
+Inodes carry no state: every answer is read from the digest (indexed SQLite lookups; the last
+few thousand entries are kept in a bounded cache of immutable rows), so the kernel's lookup
+counts need no bookkeeping and ``FORGET`` needs no answer. That is also what lets several
+processes serve one mount (quiverfs/fuse_worker.py): each has its own :class:`Tree` over its
+own connection to the digest, and any of them can answer any request.
+
+Nothing here does FUSE I/O: the methods return :class:`~quiverfs.fuse_wire.Attributes`,
+entries and encoded listings, and raise :class:`FsError` with the errno to report.
+"""
+
+from __future__ import annotations
+
+import calendar
+import errno
+import logging
+import os
+import stat
+import time
+
+from digests.digest import ROOT_ID, Digest, Entry, FileEntry
+from digests.errors import DigestError
+from mountd import layout
+from quiverfs import fuse_wire
+from quiverfs.fuse_wire import Attributes
+
+log = logging.getLogger("quiverfs.tree")
+
+#: Seconds the kernel may keep entries, attributes and negative lookups: the tree is immutable.
+TIMEOUT = 24 * 3600
+
+#: Mode bits of every file and directory (read-only for everybody; writes fail with EROFS).
+FILE_MODE = stat.S_IFREG | 0o444
+DIR_MODE = stat.S_IFDIR | 0o555
+
+#: Block size reported by ``stat`` and ``statfs``.
+BLOCK_SIZE = 4096
+
+#: Entries read from the digest per listing query; a READDIR buffer (one page, about 25
+#: readdirplus entries) that fills up keeps the rest for the next request.
+READDIR_PAGE = 128
+
+#: Entries kept by inode for the requests that follow a LOOKUP (READ, GETATTR); ~2 MB.
+RECENT_ENTRIES = 8192
+
+#: Longest name a lookup can match (the digest refuses longer components).
+NAME_MAX = 255
+
+ROOT_INODE = ROOT_ID
+
+
+class FsError(Exception):
+    """A request fails with ``errno`` (positive)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code, os.strerror(code))
+        self.errno = code
+
+
+def _ns(timestamp: str) -> int:
+    """``YYYY-MM-DDTHH:MM:SSZ`` → nanoseconds since the epoch (0 when unparsable)."""
+    try:
+        return calendar.timegm(time.strptime(timestamp, "%Y-%m-%dT%H:%M:%SZ")) * 10**9
+    except (ValueError, OverflowError):
+        return 0
+
+
+class Tree:
+    """One process's view of a digest as a read-only tree over one cache directory."""
+
+    def __init__(self, digest: Digest, cache_dir: str | os.PathLike[str], *,
+                 uid: int | None = None, gid: int | None = None) -> None:
+        self.digest = digest
+        self.cache_dir = os.fspath(cache_dir)
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+        self.mtime_ns = _ns(digest.created_at)
+        #: inode → entry for the most recently used entries (immutable rows, not state)
+        self._recent: dict[int, Entry] = {}
+        #: the entries of the last listing page that did not fit the READDIR buffer
+        self._spare: tuple[int, int, list[Entry]] = (0, 0, [])
+        # The store path of a hash, as a plain string: reads are the hot path and pathlib
+        # costs ~10 µs a call. Checked against the layout contract so the two cannot drift.
+        self._store_prefix = os.path.join(self.cache_dir, layout.STORE, "")
+        probe = bytes(range(layout.HASH_BYTES))
+        if self.store_path(probe) != os.fspath(layout.store_path(self.cache_dir, probe)):
+            raise AssertionError("quiverfs.tree and mountd.layout disagree on store paths")
+
+    def store_path(self, content_hash: bytes) -> str:
+        """Where the store keeps ``content_hash`` (mountd.layout.store_path, fast)."""
+        name = content_hash.hex()
+        return f"{self._store_prefix}{name[0:2]}/{name[2:4]}/{name}"
+
+    # -- entries ---------------------------------------------------------------------------
+
+    def attributes(self, entry: Entry) -> Attributes:
+        if entry.is_dir:
+            return Attributes(entry.id, DIR_MODE, 0, self.uid, self.gid, self.mtime_ns, BLOCK_SIZE)
+        return Attributes(entry.id, FILE_MODE, entry.size, self.uid, self.gid, self.mtime_ns,  # type: ignore[union-attr]
+                          BLOCK_SIZE)
+
+    def _remember(self, entry: Entry) -> None:
+        recent = self._recent
+        recent[entry.id] = entry
+        if len(recent) > RECENT_ENTRIES:
+            del recent[next(iter(recent))]  # the oldest (dicts keep insertion order)
+
+    def entry(self, inode: int) -> Entry:
+        """The entry of ``inode``; ENOENT if there is none, EIO if the digest fails."""
+        entry = self._recent.get(inode)
+        if entry is not None:
+            return entry
+        try:
+            entry = self.digest.entry(inode)
+        except DigestError as exc:
+            log.error("digest lookup of inode %d failed: %s", inode, exc)
+            raise FsError(errno.EIO) from None
+        if entry is None:
+            raise FsError(errno.ENOENT)
+        self._remember(entry)
+        return entry
+
+    def file(self, inode: int) -> FileEntry:
+        """The file of ``inode``; EISDIR for a directory."""
+        entry = self.entry(inode)
+        if entry.is_dir:
+            raise FsError(errno.EISDIR)
+        return entry  # type: ignore[return-value]
+
+    def lookup(self, parent_inode: int, name: bytes) -> Entry | None:
+        """The entry ``name`` in directory ``parent_inode``, or None (a cacheable ENOENT)."""
+        if name == b".":
+            return self.entry(parent_inode)
+        if name == b"..":
+            return self.entry(self.entry(parent_inode).parent or ROOT_INODE)
+        if len(name) > NAME_MAX:
+            return None
+        try:
+            entry = self.digest.lookup(parent_inode, name.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None  # digest names are UTF-8: this name cannot be in it
+        except DigestError as exc:
+            log.error("digest lookup failed: %s", exc)
+            raise FsError(errno.EIO) from None
+        if entry is not None:
+            self._remember(entry)  # the READ or GETATTR that usually follows needs no query
+        return entry
+
+    # -- listings --------------------------------------------------------------------------
+
+    def _page(self, dir_id: int, after: int) -> list[Entry]:
+        spare_dir, spare_after, spare = self._spare
+        if spare and spare_dir == dir_id and spare_after == after:
+            self._spare = (0, 0, [])
+            return spare
+        try:
+            return self.digest.listdir(dir_id, after or None, READDIR_PAGE)
+        except ValueError:
+            raise FsError(errno.EINVAL) from None  # a cookie we never gave
+        except DigestError as exc:
+            log.error("digest listdir failed: %s", exc)
+            raise FsError(errno.EIO) from None
+
+    def listing(self, dir_inode: int, after: int, size: int, plus: bool) -> bytes:
+        """Encoded directory entries following cookie ``after`` (0: from the start), at most
+        ``size`` bytes; the cookie of each entry is its inode. ``b""`` at the end."""
+        if not self.entry(dir_inode).is_dir:
+            raise FsError(errno.ENOTDIR)
+        timeout = TIMEOUT if plus else None
+        records: list[bytes] = []
+        used = 0
+        while True:
+            page = self._page(dir_inode, after)
+            for i, entry in enumerate(page):
+                record = fuse_wire.dirent(entry.name.encode("utf-8"), self.attributes(entry),
+                                          entry.id, timeout)
+                if used + len(record) > size:
+                    self._spare = (dir_inode, after, page[i:])
+                    return b"".join(records)
+                records.append(record)
+                used += len(record)
+                after = entry.id
+            if len(page) < READDIR_PAGE:
+                return b"".join(records)
+
+    def statfs(self) -> bytes:
+        digest = self.digest
+        blocks = -(-digest.total_bytes // BLOCK_SIZE)
+        return fuse_wire.statfs_body(blocks, digest.file_count + digest.dir_count, BLOCK_SIZE, NAME_MAX)
