@@ -3,7 +3,8 @@
 A dataset that does not fit the cache is split into ``K`` chunks, each a uniform sample of the
 dataset, and the cache holds two of them: jobs read the *current* chunk while the *next* one
 loads in the background; the older chunk is *marked* once the next is fully loaded and evicted
-when every job that referenced it has finished it, or a configurable time after the first job
+``grace`` seconds after the last job that referenced it finished it (a job reads the files it
+was given up to a look-ahead window later), or a configurable time after the first job
 finished it (a straggler must not block the third chunk for ever). docs/substitutable-reads.md
 draws the state machine.
 
@@ -30,6 +31,7 @@ __all__ = [
     "ChunkPlan",
     "ChunkReady",
     "ChunkState",
+    "DEFAULT_GRACE",
     "Evict",
     "Mode",
     "Preload",
@@ -39,6 +41,9 @@ __all__ = [
 
 #: Default chunk size as a fraction of the dataset (Quiver's 10%).
 DEFAULT_FRACTION = 0.1
+#: Seconds a marked chunk stays after its last holder finished it (:class:`ChunkManager`'s
+#: ``grace``; docs/substitutable-reads.md, "Grace"). Set by measurement (docs/benchmarks.md).
+DEFAULT_GRACE = 1.0
 #: Below this fraction of the dataset per chunk, randomness within a chunk is too poor to train
 #: on (Quiver §7.2 validates 10%); such a dataset is not chunked ("off").
 MIN_FRACTION = 0.01
@@ -251,6 +256,7 @@ class _Chunk:
     failed: set[int] = field(default_factory=set)  # preload failures while loading
     refs: set[object] = field(default_factory=set)  # holders reading it, not finished yet
     first_done: float | None = None  # when the first holder finished it (this residency)
+    last_done: float | None = None  # when a holder last finished it (this residency)
 
 
 class ChunkManager:
@@ -260,6 +266,12 @@ class ChunkManager:
     epoch (:class:`mountd.claims.EpochPool`). A holder :meth:`attach`\\ es, :meth:`reference`\\ s
     the chunk it reads, reports :meth:`finished` when it has been given every file of it, and
     :meth:`detach`\\ es when it goes away (which releases its references).
+
+    ``grace``: seconds a marked chunk stays resident after its last holder finished it, so
+    that the files a job was given last are still cached when it reads them (its sampler and
+    DataLoader read up to a window behind its claims); the chunk stays MARKED meanwhile and
+    the next preload waits. ``evict_timeout`` still forces the eviction that long after the
+    *first* holder finished it, grace or not.
 
     Invariants (checked by tests): at most two chunks resident (LOADED or MARKED), at most one
     LOADING, and resident + loading <= ``slots``. ``slots=2`` is the paper's double buffering:
@@ -275,6 +287,7 @@ class ChunkManager:
         is_cached: Callable[[int], bool],
         *,
         evict_timeout: float = 600.0,
+        grace: float = DEFAULT_GRACE,
         seed: int = 0,
         slots: int = 2,
     ) -> None:
@@ -282,12 +295,15 @@ class ChunkManager:
             raise ValueError("a chunked dataset needs at least 3 chunks")
         if evict_timeout < 0:
             raise ValueError("evict_timeout must be >= 0")
+        if not grace >= 0:  # also refuses NaN
+            raise ValueError("grace must be >= 0")
         if slots not in (2, 3):
             raise ValueError("slots must be 2 or 3")
         self.slots = slots
         self.dataset = dataset
         self.plan = plan
         self.evict_timeout = evict_timeout
+        self.grace = grace
         self._is_cached = is_cached
         self._rng = random.Random(f"preload:{dataset}:{seed}")
         self._chunks = [_Chunk() for _ in range(plan.chunks)]
@@ -398,8 +414,10 @@ class ChunkManager:
         """``holder`` was given every file of ``chunk`` (``informServersDoneUsingChunk``)."""
         c = self._chunks[chunk]
         c.refs.discard(holder)
-        if c.first_done is None and c.state is not ChunkState.IDLE:
-            c.first_done = now
+        if c.state is not ChunkState.IDLE:
+            if c.first_done is None:
+                c.first_done = now
+            c.last_done = now
 
     # -- cache notifications -----------------------------------------------------------------
 
@@ -429,8 +447,9 @@ class ChunkManager:
     def tick(self, now: float) -> list[Action]:
         """Advance the lifecycle; the actions to perform, in order.
 
-        1. A marked chunk no holder still reads is evicted; so is one whose first finisher
-           finished ``evict_timeout`` ago (``forced``).
+        1. A marked chunk no holder still reads is evicted once ``grace`` has passed since
+           its last holder finished it; so is one whose first finisher finished
+           ``evict_timeout`` ago, holders or not (``forced``).
         2. The loading chunk, once every file is cached or failed (and no chunk is marked),
            becomes the newest (:class:`ChunkReady`) and the previous newest is marked for
            eviction — evicted at once (step 1 again) if no holder reads it.
@@ -446,7 +465,7 @@ class ChunkManager:
             chunk = self._chunks[index]
             chunk.state = ChunkState.LOADING
             chunk.failed.clear()
-            chunk.first_done = None
+            chunk.first_done = chunk.last_done = None
             self.loading = index
             ids = [i for i in self.plan.ids_of(index) if not self._is_cached(i)]
             self._rng.shuffle(ids)  # a partly done preload is a random subset of the chunk
@@ -476,13 +495,28 @@ class ChunkManager:
             if chunk.state is not ChunkState.MARKED:
                 continue
             forced = chunk.first_done is not None and now - chunk.first_done >= self.evict_timeout
-            if chunk.refs and not forced:
+            if not forced and (chunk.refs or self._in_grace(chunk, now)):
                 continue
             ids = tuple(i for i in self.plan.ids_of(index) if self._is_cached(i))
             actions.append(Evict(self.dataset, index, ids, forced=bool(chunk.refs)))
             chunk.state = ChunkState.IDLE
             chunk.refs.clear()
-            chunk.first_done = None
+            chunk.first_done = chunk.last_done = None
+
+    def _in_grace(self, chunk: _Chunk, now: float) -> bool:
+        """Whether ``chunk``'s last holder finished it less than ``grace`` ago: its last given
+        files may still be unread (a chunk whose holders all went away has no grace)."""
+        return chunk.last_done is not None and now - chunk.last_done < self.grace
+
+    def grace_deadline(self) -> float | None:
+        """The earliest clock at which a marked chunk's grace ends (None: none pending), so
+        that the caller can tick then instead of up to a tick interval later."""
+        ends = [
+            c.last_done + self.grace
+            for c in self._chunks
+            if c.state is ChunkState.MARKED and not c.refs and c.last_done is not None
+        ]
+        return min(ends, default=None)
 
     def _next_to_load(self) -> int:
         """The chunk after the newest, cyclically (chunk 0 first)."""

@@ -15,7 +15,8 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   and replayed after it is added (the cached set is a snapshot taken before loading).
 * **Claims.** A claim's misses start filling at once (:meth:`Cache.fetch_now`: ahead of the
   prefetch queue, under the remote limits).
-* **Ticks.** About every second and right after claims and notifications,
+* **Ticks.** About every second, right after claims and notifications, and when a marked
+  chunk's grace ends (:meth:`SessionRegistry.next_deadline`),
   :meth:`CoopService.tick` performs the registry's actions: ``Preload`` pins the chunk's
   cached files and starts the pull-model preload (DELI's 50/50 rule: windows of
   ``preload_window`` files, the next one pulled when half of the previous is in), files of a
@@ -116,7 +117,7 @@ class CoopService:
             try:
                 task_status.started()
                 while True:
-                    with trio.move_on_after(self.tick_interval):
+                    with trio.move_on_after(self._until_next_tick()):
                         await self._wake.wait()
                     self._wake = trio.Event()
                     try:
@@ -125,6 +126,15 @@ class CoopService:
                         log.exception("tick failed")
             finally:
                 self._nursery = None
+
+    def _until_next_tick(self) -> float:
+        """Seconds to the next tick: the tick interval, or less when a chunk's grace ends
+        sooner (its eviction lets the next chunk preload; waiting a whole interval more
+        would stretch every grace by up to a second)."""
+        deadline = self.registry.next_deadline()
+        if deadline is None:
+            return self.tick_interval
+        return max(0.005, min(self.tick_interval, deadline - self.registry.clock() + 0.001))
 
     def wake(self) -> None:
         """Run a tick soon (after claims and notifications)."""

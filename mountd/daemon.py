@@ -30,8 +30,10 @@ import trio
 
 from mountd import layout
 from mountd.cache import Cache, CacheConfig
+from mountd.chunks import DEFAULT_GRACE
 from mountd.errors import CacheLocked
 from mountd.server import Server, bind_socket, check_socket_path
+from quiverfs.errors import UsageError
 
 log = logging.getLogger("mountd")
 
@@ -58,6 +60,14 @@ class DaemonConfig:
     #: Chunk slots of a chunked dataset: 2 = the paper's double buffering, 3 = the next chunk
     #: preloads while a marked one drains (docs/substitutable-reads.md, "Chunks").
     chunk_slots: int = 2
+    #: Seconds a marked chunk stays resident after the last job finished it, so that the files
+    #: each job was given last are still cached when its DataLoader reads them
+    #: (docs/substitutable-reads.md, "Grace").
+    chunk_grace: float = DEFAULT_GRACE
+
+    def __post_init__(self) -> None:
+        if not self.chunk_grace >= 0:  # also refuses NaN
+            raise UsageError(f"chunk grace must be >= 0 seconds, got {self.chunk_grace}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,9 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
 
         server = Server(cache, cache_dir, dataset_mode=config.dataset_mode,
                         chunk_slots=config.chunk_slots)
+        if server.coop is not None:
+            # Before any dataset registers: each dataset's chunk manager takes it from here.
+            server.coop.registry.chunk_grace = config.chunk_grace
         nursery = await stack.enter_async_context(trio.open_nursery())
         await nursery.start(cache.run)
         if server.coop is not None:

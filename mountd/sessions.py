@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mountd.chunks import Action, ChunkPlan, Mode, choose_mode, plan_chunks
+from mountd.chunks import DEFAULT_GRACE, Action, ChunkPlan, Mode, choose_mode, plan_chunks
 from mountd.claims import Claim, DatasetState, EpochPool
 from mountd.requests import (
     LIVE_EPOCHS,
@@ -116,6 +116,8 @@ class SessionRegistry:
     evicted anyway. ``ring``: mini-batch times kept per job. ``history``: jobs whose timings
     are kept after their last session closed. ``chunk_slots``: chunks of a chunked dataset's
     budget (2: double buffering; 3: also preload the next while the marked one drains).
+    ``chunk_grace``: seconds a marked chunk stays after the last job finished it (its last
+    given files may still be unread; :class:`mountd.chunks.ChunkManager`'s ``grace``).
     ``max_jobs``: open jobs at once, all datasets together (bounds memory against a client
     opening sessions in a loop). ``idle_timeout``: a job none of whose ranks made a request
     for that long is closed by :meth:`tick` (a job that died without closing would otherwise
@@ -132,12 +134,16 @@ class SessionRegistry:
         history: int = 1024,
         max_claim: int = MAX_CLAIM,
         chunk_slots: int = 2,
+        chunk_grace: float = DEFAULT_GRACE,
         max_jobs: int = 256,
         idle_timeout: float | None = 3600.0,
     ) -> None:
         if chunk_slots not in (2, 3):
             raise ValueError("chunk_slots must be 2 or 3")
+        if not chunk_grace >= 0:  # also refuses NaN
+            raise ValueError("chunk_grace must be >= 0")
         self.chunk_slots = chunk_slots
+        self.chunk_grace = chunk_grace
         self.max_jobs = max_jobs
         self.idle_timeout = idle_timeout
         self.clock = clock
@@ -221,6 +227,7 @@ class SessionRegistry:
             plan,
             manager_options={
                 "evict_timeout": self.evict_timeout,
+                "grace": self.chunk_grace,
                 "seed": seed,
                 "slots": self.chunk_slots,
             },
@@ -297,6 +304,17 @@ class SessionRegistry:
             if state.manager is not None:
                 actions.extend(state.manager.tick(now))
         return actions
+
+    def next_deadline(self) -> float | None:
+        """The earliest clock (``self.clock``) at which a chunk's grace ends, if any: the
+        caller ticks then rather than up to its tick interval later."""
+        ends = [
+            end
+            for state in self._datasets.values()
+            if state.manager is not None
+            and (end := state.manager.grace_deadline()) is not None
+        ]
+        return min(ends, default=None)
 
     # -- sessions ------------------------------------------------------------------------------
 

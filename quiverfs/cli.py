@@ -91,6 +91,10 @@ def mountd_command(
         2, "--chunk-slots", min=2, max=3,
         help="Chunks of a chunked dataset held at once: 2 (double buffering) or 3 (preload the next while one drains).",
     ),
+    chunk_grace: float | None = typer.Option(
+        None, "--chunk-grace", metavar="SECONDS",
+        help="Seconds a finished chunk stays cached after the last job was given all of it, so that it can still read those files (default: 1).",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
@@ -112,8 +116,13 @@ def mountd_command(
     )
     if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):
         raise UsageError(f"--dataset-mode must be full, chunked, off or lru, not {dataset_mode!r}")
+    from mountd.chunks import DEFAULT_GRACE
+
+    grace = DEFAULT_GRACE if chunk_grace is None else chunk_grace
+    if not 0 <= grace <= 3600:  # also refuses NaN and inf
+        raise UsageError(f"--chunk-grace must be between 0 and 3600 seconds, not {chunk_grace}")
     main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode,
-                      chunk_slots=chunk_slots))
+                      chunk_slots=chunk_slots, chunk_grace=grace))
 
 
 @app.command()

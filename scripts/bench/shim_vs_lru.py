@@ -57,8 +57,14 @@ def main() -> None:
     parser.add_argument("--shim-mode", default="chunked", help="mountd --dataset-mode for the shim run")
     parser.add_argument("--chunk-slots", type=int, default=None, choices=(2, 3),
                         help="mountd --chunk-slots for the shim run (default: mountd's)")
+    parser.add_argument("--chunk-grace", type=float, default=None,
+                        help="mountd --chunk-grace (s) for the shim run (default: mountd's)")
+    parser.add_argument("--skip-lru", action="store_true",
+                        help="leave out the LRU run (for sweeps of shim settings)")
     parser.add_argument("--synthetic", action="store_true", help="also run the jobs with no I/O")
     args = parser.parse_args()
+    if args.chunk_grace is not None and not args.chunk_grace >= 0:
+        parser.error("--chunk-grace must be >= 0 seconds")
     preflight()
 
     spec = dataset_spec(args)
@@ -93,8 +99,10 @@ def main() -> None:
 
     run("all-hit", MountdConfig(int(dataset.total_bytes * 1.5), dataset_mode="full", **limits),
         "mount-shuffle", warm=True)
-    run("shim", MountdConfig(small, dataset_mode=args.shim_mode, chunk_slots=args.chunk_slots, **limits), "mount-shim")
-    run("lru", MountdConfig(small, dataset_mode="lru", **limits), "mount-shuffle")
+    run("shim", MountdConfig(small, dataset_mode=args.shim_mode, chunk_slots=args.chunk_slots,
+                             chunk_grace=args.chunk_grace, **limits), "mount-shim")
+    if not args.skip_lru:
+        run("lru", MountdConfig(small, dataset_mode="lru", **limits), "mount-shuffle")
     if args.synthetic:
         runs["synthetic"] = (run_jobs(jobs("synthetic", str(dataset.source)), work / "synthetic"),
                              None, None, [])
@@ -115,6 +123,8 @@ def main() -> None:
         "prefetch_factor": args.prefetch_factor, "fetch_size": args.fetch_size or 4 * args.batch_size,
         "remote_requests/s": requests, "remote_bandwidth_B/s": int(bandwidth),
         "bucket/one job's demand": round(requests / demand, 2), "shim_mode": args.shim_mode,
+        "chunk_slots": args.chunk_slots or "mountd's", "chunk_grace_s": (
+            "mountd's" if args.chunk_grace is None else args.chunk_grace),
         "cpus": os.cpu_count(),
     }))
     for name, (_, _, _, notes) in runs.items():

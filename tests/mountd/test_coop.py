@@ -18,7 +18,7 @@ import trio
 from digests.build import build
 from mountd import layout
 from mountd.cache import CacheConfig, Location
-from mountd.chunks import Mode
+from mountd.chunks import ChunkState, Mode
 from mountd.client import AsyncClient, open_client
 from mountd.daemon import DaemonConfig, serve
 from mountd.datasets import DatasetView
@@ -31,6 +31,7 @@ from mountd.requests import (
     UnknownSession,
 )
 from mountd.server import Server
+from quiverfs.errors import UsageError
 
 
 @dataclass
@@ -59,7 +60,8 @@ def _short_dir(tmp_path: Path) -> Path:
 
 @asynccontextmanager
 async def mountd_env(tmp_path: Path, *, files: int = 200, size: int = 1000,
-                     cache_size: int = 1 << 26, mode: str | None = None) -> AsyncIterator[Env]:
+                     cache_size: int = 1 << 26, mode: str | None = None,
+                     chunk_grace: float = 0.0) -> AsyncIterator[Env]:
     source = tmp_path / "remote"
     source.mkdir()
     data = []
@@ -74,7 +76,8 @@ async def mountd_env(tmp_path: Path, *, files: int = 200, size: int = 1000,
     url = "file://" + str(source)
     result = await build(url, digest)
     cache_dir = _short_dir(tmp_path) / "cache"
-    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=cache_size), dataset_mode=mode)
+    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=cache_size), dataset_mode=mode,
+                          chunk_grace=chunk_grace)
     async with trio.open_nursery() as nursery:
         running = await nursery.start(partial(serve, config, handle_signals=False))
         async with open_client(cache_dir) as client:
@@ -316,3 +319,46 @@ async def test_fills_while_the_view_loads_are_not_lost(tmp_path: Path) -> None:
         assert [state.is_cached(i) for i in range(12)] == [True] * 10 + [False] * 2
         claim = await env.client.claim(env.dataset, "job", 0, 10)
         assert sorted(claim["hits"]) == list(range(10))
+
+
+async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(tmp_path: Path) -> None:
+    # As above: 10 chunks of ~30 files. A 2 s grace from the daemon's config.
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=100_000,
+                          chunk_grace=2.0) as env:
+        await env.client.session_open(env.dataset, "job", seed=1)
+        state = env.server.coop.registry.dataset(env.dataset)
+        manager = state.manager
+        assert manager is not None and manager.grace == 2.0
+        claim = await env.client.claim(env.dataset, "job", 0, 1)
+        assert claim["chunk"] == 0
+        await wait_until(lambda: manager.newest == 1, what="chunk 1 loaded")
+        assert manager.state(0) is ChunkState.MARKED
+        pool = env.server.coop.registry.pool(env.dataset, "job", 0)
+        while pool.chunk == 0:  # the job is given the rest of chunk 0 (and reads it)
+            claim = await env.client.claim(env.dataset, "job", 0, 10)
+            for cid in claim["hits"] + claim["fetch"]:
+                if not env.in_store(cid):
+                    h, s, loc = env.view.item(cid)
+                    await env.client.ensure(h, s, loc, env.dataset)
+        finished = trio.current_time()
+        chunk0 = list(state.plan.ids_of(0))
+        await trio.sleep(0.5)
+        if trio.current_time() - finished < 1.9:  # a loaded machine may have slept longer
+            assert manager.state(0) is ChunkState.MARKED and manager.loading is None
+            assert all(env.in_store(c) for c in chunk0)
+        await wait_until(lambda: manager.state(0) is ChunkState.IDLE, what="chunk 0 evicted")
+        assert trio.current_time() - finished >= 1.9
+        assert not any(env.in_store(c) for c in chunk0)
+        assert [e[1:] for e in env.server.coop.evictions] == [(0, len(chunk0), False)]
+
+
+def test_chunk_grace_must_not_be_negative(tmp_path: Path, capsys) -> None:
+    from quiverfs.cli import app
+    from quiverfs.console import run_app
+
+    with pytest.raises(UsageError, match="grace"):
+        DaemonConfig(CacheConfig(cache_dir=tmp_path, cache_size=1000), chunk_grace=-1.0)
+    with pytest.raises(SystemExit) as done:
+        run_app(app, "quiverfs", ["mountd", "--cache-dir", str(tmp_path), "--chunk-grace", "-1"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "--chunk-grace" in err and "internal error" not in err

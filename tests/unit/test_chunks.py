@@ -129,10 +129,13 @@ class Cache:
         self.manager.on_evicted(gone)
 
 
-def make_manager(n=100, k=5, timeout=100.0, slots=2):
+def make_manager(n=100, k=5, timeout=100.0, slots=2, grace=0.0):
+    """A manager on a fake cache; ``grace`` 0 by default: these tests assert exact timing."""
     plan = ChunkPlan(n, k)
     cache = Cache(plan)
-    manager = ChunkManager("ds", plan, cache.ids.__contains__, evict_timeout=timeout, slots=slots)
+    manager = ChunkManager(
+        "ds", plan, cache.ids.__contains__, evict_timeout=timeout, slots=slots, grace=grace
+    )
     cache.manager = manager
     return manager, cache, plan
 
@@ -238,6 +241,85 @@ def test_detaching_the_last_reader_releases_the_marked_chunk():
     assert not actions[0].forced
 
 
+def load_two_chunks(manager, cache, jobs):
+    """Chunk 0 loaded then marked, chunk 1 the newest; every job references chunk 0."""
+    for job in jobs:
+        manager.attach(job)
+    cache.fill(manager.tick(0.0)[0].ids)
+    for job in jobs:
+        manager.reference(job, 0)
+    cache.fill(manager.tick(1.0)[1].ids)
+    assert manager.tick(2.0) == [ChunkReady("ds", 1)]
+    assert manager.state(0) is ChunkState.MARKED
+
+
+def test_grace_keeps_a_finished_chunk_and_its_files_until_it_passes():
+    manager, cache, plan = make_manager(grace=2.0)
+    job = object()
+    load_two_chunks(manager, cache, [job])
+    manager.finished(job, 0, 10.0)
+    manager.reference(job, 1)
+    assert manager.grace_deadline() == 12.0
+    for now in (10.0, 11.0, 11.99):
+        assert manager.tick(now) == []  # no eviction, and so no third chunk loading
+        assert manager.state(0) is ChunkState.MARKED and manager.loading is None
+        assert manager.cached_count(0) == plan.size_of(0)
+        check_invariants(manager)
+    evict, preload = manager.tick(12.0)
+    assert evict == Evict("ds", 0, tuple(plan.ids_of(0)), forced=False)
+    assert preload.chunk == 2 and manager.state(0) is ChunkState.IDLE
+    assert manager.grace_deadline() is None
+    check_invariants(manager)
+
+
+def test_grace_counts_from_the_last_job_to_finish():
+    manager, cache, _ = make_manager(grace=2.0)
+    fast, slow = object(), object()
+    load_two_chunks(manager, cache, [fast, slow])
+    manager.finished(fast, 0, 10.0)
+    assert manager.grace_deadline() is None  # the slow job still reads it: no deadline
+    assert manager.tick(13.0) == []
+    manager.finished(slow, 0, 20.0)
+    assert manager.grace_deadline() == 22.0
+    assert manager.tick(21.9) == [] and manager.state(0) is ChunkState.MARKED
+    assert [type(a) for a in manager.tick(22.0)] == [Evict, Preload]
+
+
+def test_forced_eviction_does_not_wait_for_the_grace():
+    manager, cache, _ = make_manager(timeout=100.0, grace=50.0)
+    fast, slow = object(), object()
+    load_two_chunks(manager, cache, [fast, slow])
+    manager.finished(fast, 0, 10.0)
+    assert manager.tick(109.9) == []
+    evict, preload = manager.tick(110.0)
+    assert evict.chunk == 0 and evict.forced and preload.chunk == 2
+    # A chunk in its grace, no holder left, is forced out at the timeout too.
+    manager, cache, _ = make_manager(timeout=100.0, grace=500.0)
+    job = object()
+    load_two_chunks(manager, cache, [job])
+    manager.finished(job, 0, 10.0)
+    assert manager.tick(109.9) == []
+    evict, _ = manager.tick(110.0)
+    assert evict.chunk == 0 and manager.state(0) is ChunkState.IDLE
+
+
+def test_a_chunk_left_by_detached_readers_has_no_grace():
+    manager, cache, _ = make_manager(grace=30.0)
+    job = object()
+    load_two_chunks(manager, cache, [job])
+    manager.detach(job)  # it never finished chunk 0: nobody is reading its files
+    assert [type(a) for a in manager.tick(3.0)] == [Evict]
+
+
+def test_grace_must_not_be_negative():
+    with pytest.raises(ValueError, match="grace"):
+        make_manager(grace=-1.0)
+    with pytest.raises(ValueError, match="grace"):
+        make_manager(grace=float("nan"))
+    with pytest.raises(ValueError, match="chunk_grace"):
+        SessionRegistry(chunk_grace=-0.5)
+
+
 def test_failed_preloads_complete_the_chunk():
     manager, cache, plan = make_manager()
     manager.attach(object())
@@ -323,6 +405,7 @@ def read_through(registry, harness, job, chunk, *, clock=None):
 
 
 def chunked_registry(n=2000, clock=None, **kwargs):
+    kwargs.setdefault("chunk_grace", 0.0)  # the tests below assert exact eviction steps
     registry = SessionRegistry(clock=clock or (lambda: 0.0), **kwargs)
     budget = 100 * n * registry.chunk_slots // 10  # 10% chunks, two (or three) fit
     mode = registry.add_dataset("ds", [100] * n, budget=budget)
@@ -434,6 +517,31 @@ def test_straggler_chunk_is_forced_out_after_the_timeout():
     # The slow job goes on reading chunk 0, now as misses.
     claim = registry.claim("ds", "slow", 0, 10)
     assert claim.fetch and not claim.hits
+
+
+def test_registry_grace_keeps_the_last_claimed_files_cached_a_while():
+    clock = [0.0]
+    registry = chunked_registry(clock=lambda: clock[0], chunk_grace=3.0)
+    harness = Harness(registry, rate=1000)
+    registry.open_session("ds", "job", seed=1)
+    harness.step()
+    assert registry.claim("ds", "job", 0, 1).chunk == 0
+    harness.step()
+    harness.step()
+    state = registry.dataset("ds")
+    assert state.manager.state(0) is ChunkState.MARKED
+    read_through(registry, harness, "job", 0, clock=clock)
+    finished_at = clock[0]
+    assert registry.next_deadline() == finished_at + 3.0
+    while harness.now < finished_at + 2:
+        harness.step()
+        assert not harness.evictions and state.manager.loading is None
+        assert all(state.is_cached(i) for i in state.plan.ids_of(0))
+    while harness.now < finished_at + 3:
+        harness.step()
+    assert [e.chunk for e in harness.evictions] == [0]
+    assert not any(state.is_cached(i) for i in state.plan.ids_of(0))
+    assert registry.next_deadline() is None
 
 
 def test_a_job_that_died_without_closing_is_reaped_and_frees_its_chunk():

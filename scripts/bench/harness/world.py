@@ -143,6 +143,7 @@ class MountdConfig:
     remote_concurrency: int | None = None
     dataset_mode: str | None = None
     chunk_slots: int | None = None
+    chunk_grace: float | None = None
 
     def flags(self) -> list[str]:
         out = ["--cache-size", str(int(self.cache_size))]
@@ -156,6 +157,8 @@ class MountdConfig:
             out += ["--dataset-mode", self.dataset_mode]
         if self.chunk_slots:
             out += ["--chunk-slots", str(self.chunk_slots)]
+        if self.chunk_grace is not None:
+            out += ["--chunk-grace", f"{self.chunk_grace:g}"]
         return out
 
 
