@@ -59,7 +59,7 @@ SESSION_OPS = frozenset(
 
 #: Every operation the server knows.
 OPS = frozenset(
-    {"hello", "ensure", "prefetch", "register", "unregister", "hits", "stats", "usage", "ls"}
+    {"hello", "ensure", "prefetch", "register", "unregister", "hits", "evictions", "stats", "usage", "ls"}
     | SESSION_OPS
     | ADMIN_OPS
 )

@@ -38,6 +38,7 @@ from mountd import protocol
 from mountd.cache import Location
 from mountd.coop import CoopService, info_json
 from mountd.costs import scheme_of
+from mountd.evictions import EvictionJournal
 from mountd.protocol import (
     ADMIN_OPS,
     PROTOCOL_VERSION,
@@ -180,6 +181,10 @@ class Server:
             CoopService(cache, mode=dataset_mode, registry=SessionRegistry(chunk_slots=chunk_slots))
             if hasattr(cache, "add_listener") else None
         )
+        #: What left the store, for mounts to drop from the kernel's page cache.
+        self.evictions = EvictionJournal()
+        if hasattr(cache, "add_listener"):
+            cache.add_listener(self.evictions)
         self.cache_dir = Path(cache_dir)
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
         self.started_at = time.time()
@@ -333,6 +338,11 @@ class Server:
         nbytes = check_int(request.args, "bytes")
         self.cache.record_hits(dataset, hashes, nbytes)
         return {"recorded": len(hashes)}
+
+    async def _op_evictions(self, conn: Connection, request: Request) -> dict[str, Any]:
+        seq = None if request.args.get("since") is None else check_int(request.args, "since")
+        journal = check_text(request.args, "journal", optional=True)
+        return self.evictions.since(seq, journal)
 
     async def _op_register(self, conn: Connection, request: Request) -> dict[str, Any]:
         args = request.args

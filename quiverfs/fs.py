@@ -36,7 +36,16 @@ from digests.digest import Digest, FileEntry
 from mountd.errors import CacheFull
 from mountd.protocol import PermissionDenied
 from quiverfs import fuse_wire as w
-from quiverfs.fuse_worker import BYTES, COUNTERS, ERRORS, MISSES, OPENS, READS, SharedCounters
+from quiverfs.fuse_worker import (
+    BYTES,
+    COUNTERS,
+    ERRORS,
+    HIT_RECORD,
+    MISSES,
+    OPENS,
+    READS,
+    SharedCounters,
+)
 from quiverfs.fuse_worker import HITS_N as HITS
 from quiverfs.tree import ROOT_INODE, FsError, Tree
 
@@ -58,6 +67,10 @@ ROOT_XATTRS = (XATTR_DATASET, XATTR_STATS)
 
 #: Store files the main process keeps open by inode (the READs of a large missed file).
 OPEN_FILES = 16
+
+#: Files remembered as read from the mount, for dropping their pages from the kernel when
+#: mountd evicts them (~100 bytes each). More files than the kernel keeps pages of.
+SERVED_FILES = 1 << 20
 
 #: Seconds a failed fetch answers for its file without asking mountd again: when a READ
 #: fails, the kernel retries the same page at once, and that retry should neither ask
@@ -157,6 +170,8 @@ class QuiverOperations:
         self._failed: dict[int, tuple[float, int]] = {}
         self._pending_hashes: list[bytes] = []
         self._pending_bytes = 0
+        #: hash → inodes read from the mount with that content (see mountd/evictions.py)
+        self._served: dict[bytes, tuple[int, ...]] = {}
 
     def close(self) -> None:
         """Release what the operations hold (not the digest: its owner closes it)."""
@@ -167,10 +182,28 @@ class QuiverOperations:
     # -- hit reports -----------------------------------------------------------------------
 
     def add_hits(self, message: bytes) -> None:
-        """Queue a worker's hit report (``u64 bytes`` then 32-byte hashes)."""
+        """Queue a worker's hit report (``u64 bytes``, then a hash + inode record per file)."""
         (nbytes,) = struct.unpack_from("<Q", message)
         self._pending_bytes += nbytes
-        self._pending_hashes.extend(message[i:i + 32] for i in range(8, len(message), 32))
+        for content_hash, inode in HIT_RECORD.iter_unpack(message[8:]):
+            self._pending_hashes.append(content_hash)
+            self._served_from(content_hash, inode)
+
+    def _served_from(self, content_hash: bytes, inode: int) -> None:
+        """Remember that the kernel may now keep ``inode``'s pages, read from ``content_hash``."""
+        served = self._served
+        inodes = served.get(content_hash)
+        if inodes is None:
+            served[content_hash] = (inode,)
+            if len(served) > SERVED_FILES:
+                del served[next(iter(served))]  # long ago: the kernel has most likely dropped it
+        elif inode not in inodes:
+            served[content_hash] = (*inodes, inode)
+
+    def evicted(self, hashes: list[bytes]) -> list[int]:
+        """The inodes served from ``hashes``, which mountd has just evicted (and forgets them)."""
+        served = self._served
+        return [inode for h in hashes for inode in served.pop(h, ())]
 
     def take_hits(self) -> tuple[list[bytes], int]:
         """The hashes opened from the store since the last call and their bytes; clears them."""
@@ -220,20 +253,22 @@ class QuiverOperations:
         (see :class:`MountCounters`).
         """
         counters = self.counters
-        fd = self._files.get(inode)
+        # A READ at offset 0 starts a read of the file: look in the store again (it may have
+        # been evicted since), so a kept descriptor only serves the READs that follow.
+        fd = self._files.get(inode) if offset else None
+        hit = True
         if fd is None:
             entry = self.tree.file(inode)
             if entry.size == 0:
                 return b""
             fd, hit = await self._open(entry)
-            if not hit and offset != 0:
+            if offset == 0 and inode in self._miss_to_count:
+                hit = False  # fetched for a later READ of this very read of the file
+            elif not hit and offset != 0:
                 self._miss_to_count.add(inode)  # its READ at offset 0 is still to come
-        else:
-            # A descriptor kept from an earlier READ: nothing fetched now, unless that READ
-            # was the one that fetched the file and this is its offset 0 arriving later.
-            hit = inode not in self._miss_to_count
         if offset == 0:
             self._miss_to_count.discard(inode)
+            self._served_from(self.tree.file(inode).hash, inode)
             counters[OPENS] += 1
             counters[HITS if hit else MISSES] += 1
         try:
@@ -279,6 +314,9 @@ class QuiverOperations:
             self.counters[ERRORS] += 1
             log.warning("cannot open the store file of %s: %s", entry.path, exc)
             raise
+        old = self._files.pop(entry.id, None)
+        if old is not None:
+            os.close(old)
         self._files[entry.id] = fd
         if len(self._files) > OPEN_FILES:
             oldest = next(iter(self._files))

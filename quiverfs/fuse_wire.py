@@ -185,6 +185,17 @@ def statfs_body(blocks: int, files: int, block_size: int, name_max: int) -> byte
     return STATFS_OUT.pack(blocks, 0, 0, files, 0, block_size, name_max, block_size, 0, *([0] * 6))
 
 
+#: Notification codes (sent as the ``error`` of an OUT_HEADER with unique 0).
+NOTIFY_INVAL_INODE = 2
+INVAL_INODE = struct.Struct("<Qqq")  # ino, offset, length
+
+
+def inval_inode(ino: int) -> bytes:
+    """A notification telling the kernel to drop ``ino``'s cached pages and attributes."""
+    body = INVAL_INODE.pack(ino, 0, 0)  # offset 0, length 0: the whole file
+    return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
+
+
 def init_body(kernel_minor: int, kernel_flags: int, max_readahead: int) -> bytes:
     """``fuse_init_out`` answering the kernel's INIT."""
     minor = min(kernel_minor, KERNEL_MINOR)

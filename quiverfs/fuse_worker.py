@@ -56,7 +56,8 @@ OPEN_FILES = 64
 
 #: Message kinds on the socket between workers and the main process.
 FORWARD = b"Q"  # a raw request for the main process to answer
-HITS = b"H"  # u64 bytes, then 32-byte hashes opened from the store
+HITS = b"H"  # u64 bytes, then one record per file read from the store: 32-byte hash, u64 inode
+HIT_RECORD = struct.Struct("<32sQ")
 
 #: Counter slots: what ``user.quiver.stats`` shows (see quiverfs.fs.MountCounters).
 COUNTERS = ("opens", "reads", "hits", "misses", "bytes", "errors")
@@ -152,12 +153,12 @@ class Worker:
         self._flush_due = False
         if not self._pending:
             return
-        hashes, nbytes = self._pending, self._pending_bytes
+        records, nbytes = self._pending, self._pending_bytes
         self._pending, self._pending_bytes = [], 0
         try:
-            self.main.send(HITS + struct.pack("<Q", nbytes) + b"".join(hashes))
+            self.main.send(HITS + struct.pack("<Q", nbytes) + b"".join(records))
         except OSError as exc:
-            log.debug("dropped %d hit reports: %s", len(hashes), exc)
+            log.debug("dropped %d hit reports: %s", len(records), exc)
 
     # -- requests ----------------------------------------------------------------------------
 
@@ -203,7 +204,9 @@ class Worker:
     def _read(self, request: bytes, unique: int, inode: int) -> list[bytes] | bytes | None:
         _, offset, size = w.READ_IN.unpack_from(request, w.HEADER_SIZE)
         counters = self.counters
-        fd = self._files.get(inode)
+        # A READ at offset 0 starts a read of the file: look in the store again (mountd may
+        # have evicted it), so a kept descriptor only serves the READs that follow.
+        fd = self._files.get(inode) if offset else None
         if fd is None:
             entry = self.tree.file(inode)
             if entry.size == 0:
@@ -223,8 +226,9 @@ class Worker:
             # file into its page cache, so this counts files read, not requests.
             counters[OPENS] += 1
             counters[HITS_N] += 1
-            self._pending.append(self.tree.file(inode).hash)
-            self._pending_bytes += self.tree.file(inode).size
+            entry = self.tree.file(inode)
+            self._pending.append(HIT_RECORD.pack(entry.hash, inode))
+            self._pending_bytes += entry.size
             if len(self._pending) >= FLUSH_BATCH:
                 self._flush_due = True
         try:
@@ -239,6 +243,9 @@ class Worker:
 
     def _keep_open(self, inode: int, fd: int) -> None:
         files = self._files
+        old = files.pop(inode, None)
+        if old is not None:
+            os.close(old)
         files[inode] = fd
         if len(files) > OPEN_FILES:
             oldest = next(iter(files))

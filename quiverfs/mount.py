@@ -50,6 +50,12 @@ log = logging.getLogger("quiverfs.mount")
 #: Seconds between two batches of hit reports to mountd.
 HITS_INTERVAL = 1.0
 
+#: Seconds between two questions to mountd's eviction journal.
+EVICTIONS_INTERVAL = 0.5
+
+#: Most hashes mountd answers at once (mountd.evictions.MAX_ANSWER): a full page asks again.
+EVICTIONS_PAGE = 20_000
+
 #: Hashes per ``hits`` notification (well under the protocol's MAX_ITEMS).
 HITS_BATCH = 50_000
 
@@ -199,6 +205,50 @@ async def _report_hits(ops, client, dataset: str) -> None:
             log.debug("dropped %d hit reports: %s", len(hashes), exc)
 
 
+async def _forget_evicted(ops, client, fuse_fd: int) -> None:
+    """Every EVICTIONS_INTERVAL, drop from the kernel the pages of files mountd evicted.
+
+    The kernel keeps every file's pages (zero-message opens); without this, a file evicted
+    from the store would go on being read from RAM, and the mount would cache more than the
+    budget says (mountd/evictions.py). Advisory: while mountd is away nothing is evicted.
+    """
+    from mountd.protocol import MountdUnavailable
+
+    journal: str | None = None
+    seq: int | None = None
+    while True:
+        try:
+            args = {} if seq is None else {"since": seq, "journal": journal}
+            answer = await client.call("evictions", args)
+        except (MountdUnavailable, QuiverError, OSError) as exc:
+            log.debug("eviction journal unavailable: %s", exc)
+            await trio.sleep(EVICTIONS_INTERVAL)
+            continue
+        if seq is not None and not answer["complete"]:
+            log.info("lost track of mountd's evictions (restarted, or too far behind): "
+                     "pages of evicted files may be served from the kernel's cache until it drops them")
+        journal, seq = answer["journal"], answer["seq"]
+        inodes = ops.evicted([bytes.fromhex(h) for h in answer["hashes"]])
+        if inodes:
+            # From a thread: dropping a page waits for a READ of it in flight, which this
+            # very thread may be the one to answer (a miss).
+            await trio.to_thread.run_sync(_invalidate, fuse_fd, inodes)
+        if len(answer["hashes"]) < EVICTIONS_PAGE:
+            await trio.sleep(EVICTIONS_INTERVAL)
+
+
+def _invalidate(fuse_fd: int, inodes: list[int]) -> None:
+    for inode in inodes:
+        try:
+            os.write(fuse_fd, fuse_wire.inval_inode(inode))
+        except OSError as exc:
+            # ENOENT: the kernel no longer has that inode; ENODEV: unmounted.
+            if exc.errno == errno.ENODEV:
+                return
+            if exc.errno != errno.ENOENT:
+                log.debug("cannot invalidate inode %d: %s", inode, exc)
+
+
 async def _watch_signals(stop: Callable[[], None]) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
@@ -270,6 +320,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             stop = partial(_stop_serving, mountpoint, pids)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
+                nursery.start_soon(_forget_evicted, ops, client, fuse_fd)
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
                 await _serve_forwarded(ops, trio.socket.from_stdlib_socket(ours), fuse_fd)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
+from functools import partial
 from pathlib import Path
 
 import blake3
@@ -114,3 +116,32 @@ def test_stats_shows_each_mount_beside_mountd(mounts) -> None:
         capture_output=True, text=True, check=True,
     ).stdout
     assert "mounts" in table and str(mounts["B"].name) in table
+
+
+def test_evicted_files_are_read_from_the_mount_again_on_every_mount(mounts) -> None:
+    """mountd evicts shared content: both mounts make the kernel drop those pages (the eviction
+    journal), so the next read of it on either mount reaches the mount: a miss on the first,
+    then a hit on the second (the first fetched it again)."""
+    rel_a, rel_b = "shared/s03.bin", "elsewhere/deep/copy of 3.jpg"
+    for name, rel in (("A", rel_a), ("B", rel_b)):
+        assert (mounts[name] / rel).read_bytes() == SHARED[3]  # cached: store and kernel
+    with SyncClient.connect(mounts["cache"]) as client:
+        assert client.evict(all=True)["files"] >= 1
+    for name, rel, kind in (("A", rel_a, "misses"), ("B", rel_b, "hits")):
+        mnt = mounts[name]
+        before = _mount_stats(mnt)
+        wait_for(partial(_read_reaches_the_mount, mnt, rel, before["opens"]),
+                 f"mount {name} to drop the evicted file's pages", timeout=10, interval=0.1)
+        after = _mount_stats(mnt)
+        assert after["opens"] == before["opens"] + 1 and after[kind] == before[kind] + 1, name
+        assert (mnt / rel).read_bytes() == SHARED[3]  # the kernel keeps it again
+        assert _mount_stats(mnt)["opens"] == after["opens"]
+
+
+def _mount_stats(mnt: Path) -> dict:
+    return json.loads(os.getxattr(mnt, "user.quiver.stats"))
+
+
+def _read_reaches_the_mount(mnt: Path, rel: str, opens_before: int) -> bool:
+    assert (mnt / rel).read_bytes() == SHARED[3]
+    return _mount_stats(mnt)["opens"] > opens_before

@@ -474,10 +474,10 @@ def test_hits_are_answered_inline(env: Env) -> None:
     assert totals(env) == {"opens": 1, "reads": 4, "hits": 1, "misses": 0,
                            "bytes": len(data) + 10 + 3, "errors": 0}
     assert env.forwarded() == [] and env.fetcher.calls == []
-    # Hit reports: batched, sent to the main process on flush (u64 bytes, then hashes).
+    # Hit reports: batched, sent to the main process on flush (u64 bytes, then hash + inode).
     env.worker.flush()
     (message,) = env.forwarded()
-    assert message == fuse_worker.HITS + struct.pack("<Q", len(data)) + b3(data)
+    assert message == fuse_worker.HITS + struct.pack("<Q", len(data)) + b3(data) + struct.pack("<Q", ino)
     env.worker.flush()
     assert env.forwarded() == []  # nothing pending: nothing sent
     env.ops.add_hits(message[1:])
@@ -507,6 +507,25 @@ def test_a_kept_descriptor_serves_a_file_evicted_from_the_store(env: Env) -> Non
     env.store_file("sub/b.bin").unlink()
     assert ok_body(handle(env, read_request(ino, 4096, 4096))) == data[4096:8192]
     assert env.forwarded() == []
+    # A new read of the file (offset 0) looks in the store again: evicted, so a miss.
+    again = read_request(ino, 0, 4096)
+    assert handle(env, again) is None
+    assert env.forwarded() == [fuse_worker.FORWARD + again]
+
+
+async def test_evicted_files_are_remembered_for_the_kernel(env: Env) -> None:
+    """Files read from the mount are remembered by hash, so mountd's evictions can be
+    turned into the inodes whose pages the kernel must drop (mountd/evictions.py)."""
+    env.put_in_store("a.txt")
+    assert ok_body(handle(env, read_request(env.ino("a.txt"), 0, 4096))) == b"alpha"
+    env.worker.flush()
+    (message,) = env.forwarded()
+    env.ops.add_hits(message[1:])
+    miss = read_request(env.ino("sub/b.bin"), 0, 1 << 20)
+    assert ok_body(await env.ops.answer(miss)) == env.files["sub/b.bin"]  # a miss, in the main process
+    hashes = [b3(env.files[p]) for p in ("a.txt", "sub/b.bin", "sub/deeper/c.txt")]
+    assert sorted(env.ops.evicted(hashes)) == sorted([env.ino("a.txt"), env.ino("sub/b.bin")])
+    assert env.ops.evicted(hashes) == []  # told once
 
 
 def test_workers_keep_a_bounded_number_of_store_files_open(env: Env, monkeypatch) -> None:
