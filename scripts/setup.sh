@@ -44,17 +44,16 @@ if [ ! -x .venv/bin/python ]; then
     "$python" -m venv .venv
 fi
 extras="test,bench"
-[ "$want_torch" = 1 ] && extras="test,bench,torch"
-# Reinstall only when pyproject.toml or the extras changed since the last successful run.
 stamp=".venv/.quiverfs-installed"
+# With torch already installed, a run without --torch must not drop it: keep the larger set.
+if [ "$want_torch" = 1 ] || { [ -f "$stamp" ] && grep -q torch "$stamp"; }; then extras="test,bench,torch"; fi
+# Reinstall only when pyproject.toml or the extras changed since the last successful run.
 fingerprint="$(sha256sum pyproject.toml | cut -c1-16) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$fingerprint" ]; then
-    # With torch already installed, a run without --torch must not drop it: keep the larger set.
-    if [ "$want_torch" = 0 ] && [ -f "$stamp" ] && grep -q torch "$stamp"; then extras="test,bench,torch"; fi
     say "installing quiverfs[$extras] into .venv (editable)"
     .venv/bin/python -m pip install -q --upgrade pip >/dev/null
     .venv/bin/python -m pip install -q -e ".[$extras]"
-    echo "$(sha256sum pyproject.toml | cut -c1-16) $extras" > "$stamp"
+    echo "$fingerprint" > "$stamp"
 fi
 
 # --- Azurite (Azure Blob emulator) from npm, under the git-ignored .tools/ ----------------

@@ -10,7 +10,10 @@
   or not at all (synthetic data). Runs of N concurrent jobs start together.
 * :mod:`.cli` — the command-line knobs the scripts share and their start-up checks.
 * :mod:`.report` — remote counters before/after a run, and the tables the scripts print.
+* ``papers_*`` and :mod:`.plots` — the paper-reproduction suite of ``scripts/bench/papers.py``:
+  one module per section (Quiver Table 3, Figures 6/7, DELI, costs), the report writer and
+  the matplotlib figures.
 
-The scripts in ``scripts/bench/`` (``coop_jobs.py``, ``shim_vs_lru.py``) build on it; see
-docs/benchmarks.md.
+The scripts in ``scripts/bench/`` (``coop_jobs.py``, ``shim_vs_lru.py``, ``papers.py``) build
+on it; see docs/benchmarks.md.
 """

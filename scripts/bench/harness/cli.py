@@ -40,6 +40,11 @@ def dataset_spec(args: argparse.Namespace) -> DatasetSpec:
     return DatasetSpec(files=int(args.files * args.scale), file_size=args.file_size)
 
 
+def remote_limits(files_per_s: float, file_size: int) -> dict[str, float]:
+    """mountd's remote limits (MountdConfig fields) for a bucket serving ``files_per_s`` files/s."""
+    return {"remote_bandwidth": files_per_s * file_size, "remote_requests": files_per_s}
+
+
 def bucket_limits(args: argparse.Namespace, spec: DatasetSpec) -> dict[str, float]:
     """mountd's remote limits for a bucket serving ``--remote-files`` files/s."""
-    return {"remote_bandwidth": args.remote_files * spec.file_size, "remote_requests": args.remote_files}
+    return remote_limits(args.remote_files, spec.file_size)

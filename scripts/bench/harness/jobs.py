@@ -10,7 +10,8 @@ mini-batch (the GPU step). Readers (``JobSpec.reader``):
 ``mount-shim``     files through the mount, :class:`quiverfs.torch.QuiverBatchSampler`
 ``bucket``         straight from the bucket with quiverfs's backend code (``open_backend`` +
                    ``read_range``), no cache, shuffled; optionally throttled per worker so that
-                   the jobs together get ``bucket_bandwidth`` / ``bucket_requests``
+                   the jobs together get ``bucket_bandwidth`` / ``bucket_requests``, and
+                   slowed by a per-GET latency (``bucket_latency_s``)
 ``synthetic``      no I/O: zero tensors of the file size, shuffled (the upper bound)
 =================  =================================================================================
 
@@ -65,6 +66,15 @@ class JobSpec:
     #: ``bucket`` reader: this job's share of the bucket's bytes/s and requests/s (None: no cap).
     bucket_bandwidth: float | None = None
     bucket_requests: float | None = None
+    #: ``bucket`` reader: seconds each GET takes (a per-request latency, slept in the worker).
+    bucket_latency_s: float | None = None
+    #: QuiverBatchSampler's pre-fetch threshold (None: its default, 0.5).
+    threshold: float | None = None
+    #: Mount readers: drop the file's pages from the kernel's page cache after reading it
+    #: (``POSIX_FADV_DONTNEED``), so that every read reaches quiverfs. The mount lets the kernel
+    #: keep file pages; a scaled-down dataset fits in RAM, so without this the page cache would
+    #: be a second, unbounded cache in front of the one a benchmark sizes.
+    drop_pages: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -79,8 +89,9 @@ class _BucketReader:
     """Reads through a quiverfs backend from a sync DataLoader worker: a trio loop in a
     thread of the worker process (created lazily, after the fork), calls handed to it."""
 
-    def __init__(self, url: str, bandwidth: float | None, requests: float | None) -> None:
-        self.url, self.bandwidth, self.requests = url, bandwidth, requests
+    def __init__(self, url: str, bandwidth: float | None, requests: float | None,
+                 latency: float | None = None) -> None:
+        self.url, self.bandwidth, self.requests, self.latency = url, bandwidth, requests, latency
         self._pid: int | None = None
 
     def _start(self) -> None:
@@ -112,6 +123,8 @@ class _BucketReader:
         async def one() -> tuple[bytes, int]:
             before = self.backend.counters.requests["GET"]
             async with self.limits.request(length):
+                if self.latency:
+                    await trio.sleep(self.latency)
                 data = await self.backend.read_range(key, 0, length)
             return data, self.backend.counters.requests["GET"] - before
 
@@ -129,7 +142,8 @@ def _make_dataset(spec: JobSpec, rels: list[str]):  # -> torch Dataset
             self.paths = [os.path.join(spec.root, rel) for rel in rels]
             self.bucket = None
             if spec.reader == "bucket":
-                self.bucket = _BucketReader(spec.url, spec.bucket_bandwidth, spec.bucket_requests)
+                self.bucket = _BucketReader(spec.url, spec.bucket_bandwidth, spec.bucket_requests,
+                                            spec.bucket_latency_s)
 
         def __len__(self) -> int:
             return len(self.paths)
@@ -142,6 +156,8 @@ def _make_dataset(spec: JobSpec, rels: list[str]):  # -> torch Dataset
             else:
                 with open(self.paths[i], "rb") as f:
                     data, gets = f.read(), 0
+                    if spec.drop_pages:
+                        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             return torch.frombuffer(bytearray(data), dtype=torch.uint8), gets
 
     return Files()
@@ -161,7 +177,8 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
         from quiverfs.torch import QuiverBatchSampler
 
         sampler = QuiverBatchSampler(dataset, spec.batch_size, paths=dataset.paths, job=spec.name,
-                                     seed=spec.seed, fetch_size=spec.fetch_size)
+                                     seed=spec.seed, fetch_size=spec.fetch_size,
+                                     **({} if spec.threshold is None else {"threshold": spec.threshold}))
         if not sampler.on_quiver:
             raise RuntimeError(f"{spec.root} is not a quiverfs mount with a control channel")
         batch_sampler = sampler
