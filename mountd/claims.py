@@ -261,6 +261,10 @@ class EpochPool:
     job: str
     epoch: int
     world_size: int = 1
+    #: The job's files (1 = in scope; None: the whole dataset), e.g. an ImageFolder over one
+    #: sub-directory of the mount. Files out of scope count as given from the start: they
+    #: are never claimed, and the epoch ends once the scope is given out.
+    scope: bytearray | None = None
     given: bytearray = field(init=False)
     given_total: int = field(init=False, default=0)
     given_by_rank: list[int] = field(init=False)
@@ -273,10 +277,21 @@ class EpochPool:
 
     def __post_init__(self) -> None:
         n = self.dataset.count
-        self.given = bytearray(n)
+        plan = self.dataset.plan
         self.given_by_rank = [0] * self.world_size
-        self.quota = -(-n // self.world_size)
-        self.given_per_chunk = [0] * self.dataset.plan.chunks
+        if self.scope is None:
+            self.given = bytearray(n)
+            self.given_per_chunk = [0] * plan.chunks
+            in_scope = n
+        else:
+            if len(self.scope) != n:
+                raise ValueError(f"scope covers {len(self.scope)} files, the dataset has {n}")
+            self.given = self.scope.translate(_INVERT)
+            in_scope = self.scope.count(1)
+            self.given_total = n - in_scope
+            self.given_per_chunk = [sum(self.given.count(1, start, stop) for start, stop in plan.ranges_of(c))
+                                    for c in range(plan.chunks)]
+        self.quota = -(-in_scope // self.world_size)
         self.dataset.pools.add(self)
         if self.dataset.manager is not None:
             self.dataset.manager.attach(self)
@@ -420,6 +435,10 @@ class EpochPool:
         if self.unread is not None:
             for i in ids:
                 self.unread.set_cached(i, False)
+
+
+#: 0 ↔ 1: a scope mask into the "given" mask of what is out of scope.
+_INVERT = bytes.maketrans(b"\x00\x01", b"\x01\x00")
 
 
 def _positions(bitmap: bytearray, value: int, ranges: list[tuple[int, int]]) -> Iterator[int]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import errno as _errno
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from quiverfs.errors import QuiverError
@@ -38,6 +38,8 @@ MAX_WORLD = 1 << 16
 MAX_EPOCH = (1 << 31) - 1
 MAX_LOOKAHEAD = 1000
 MAX_NAME = 256
+#: Most id ranges a session's scope may have (it travels in one xattr name).
+MAX_SCOPE_RANGES = 64
 #: Epoch pools a job keeps at once (ranks straddling one epoch boundary).
 LIVE_EPOCHS = 2
 
@@ -107,6 +109,28 @@ def check_seconds(name: str, value: Any) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
         raise InvalidRequest(f"{name} must be a finite number of seconds >= 0")
     return float(value)
+
+
+def scope_mask(dataset: DatasetState, ranges: Any) -> bytearray:
+    """A job's scope, ``[[start, stop], ...]`` (half-open id ranges, ascending, disjoint), as
+    a mask of the dataset's files (1 = in scope)."""
+    if isinstance(ranges, str | bytes) or not isinstance(ranges, Iterable):
+        raise InvalidRequest("scope must be a list of [start, stop] id ranges")
+    ranges = list(ranges)
+    if not 0 < len(ranges) <= MAX_SCOPE_RANGES:
+        raise InvalidRequest(f"scope must have 1..{MAX_SCOPE_RANGES} ranges")
+    mask = bytearray(dataset.count)
+    previous = 0
+    for pair in ranges:
+        if (isinstance(pair, str | bytes) or not isinstance(pair, Sequence) or len(pair) != 2
+                or any(type(v) is not int for v in pair)):
+            raise InvalidRequest("scope ranges must be [start, stop] pairs of integers")
+        start, stop = pair
+        if not previous <= start < stop <= dataset.count:
+            raise InvalidRequest(f"scope ranges must be ascending, disjoint and within 0..{dataset.count}")
+        mask[start:stop] = b"\x01" * (stop - start)
+        previous = stop
+    return mask
 
 
 def check_ids(dataset: DatasetState, ids: Any) -> list[int]:

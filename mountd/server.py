@@ -477,7 +477,8 @@ class Server:
         return self.coop
 
     async def _op_session_open(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "world_size", "epoch", "seed", "lookahead"})
+        a = _session_args(request, {"dataset", "job", "rank", "world_size", "epoch", "seed", "lookahead",
+                                    "scope"})
         dataset, job = a.pop("dataset", None), a.pop("job", None)
         return await self._coop().open_session(dataset, job, **a)
 

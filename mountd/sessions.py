@@ -45,6 +45,7 @@ from mountd.requests import (
     check_int,
     check_name,
     check_seconds,
+    scope_mask,
 )
 from mountd.timings import JobTimings, TimingSummary
 
@@ -96,6 +97,7 @@ class _Job:
     dataset: str
     job: str
     world_size: int
+    scope: bytearray | None = None  # the job's files (EpochPool.scope); None: all
     sessions: dict[int, _Session] = field(default_factory=dict)
     pools: dict[int, EpochPool] = field(default_factory=dict)
     seen: float = 0.0  # clock of the last accepted request from any rank
@@ -328,8 +330,13 @@ class SessionRegistry:
         epoch: int = 0,
         seed: int = 0,
         lookahead: int = 10,
+        scope: Sequence[Sequence[int]] | None = None,
     ) -> SessionInfo:
         """Open (or re-open, idempotently) the session of ``job``'s ``rank`` on ``dataset``.
+
+        ``scope`` (``[[start, stop], ...]`` id ranges) limits the job to those files, e.g. an
+        ImageFolder over one sub-directory; it is the job's, set by its first session, and a
+        later session giving another scope is :class:`SessionConflict`.
 
         Re-opening with another seed or look-ahead is :class:`SessionConflict`; with a later
         epoch it moves the rank there (like :meth:`next_epoch`); with an earlier one it
@@ -345,10 +352,13 @@ class SessionRegistry:
         check_int("epoch", epoch, 0, MAX_EPOCH)
         check_int("seed", seed, 0, (1 << 64) - 1)
         check_int("lookahead", lookahead, 1, MAX_LOOKAHEAD)
+        mask = None if scope is None else scope_mask(state, scope)
         key = (dataset, job)
         entry = self._jobs.get(key)
         if entry is not None and entry.world_size != world_size:
             raise SessionConflict(f"job {job} has world size {entry.world_size}, not {world_size}")
+        if entry is not None and mask is not None and entry.scope != mask:
+            raise SessionConflict(f"job {job} was opened with another scope")
         session = entry.sessions.get(rank) if entry is not None else None
         if session is not None and (session.seed, session.lookahead) != (seed, lookahead):
             raise SessionConflict(f"rank {rank} of job {job} is open with other parameters")
@@ -359,7 +369,7 @@ class SessionRegistry:
         elif len(self._jobs) >= self.max_jobs:
             raise TooManyJobs(f"{len(self._jobs)} jobs are open already; close some first")
         if entry is None:
-            entry = self._jobs[key] = _Job(dataset, job, world_size)
+            entry = self._jobs[key] = _Job(dataset, job, world_size, mask)
             self._timings_of(key)
         if session is None:
             session = _Session(rank, seed, lookahead, epoch, _rng(seed, job, epoch, rank))
@@ -497,7 +507,7 @@ class SessionRegistry:
         """Put ``session`` on ``epoch`` (already validated), creating its pool if needed."""
         if epoch not in entry.pools:
             state = self._datasets[entry.dataset]
-            entry.pools[epoch] = EpochPool(state, entry.job, epoch, entry.world_size)
+            entry.pools[epoch] = EpochPool(state, entry.job, epoch, entry.world_size, entry.scope)
             while len(entry.pools) > LIVE_EPOCHS:
                 oldest = min(entry.pools)
                 entry.pools.pop(oldest).close()

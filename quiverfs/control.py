@@ -71,7 +71,8 @@ _FLOAT = re.compile(r"[0-9]{1,15}(\.[0-9]{1,15})?([eE][-+]?[0-9]{1,3})?")
 _ENCODED = re.compile(r"(?:[A-Za-z0-9._~-]|%[0-9A-Fa-f]{2})+")
 MAX_JOB = 128
 
-_I, _F, _S = "int", "float", "str"
+_I, _F, _S, _R = "int", "float", "str", "ranges"
+_RANGES = re.compile(r"[0-9]{1,12}-[0-9]{1,12}(?:,[0-9]{1,12}-[0-9]{1,12}){0,63}")
 
 #: op → (mountd op or None for local, {arg: (type, required)})
 OPS: dict[str, tuple[str | None, dict[str, tuple[str, bool]]]] = {
@@ -79,7 +80,8 @@ OPS: dict[str, tuple[str | None, dict[str, tuple[str, bool]]]] = {
     "paths": (None, {"start": (_I, True)}),
     "page": (None, {"of": (_S, True), "i": (_I, True)}),
     "open": ("session_open", {"job": (_S, True), "rank": (_I, False), "world": (_I, False),
-                              "epoch": (_I, False), "seed": (_I, False), "lookahead": (_I, False)}),
+                              "epoch": (_I, False), "seed": (_I, False), "lookahead": (_I, False),
+                              "scope": (_R, False)}),
     "claim": ("claim", {"job": (_S, True), "rank": (_I, True), "n": (_I, True), "epoch": (_I, False)}),
     "next": ("next_epoch", {"job": (_S, True), "rank": (_I, True), "epoch": (_I, False)}),
     "close": ("session_close", {"job": (_S, True), "rank": (_I, True), "s": (_F, False)}),
@@ -143,6 +145,11 @@ def _value(key: str, kind: str, raw: str) -> Any:
         if not _INT.fullmatch(raw):
             raise ControlRequestError(f"{key} must be a decimal integer >= 0")
         return int(raw)
+    if kind == _R:
+        text = unquote(raw)
+        if not _RANGES.fullmatch(text):
+            raise ControlRequestError(f"{key} must be id ranges START-STOP[,START-STOP...]")
+        return [[int(a), int(b)] for a, b in (r.split("-") for r in text.split(","))]
     if kind == _F:
         if not _FLOAT.fullmatch(raw) or not math.isfinite(float(raw)):
             raise ControlRequestError(f"{key} must be a finite decimal number >= 0")

@@ -61,6 +61,29 @@ def _dataset_paths(dataset: Any, paths: Sequence[str | os.PathLike[str]] | None)
     return [os.fspath(s[0]) if isinstance(s, tuple | list) else os.fspath(s) for s in samples]
 
 
+#: Most id ranges sent as a job's scope: it travels in an xattr name of at most 255 bytes.
+MAX_SCOPE_RANGES = 6
+
+
+def _scope_of(mapping: array) -> str | None:
+    """The compact ids this dataset maps to, as ``start-stop`` ranges for the session's
+    ``scope`` (so mountd never gives, nor fetches, files the dataset would skip); None when
+    they are too scattered to send (the files outside are then claimed and skipped)."""
+    ranges: list[str] = []
+    start = None
+    for cid, index in enumerate(mapping):
+        if index >= 0 and start is None:
+            start = cid
+        elif index < 0 and start is not None:
+            ranges.append(f"{start}-{cid}")
+            start = None
+    if start is not None:
+        ranges.append(f"{start}-{len(mapping)}")
+    if not ranges or len(ranges) > MAX_SCOPE_RANGES:
+        return None
+    return ",".join(ranges)
+
+
 def _distributed() -> tuple[int, int] | None:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
@@ -138,6 +161,8 @@ class QuiverBatchSampler(Sampler[list[int]]):
         self.root = find_mount_root(os.path.dirname(self.paths[0]))
         self.control: ControlClient | None = None
         self.session: dict[str, Any] = {}
+        #: the compact id ranges of this dataset's files, sent as the job's scope (None: all)
+        self.scope: str | None = None
         self._cid_to_index = array("q")
         self.mapped = len(self.paths)
         if self.root is not None:
@@ -153,7 +178,6 @@ class QuiverBatchSampler(Sampler[list[int]]):
     def _open_on_mount(self, epoch: int) -> None:
         control = ControlClient(self.root)  # type: ignore[arg-type]
         try:
-            self.session = self._open(control, epoch)
             table = control.paths()
         except OSError as exc:
             if exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
@@ -169,12 +193,14 @@ class QuiverBatchSampler(Sampler[list[int]]):
                 mapped += 1
         self._cid_to_index = mapping
         self.mapped = mapped
+        self.scope = _scope_of(mapping) if mapped < len(table) else None
+        self.session = self._open(control, epoch)
         self.control = control
 
     def _open(self, control: ControlClient, epoch: int) -> dict[str, Any]:
         return control.request(
             "open", job=self.job, rank=self.rank, world=self.world_size, epoch=epoch,
-            seed=self.seed, lookahead=self.lookahead,
+            seed=self.seed, lookahead=self.lookahead, scope=self.scope,
         )
 
     @property

@@ -155,3 +155,48 @@ def test_off_the_mount_it_is_a_shuffled_sampler(mounted, monkeypatch) -> None:
     assert not sampler.on_quiver
     seen = [i for batch in sampler for i in batch]
     assert sorted(seen) == list(range(FILES)) and seen != list(range(FILES))
+
+
+@pytest.fixture(scope="module")
+def split_mount(fuse, module_tmp: Path):
+    """A cold mount holding train/ (3 x 10 images) and val/ (3 x 5)."""
+    source = module_tmp / "split"
+    assert write_tree(source, generate_images(n_classes=3, per_class=10, size=32)) == 30
+    assert write_tree(source, generate_images(n_classes=3, per_class=5, size=32, split="val")) == 15
+    digest = module_tmp / "split.qd"
+    build_digest(source, digest)
+    cache = module_tmp / "split-cache"
+    mountd = MountdProcess(cache).start()
+    try:
+        with MountProcess(digest, module_tmp / "split-mnt", cache) as mount:
+            yield mount.mountpoint
+    finally:
+        mountd.stop()
+
+
+def test_an_imagefolder_over_a_subdirectory_claims_only_its_files(split_mount) -> None:
+    """The sampler sends its files' id ranges as the job's scope: the epoch is exactly the
+    sub-directory's files, and no claim names the rest of the mount."""
+    dataset = Indexed(split_mount / "train")
+    sampler = QuiverBatchSampler(dataset, batch_size=4, job="train-only", report=False)
+    assert sampler.on_quiver and sampler.mapped == 30
+    assert sampler.scope is not None and sampler.session["quota"] == 30
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        seen = [int(i) for indices, _ in loader for i in indices]
+        assert Counter(seen) == Counter(range(30)), f"epoch {epoch}"
+    # What mountd gives this job: exactly the train/ ids, none of val/ (without the scope it
+    # would hand out all 45 and the sampler would skip 15).
+    train_ids = {cid for cid, index in enumerate(sampler._cid_to_index) if index >= 0}
+    assert len(train_ids) == 30
+    control = ControlClient(split_mount)
+    control.request("next", job="train-only", rank=0, epoch=5)
+    claimed: list[int] = []
+    while True:
+        claim = control.request("claim", job="train-only", rank=0, n=8)
+        if not claim["hits"] and not claim["fetch"]:
+            break
+        claimed += claim["hits"] + claim["fetch"]
+    assert sorted(claimed) == sorted(train_ids)
+    sampler.close()

@@ -388,3 +388,60 @@ def test_pool_quota_and_close_stop_notifications():
     pool.close()
     assert pool not in state.pools
     state.mark_cached([0])  # no error after close
+
+
+# -- scope: a job over part of the dataset ---------------------------------------------------------
+
+
+def test_a_scoped_job_gets_exactly_its_files_each_epoch():
+    registry = full_registry(100, cached=range(0, 100, 3))
+    scope = [[10, 30], [60, 75]]
+    in_scope = set(range(10, 30)) | set(range(60, 75))
+    info = registry.open_session("ds", "part", rank=0, world_size=1, scope=scope)
+    assert info.quota == len(in_scope)
+    for epoch in range(2):
+        got = drain(registry, "part", 0, 7, epoch=epoch)
+        assert sorted(got) == sorted(in_scope), f"epoch {epoch}"
+        registry.next_epoch("ds", "part", 0)
+
+
+def test_scoped_ranks_split_the_scope_with_equal_quotas():
+    registry = full_registry(50)
+    for rank in range(2):
+        info = registry.open_session("ds", "ddp", rank=rank, world_size=2, scope=[[5, 26]])
+        assert info.quota == 11  # ceil(21 / 2)
+    per_rank = [drain(registry, "ddp", rank, 4) for rank in range(2)]
+    assert sorted(per_rank[0] + per_rank[1]) == list(range(5, 26))
+    assert not set(per_rank[0]) & set(per_rank[1])
+
+
+def test_a_scoped_job_skips_chunks_without_its_files():
+    registry = SessionRegistry(clock=FakeClock())
+    mode = registry.add_dataset("ds", [100] * 200, budget=200 * 100 // 4, fraction=0.1)
+    assert mode.value == "chunked"
+    registry.open_session("ds", "few", scope=[[0, 3]])
+    got = drain(registry, "few", 0, 2)
+    assert sorted(got) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("scope", [[], [[5, 5]], [[10, 5]], [[0, 101]], [[20, 30], [25, 40]],
+                                    [[30, 40], [0, 10]], "0-10", [[0, "10"]], [[0, 10, 20]],
+                                    [[i, i + 1] for i in range(0, 130, 2)]])
+def test_malformed_scopes_are_refused(scope):
+    from mountd.requests import InvalidRequest
+
+    registry = full_registry(100)
+    with pytest.raises(InvalidRequest):
+        registry.open_session("ds", "bad", scope=scope)
+    assert registry.sessions() == []
+
+
+def test_a_job_has_one_scope():
+    from mountd.requests import SessionConflict
+
+    registry = full_registry(100)
+    registry.open_session("ds", "job", rank=0, world_size=2, scope=[[0, 50]])
+    with pytest.raises(SessionConflict):
+        registry.open_session("ds", "job", rank=1, world_size=2, scope=[[0, 60]])
+    registry.open_session("ds", "job", rank=1, world_size=2, scope=[[0, 50]])  # the same: fine
+    registry.open_session("ds", "job", rank=1, world_size=2)  # none: the job's stands

@@ -313,3 +313,14 @@ def test_control_client_exactly_once_through_cpythons_two_syscalls(monkeypatch) 
     with pytest.raises(OSError) as info:
         cc.request("claim", job="j", rank=0, n=0, epoch=None, x=1)
     assert info.value.errno == errno.EINVAL
+
+
+def test_open_carries_a_scope_of_id_ranges() -> None:
+    from quiverfs.control import ControlRequestError, make_name, parse_name
+
+    name = make_name("open", nonce="n1", job="j", scope="0-10,20-30")
+    assert parse_name(name.encode())[2]["scope"] == [[0, 10], [20, 30]]
+    for bad in ("10", "0-10,", "a-b", "0-10;20-30", ",".join(f"{i}-{i + 1}" for i in range(0, 200, 2))):
+        with pytest.raises(ControlRequestError) as info:
+            parse_name(f"user.quiver.ctl.n2.open?job=j&scope={bad}".encode())
+        assert info.value.errno == errno.EINVAL
