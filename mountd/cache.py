@@ -102,8 +102,6 @@ class _Flight:
     error: BaseException | None = None
     #: The task running the fill was cancelled: waiters start a new flight.
     cancelled: bool = False
-    #: A reader waits for it (an ``ensure``): read as soon as it lands, not fetched ahead.
-    awaited: bool = False
 
 
 class Cache:
@@ -327,8 +325,6 @@ class Cache:
                     self._nursery.start_soon(self._run_flight, flight)
                 else:
                     await self._run_flight(flight)
-            if not prefetch:
-                flight.awaited = True
             await flight.done.wait()
             if flight.cancelled:
                 continue
@@ -361,7 +357,7 @@ class Cache:
                     self.used += flight.size
                     self.entries += 1
                     assert self._policy is not None
-                    self._policy.on_insert(flight.hash, flight.size, unread=not flight.awaited)
+                    self._policy.on_insert(flight.hash, flight.size)
                     self._tell("filled", flight.hash)
                 finally:
                     self.reserved -= flight.size

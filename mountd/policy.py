@@ -29,9 +29,8 @@ class EvictionPolicy(ABC):
     def victims(self) -> Iterator[tuple[bytes, int]]:
         """Evictable ``(hash, size)`` in the order to evict; the caller stops when it has room."""
 
-    def on_insert(self, hash: bytes, size: int, unread: bool = False) -> None:  # noqa: B027 - optional hook
-        """A file was stored; ``unread``: fetched ahead (prefetch, claim, preload), nobody
-        has read it yet."""
+    def on_insert(self, hash: bytes, size: int) -> None:  # noqa: B027 - optional hook
+        """A file was stored."""
 
     def on_access(self, hashes: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
         """Files were read (the index's last_use is already updated)."""
@@ -41,40 +40,12 @@ class EvictionPolicy(ABC):
 
 
 class LRUPolicy(EvictionPolicy):
-    """Least recently used first, by the index's ``last_use`` column (hits and fills update it),
-    except that files fetched ahead and not read yet go last.
-
-    A file prefetched for a job (a claim's miss, a DELI-style fetch ahead) is needed soon: if
-    plain LRU evicted it before files already read, a cache a little larger than the
-    look-ahead would throw away exactly what the job is about to read (DELI §III-B keeps
-    prefetched data until it is consumed). Such files are tracked here until their first read
-    (a hit report or an ``ensure``); after a mountd restart every file is plain LRU again.
-    """
+    """Least recently used first, by the index's ``last_use`` column (hits and fills update it)."""
 
     name = "lru"
     page = 256
 
-    def __init__(self, index: Index) -> None:
-        super().__init__(index)
-        self._unread: set[bytes] = set()
-
-    def on_insert(self, hash: bytes, size: int, unread: bool = False) -> None:
-        if unread:
-            self._unread.add(hash)
-
-    def on_access(self, hashes: Sequence[bytes]) -> None:
-        self._unread.difference_update(hashes)
-
-    def on_remove(self, hashes: Sequence[bytes]) -> None:
-        self._unread.difference_update(hashes)
-
     def victims(self) -> Iterator[tuple[bytes, int]]:
-        unread = self._unread
-        yield from self._in_lru_order(lambda h: h not in unread)
-        if unread:
-            yield from self._in_lru_order(lambda h: h in unread)
-
-    def _in_lru_order(self, wanted) -> Iterator[tuple[bytes, int]]:
         after: tuple[int, bytes] = (-1, b"")
         while True:
             rows = self.index.lru(self.page, after)
@@ -82,8 +53,7 @@ class LRUPolicy(EvictionPolicy):
                 return
             for hash, size, last_use in rows:
                 after = (last_use, hash)
-                if wanted(hash):
-                    yield hash, size
+                yield hash, size
 
 
 #: Policy name → class; :class:`mountd.config.CacheConfig.policy` picks one.

@@ -81,24 +81,6 @@ async def test_lru_victim_follows_use(tmp_path: Path, source: Source, backends: 
         assert set(store_files(tmp_path / "c")) == {o.hash.hex() for o in (c, d, e)}
 
 
-async def test_files_fetched_ahead_are_evicted_after_files_already_read(
-    tmp_path: Path, source: Source, backends: Backends
-):
-    """DELI keeps prefetched data until it is consumed: LRU takes files already read first."""
-    a, b, c, d, e = source.many(5, 1000)
-    async with running(config(tmp_path / "c", size=3000), backends) as cache:
-        await cache.ensure(a.hash, a.size, a.location)  # read at once
-        cache.fetch_now([(o.hash, o.size, o.location) for o in (b, c)], "ds")  # fetched ahead
-        while not (cache.contains(b.hash) and cache.contains(c.hash)):
-            await trio.sleep(0.01)
-        await cache.ensure(d.hash, d.size, d.location)  # a is newer than b and c, yet goes
-        assert [cache.contains(o.hash) for o in (a, b, c, d)] == [False, True, True, True]
-        cache.record_hits("ds", [b.hash], 1000)  # b read (now the newest): plain LRU for it
-        await cache.ensure(e.hash, e.size, e.location)  # d: the only read file older than b
-        assert [cache.contains(o.hash) for o in (b, c, d, e)] == [True, True, False, True]
-        assert set(store_files(tmp_path / "c")) == {o.hash.hex() for o in (b, c, e)}
-
-
 async def test_pinned_entries_are_never_evicted(tmp_path: Path, source: Source, backends: Backends):
     a, b, c, d = source.many(4, 1000)
     async with running(config(tmp_path / "c", size=2000), backends) as cache:
