@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import blake3
@@ -214,6 +215,21 @@ def build_digest(source: Path, out: Path) -> str:
 
     result = trio.run(lambda: build("file://" + str(source), out))
     return result.dataset_id
+
+
+@contextmanager
+def serving(source: Path, work: Path, name: str) -> Iterator[Path]:
+    """Build ``source``'s digest under ``work``, start a mountd of its own and mount the
+    digest (as ``name``); the mount point. Everything is stopped on the way out."""
+    digest = work / f"{name}.qd"
+    build_digest(source, digest)
+    cache = work / f"{name}-cache"
+    mountd = MountdProcess(cache).start()
+    try:
+        with MountProcess(digest, work / f"{name}-mnt", cache) as mount:
+            yield mount.mountpoint
+    finally:
+        mountd.stop()
 
 
 def file_hash(path: str | os.PathLike[str], chunk: int = 1 << 20) -> bytes:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from quiverfs.testing.sample_data import generate_images, write_tree
-from tests.mount.conftest import MountdProcess, MountProcess, build_digest
+from tests.mount.conftest import serving
 
 pytestmark = pytest.mark.mount
 
@@ -21,15 +21,8 @@ def folders(fuse, module_tmp: Path):
     source = module_tmp / "images"
     count = write_tree(source, generate_images(n_classes=4, per_class=25, size=48))
     assert count == 100
-    digest = module_tmp / "images.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        with MountProcess(digest, module_tmp / "mnt", cache) as mount:
-            yield source / "train", mount.mountpoint / "train"
-    finally:
-        mountd.stop()
+    with serving(source, module_tmp, "images") as mountpoint:
+        yield source / "train", mountpoint / "train"
 
 
 def _relative(samples: list[tuple[str, int]], root: Path) -> list[tuple[str, int]]:

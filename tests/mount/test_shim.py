@@ -19,7 +19,7 @@ import pytest
 
 from quiverfs.control import ControlClient, make_name
 from quiverfs.testing.sample_data import generate_images, write_tree
-from tests.mount.conftest import MountdProcess, MountProcess, build_digest
+from tests.mount.conftest import MountdProcess, MountProcess, build_digest, serving
 
 pytestmark = pytest.mark.mount
 
@@ -163,15 +163,8 @@ def split_mount(fuse, module_tmp: Path):
     source = module_tmp / "split"
     assert write_tree(source, generate_images(n_classes=3, per_class=10, size=32)) == 30
     assert write_tree(source, generate_images(n_classes=3, per_class=5, size=32, split="val")) == 15
-    digest = module_tmp / "split.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "split-cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        with MountProcess(digest, module_tmp / "split-mnt", cache) as mount:
-            yield mount.mountpoint
-    finally:
-        mountd.stop()
+    with serving(source, module_tmp, "split") as mountpoint:
+        yield mountpoint
 
 
 def test_an_imagefolder_over_a_subdirectory_claims_only_its_files(split_mount) -> None:

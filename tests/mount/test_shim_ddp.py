@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from quiverfs.testing.sample_data import generate_images, write_tree
-from tests.mount.conftest import REPO, MountdProcess, MountProcess, build_digest
+from tests.mount.conftest import REPO, serving
 
 pytestmark = pytest.mark.mount
 
@@ -27,15 +27,8 @@ WORLD = 2
 def mounted(fuse, module_tmp: Path):
     source = module_tmp / "images"
     assert write_tree(source, generate_images(n_classes=4, per_class=25, size=32)) == FILES
-    digest = module_tmp / "images.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        with MountProcess(digest, module_tmp / "mnt", cache) as mount:
-            yield mount.mountpoint
-    finally:
-        mountd.stop()
+    with serving(source, module_tmp, "images") as mountpoint:
+        yield mountpoint
 
 
 def test_two_ddp_processes_split_each_epoch_exactly(mounted: Path, tmp_path: Path) -> None:
