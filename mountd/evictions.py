@@ -19,6 +19,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 
 #: Evictions remembered (32 bytes each: 8 MiB).
 JOURNAL_ENTRIES = 1 << 18
@@ -69,5 +70,6 @@ class EvictionJournal:
         start = max(seq, oldest)
         count = min(limit, self._next - start)
         first = start - oldest
-        hashes = [self._ring[i].hex() for i in range(first, first + count)]
+        # One walk of the ring (indexing a deque in the middle walks it on every access).
+        hashes = [h.hex() for h in islice(self._ring, first, first + count)]
         return {"journal": self.id, "seq": start + count, "hashes": hashes, "complete": complete}

@@ -256,21 +256,20 @@ class QuiverOperations:
         # A READ at offset 0 starts a read of the file: look in the store again (it may have
         # been evicted since), so a kept descriptor only serves the READs that follow.
         fd = self._files.get(inode) if offset else None
-        hit = True
         if fd is None:
             entry = self.tree.file(inode)
             if entry.size == 0:
                 return b""
             fd, hit = await self._open(entry)
-            if offset == 0 and inode in self._miss_to_count:
-                hit = False  # fetched for a later READ of this very read of the file
-            elif not hit and offset != 0:
+            if offset == 0:
+                if inode in self._miss_to_count:
+                    self._miss_to_count.discard(inode)
+                    hit = False  # fetched for a later READ of this very read of the file
+                self._served_from(entry.hash, inode)
+                counters[OPENS] += 1
+                counters[HITS if hit else MISSES] += 1
+            elif not hit:
                 self._miss_to_count.add(inode)  # its READ at offset 0 is still to come
-        if offset == 0:
-            self._miss_to_count.discard(inode)
-            self._served_from(self.tree.file(inode).hash, inode)
-            counters[OPENS] += 1
-            counters[HITS if hit else MISSES] += 1
         try:
             data = os.pread(fd, size, offset)
         except OSError:

@@ -221,16 +221,15 @@ class Worker:
                 log.warning("cannot open the store file of %s: %s", entry.path, exc)
                 return w.error(unique, errno.EIO)
             self._keep_open(inode, fd)
-        if offset == 0:
-            # A file's first READ: the kernel asks for offset 0 once per time it reads the
-            # file into its page cache, so this counts files read, not requests.
-            counters[OPENS] += 1
-            counters[HITS_N] += 1
-            entry = self.tree.file(inode)
-            self._pending.append(HIT_RECORD.pack(entry.hash, inode))
-            self._pending_bytes += entry.size
-            if len(self._pending) >= FLUSH_BATCH:
-                self._flush_due = True
+            if offset == 0:
+                # A file's first READ: the kernel asks for offset 0 once per time it reads
+                # the file into its page cache, so this counts files read, not requests.
+                counters[OPENS] += 1
+                counters[HITS_N] += 1
+                self._pending.append(HIT_RECORD.pack(entry.hash, inode))
+                self._pending_bytes += entry.size
+                if len(self._pending) >= FLUSH_BATCH:
+                    self._flush_due = True
         try:
             data = os.pread(fd, size, offset)
         except OSError as exc:

@@ -241,15 +241,6 @@ def file_hash(path: str | os.PathLike[str], chunk: int = 1 << 20) -> bytes:
     return hasher.digest()
 
 
-def store_files(cache_dir: Path) -> dict[str, int]:
-    """Every file in the cache's store → size."""
-    out = {}
-    for dirpath, _, names in os.walk(cache_dir / "store"):
-        for name in names:
-            out[name] = os.path.getsize(os.path.join(dirpath, name))
-    return out
-
-
 @pytest.fixture(scope="module")
 def module_tmp(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A temporary directory for the module (its own cache directory lives in it)."""

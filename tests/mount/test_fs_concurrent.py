@@ -12,7 +12,8 @@ import blake3
 import pytest
 
 from mountd.client import SyncClient
-from tests.mount.conftest import MountdProcess, MountProcess, build_digest, store_files, write_tree
+from tests.mount.conftest import MountdProcess, MountProcess, build_digest, write_tree
+from tests.mountd.conftest import store_files
 
 pytestmark = pytest.mark.mount
 

@@ -16,10 +16,10 @@ from tests.mount.conftest import (
     MountdProcess,
     MountProcess,
     build_digest,
-    store_files,
     wait_for,
     write_tree,
 )
+from tests.mountd.conftest import store_files
 
 pytestmark = pytest.mark.mount
 
