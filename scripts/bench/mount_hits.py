@@ -13,7 +13,12 @@ disjoint quarter with ``open()+read()+close()``. Measured in one run:
   as ``ImageFolder`` does: the listing gives the kernel every dentry, so no LOOKUPs;
 * for calibration, the same two passes through a naive pyfuse3 passthrough of the same store
   files (a dict from path to store file, inline ``os.pread``, keep_cache): the floor that
-  pyfuse3 + trio set on this machine, whatever the filesystem does.
+  pyfuse3 + trio set on this machine, whatever the filesystem does;
+* for calibration, the same two passes through ``native_floor.c``, a libfuse low-level server
+  in C doing what the mount does on a hit and nothing more (built with gcc when it is there);
+* what the machine charges for the first pass, probed in the same run: a pipe round trip
+  between processes on two CPUs and on one CPU (every FUSE request is one such round trip),
+  and the cost of a fresh page (the first pass fills the mount's page cache).
 
 Targets: first pass >= 0.15 of direct, second pass >= 0.30 of direct.
 
@@ -112,18 +117,100 @@ def read_pass(paths: list[str], readers: int) -> float:
     return len(paths) / wall
 
 
+def build_native_floor() -> str | None:
+    """Compile native_floor.c (gcc and libfuse3's headers); its path, or None with a reason printed."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native_floor.c")
+    binary = os.path.join(WORK, "native_floor")
+    if os.path.exists(binary) and os.path.getmtime(binary) >= os.path.getmtime(source):
+        return binary
+    try:
+        flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True, text=True,
+                               check=True).stdout.split()
+        subprocess.run(["gcc", "-O2", "-o", binary, source, *flags], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        print(f"native floor skipped: cannot build it ({detail.strip().splitlines()[-1] if detail.strip() else exc})")
+        return None
+    return binary
+
+
+def _pingpong(rounds: int, cpus: tuple[int, int] | None) -> float:
+    """Microseconds per round trip of one byte between two processes (pinned to ``cpus``)."""
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the echoing child
+        if cpus:
+            os.sched_setaffinity(0, {cpus[1]})
+        for _ in range(rounds):
+            os.read(r1, 1)
+            os.write(w2, b"x")
+        os._exit(0)
+    mask = os.sched_getaffinity(0)
+    try:
+        if cpus:
+            os.sched_setaffinity(0, {cpus[0]})
+        start = time.perf_counter()
+        for _ in range(rounds):
+            os.write(w1, b"x")
+            os.read(r2, 1)
+        elapsed = time.perf_counter() - start
+    finally:
+        os.sched_setaffinity(0, mask)
+        os.waitpid(pid, 0)
+        for fd in (r1, w1, r2, w2):
+            os.close(fd)
+    return elapsed / rounds * 1e6
+
+
+def _fresh_page_us() -> float:
+    """Microseconds to fault in one new page of anonymous memory (256 MiB, touched once)."""
+    import mmap
+
+    size = 256 << 20
+    area = mmap.mmap(-1, size)
+    try:
+        start = time.perf_counter()
+        for offset in range(0, size, mmap.PAGESIZE):
+            area[offset] = 1
+        return (time.perf_counter() - start) / (size // mmap.PAGESIZE) * 1e6
+    finally:
+        area.close()
+
+
+def probe_machine() -> dict[str, float]:
+    """What one FUSE round trip and one page of the first pass cost on this machine."""
+    cpus = sorted(os.sched_getaffinity(0))
+    probe = {"same_cpu_us": _pingpong(5000, (cpus[0], cpus[0])), "fresh_page_us": _fresh_page_us()}
+    if len(cpus) > 1:
+        probe["cross_cpu_us"] = _pingpong(5000, (cpus[0], cpus[1]))
+    try:
+        with open("/sys/module/haltpoll/parameters/guest_halt_poll_ns") as f:
+            probe["guest_halt_poll_ns"] = float(f.read())
+    except (OSError, ValueError):
+        pass
+    return probe
+
+
 class Mount:
     """A mount for one round: ``quiverfs mount --foreground`` or the calibration passthrough."""
 
     def __init__(self, digest: str, mountpoint: str, cache: str, profile: str | None = None,
-                 passthrough: bool = False) -> None:
+                 passthrough: bool = False, native: tuple[str, str] | None = None) -> None:
         self.digest, self.mountpoint, self.cache, self.profile = digest, mountpoint, cache, profile
         self.passthrough = passthrough
+        self.native = native  # (binary, list file) of the native floor
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Mount:
-        os.makedirs(self.mountpoint, exist_ok=True)
-        if self.passthrough:
+        try:
+            os.makedirs(self.mountpoint, exist_ok=True)
+        except OSError:  # a dead mount left by an interrupted run: ENOTCONN
+            subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], check=False, capture_output=True)
+            os.makedirs(self.mountpoint, exist_ok=True)
+        if self.native:
+            cmd = [self.native[0], self.mountpoint, self.native[1]]
+        elif self.passthrough:
             cmd = [sys.executable, os.path.abspath(__file__), "--passthrough-serve", self.mountpoint,
                    self.digest, self.cache]
         else:
@@ -131,18 +218,20 @@ class Mount:
                            self.digest, self.mountpoint)
             if self.profile:
                 cmd = [sys.executable, "-m", "cProfile", "-o", self.profile, *cmd[1:]]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stderr=open(os.path.join(WORK, "mount.err"), "ab"))
         wait_for(self._ready, "the mount", alive=self.proc.poll)
         return self
 
     def _ready(self) -> bool:
+        if self.native:
+            return os.path.ismount(self.mountpoint)
         try:
             return os.path.ismount(self.mountpoint) and os.stat(self.mountpoint).st_ino == 1
         except OSError:
             return False
 
     def __exit__(self, *exc: object) -> None:
-        if self.passthrough:
+        if self.passthrough or self.native:
             subprocess.run(["fusermount3", "-u", self.mountpoint], check=False, capture_output=True)
         elif self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)  # unmounts and writes the profile
@@ -262,6 +351,12 @@ def main() -> None:
 
         mount_paths = [os.path.join(mnt, rel) for rel in rels]
         flat_paths = [os.path.join(mnt, rel.replace("/", "__")) for rel in rels]
+        native_binary = build_native_floor()
+        native_list = os.path.join(WORK, "native_floor.list")
+        with open(native_list, "w") as f:
+            for rel, store in zip(rels, store_paths, strict=True):
+                f.write(f"{rel.replace('/', '__')}\t{store}\t{FILE_SIZE}\n")
+        native_firsts, native_seconds = [], []
         profile = os.path.join(WORK, "mount.prof") if args.profile else None
         firsts, seconds, floor_firsts, floor_seconds, listed_firsts = [], [], [], [], []
         dirs = sorted({os.path.dirname(p) for p in mount_paths})
@@ -276,6 +371,10 @@ def main() -> None:
             with Mount(digest, mnt, cache, passthrough=True):
                 floor_firsts.append(read_pass(flat_paths, args.readers))
                 floor_seconds.append(read_pass(flat_paths, args.readers))
+            if native_binary:
+                with Mount(digest, mnt, cache, native=(native_binary, native_list)):
+                    native_firsts.append(read_pass(flat_paths, args.readers))
+                    native_seconds.append(read_pass(flat_paths, args.readers))
         direct_after = max(read_pass(store_paths, args.readers) for _ in range(2))
         direct = max(direct, direct_after)
     finally:
@@ -298,10 +397,20 @@ def main() -> None:
     for name, value in (("naive pyfuse3 passthrough, first pass", max(floor_firsts)),
                         ("naive pyfuse3 passthrough, second pass", max(floor_seconds))):
         print(f"{name:<44}{value:>10,.0f}{value / direct:>8.3f}{'(floor)':>9}")
+    if native_firsts:
+        for name, value in (("native libfuse server (C), first pass", max(native_firsts)),
+                            ("native libfuse server (C), second pass", max(native_seconds))):
+            print(f"{name:<44}{value:>10,.0f}{value / direct:>8.3f}{'(floor)':>9}")
     print(f"quiverfs vs the passthrough floor: first pass {first / max(floor_firsts):.2f}x, "
           f"second pass {second / max(floor_seconds):.2f}x")
     print(f"(all rounds: first {[round(x) for x in firsts]}, second {[round(x) for x in seconds]}, "
           f"floor {[round(x) for x in floor_firsts]} / {[round(x) for x in floor_seconds]})")
+    machine = probe_machine()
+    cross = f"{machine['cross_cpu_us']:.0f} µs across two CPUs, " if "cross_cpu_us" in machine else ""
+    print(f"machine: a pipe round trip between two processes takes {cross}{machine['same_cpu_us']:.0f} µs on "
+          f"one CPU; a fresh page costs {machine['fresh_page_us']:.1f} µs "
+          f"({FILE_SIZE // 4096 + 1} pages per file on a first pass)"
+          + (f"; guest_halt_poll_ns={machine['guest_halt_poll_ns']:.0f}" if "guest_halt_poll_ns" in machine else ""))
     if profile:
         import pstats
 
