@@ -128,8 +128,8 @@ def build_native_floor() -> str | None:
                                check=True).stdout.split()
         subprocess.run(["gcc", "-O2", "-o", binary, source, *flags], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", "") or str(exc)
-        print(f"native floor skipped: cannot build it ({detail.strip().splitlines()[-1] if detail.strip() else exc})")
+        detail = (getattr(exc, "stderr", None) or str(exc)).strip().splitlines() or [repr(exc)]
+        print(f"native floor skipped: cannot build it ({detail[-1]})")
         return None
     return binary
 
@@ -193,7 +193,8 @@ def probe_machine() -> dict[str, float]:
 
 
 class Mount:
-    """A mount for one round: ``quiverfs mount --foreground`` or the calibration passthrough."""
+    """A mount for one round: ``quiverfs mount --foreground``, or one of the calibration servers
+    (the pyfuse3 passthrough, the native floor). Its stderr is appended to ``WORK/mount.err``."""
 
     def __init__(self, digest: str, mountpoint: str, cache: str, profile: str | None = None,
                  passthrough: bool = False, native: tuple[str, str] | None = None) -> None:
@@ -201,6 +202,7 @@ class Mount:
         self.passthrough = passthrough
         self.native = native  # (binary, list file) of the native floor
         self.proc: subprocess.Popen | None = None
+        self.stderr = None
 
     def __enter__(self) -> Mount:
         try:
@@ -218,13 +220,12 @@ class Mount:
                            self.digest, self.mountpoint)
             if self.profile:
                 cmd = [sys.executable, "-m", "cProfile", "-o", self.profile, *cmd[1:]]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stderr=open(os.path.join(WORK, "mount.err"), "ab"))
+        self.stderr = open(os.path.join(WORK, "mount.err"), "ab")  # noqa: SIM115 - closed in __exit__
+        self.proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stderr=self.stderr)
         wait_for(self._ready, "the mount", alive=self.proc.poll)
         return self
 
     def _ready(self) -> bool:
-        if self.native:
-            return os.path.ismount(self.mountpoint)
         try:
             return os.path.ismount(self.mountpoint) and os.stat(self.mountpoint).st_ino == 1
         except OSError:
@@ -242,6 +243,7 @@ class Mount:
         for flags in (["-u"], ["-u", "-z"]):
             if os.path.ismount(self.mountpoint):
                 subprocess.run(["fusermount3", *flags, self.mountpoint], check=False, capture_output=True)
+        self.stderr.close()
 
 
 def serve_passthrough(mountpoint: str, digest_path: str, cache: str) -> None:
