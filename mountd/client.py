@@ -4,7 +4,7 @@ starting a mountd on demand.
 :class:`AsyncClient` keeps one connection; a reader task hands each response to the request
 waiting on its id, so many requests (a FUSE process's misses) share the connection
 concurrently. When the connection drops, waiting requests fail with
-:class:`~mountd.protocol.MountdUnavailable`; the next call reconnects (starting a mountd first
+:class:`~mountd.errors.MountdUnavailable`; the next call reconnects (starting a mountd first
 when the client was opened with ``start=True``), replays the mounts it had registered, and
 idempotent requests that were cut off are retried once.
 
@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from mountd import layout, protocol
-from mountd.protocol import PROTOCOL_VERSION, MountdUnavailable, PermissionDenied, ProtocolError
+from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable, PermissionDenied, ProtocolError
+from mountd.protocol import PROTOCOL_VERSION
 
 #: Requests that are safe to send again when the connection dropped before their answer.
 IDEMPOTENT = frozenset({"hello", "ensure", "prefetch", "stats", "usage", "ls", "register", "unregister",
@@ -51,8 +52,6 @@ CONNECT_TIMEOUT = 5.0
 #: Seconds :func:`ensure_running` waits for a started mountd to answer.
 START_TIMEOUT = 30.0
 
-#: Exit status of a mountd that found another mountd owning its cache directory.
-EXIT_ALREADY_RUNNING = 75
 
 #: File in the cache directory that clients starting a mountd serialise on.
 START_LOCK = "mountd.start.lock"

@@ -38,7 +38,8 @@ import trio
 
 from mountd.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
 from mountd.datasets import DatasetView, load_view
-from mountd.sessions import SessionInfo, SessionRegistry, UnknownDataset
+from mountd.errors import UnknownDataset
+from mountd.sessions import SessionInfo, SessionRegistry
 from quiverfs.errors import QuiverError
 
 log = logging.getLogger("mountd.coop")

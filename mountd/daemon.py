@@ -31,21 +31,11 @@ import trio
 from mountd import layout
 from mountd.cache import Cache, CacheConfig
 from mountd.chunks import DEFAULT_GRACE
-from mountd.errors import CacheLocked
+from mountd.errors import AlreadyRunning, CacheLocked
 from mountd.server import Server, bind_socket, check_socket_path
 from quiverfs.errors import UsageError
 
 log = logging.getLogger("mountd")
-
-#: ``quiverfs mountd`` exit status when another mountd already owns the cache directory.
-EXIT_ALREADY_RUNNING = 75
-
-
-class AlreadyRunning(CacheLocked):
-    """Another mountd owns this cache directory (``quiverfs stats`` talks to it)."""
-
-    exit_code = EXIT_ALREADY_RUNNING
-
 
 @dataclass(frozen=True)
 class DaemonConfig:

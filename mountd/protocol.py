@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import mountd.errors  # noqa: F401  (the cache's error classes, so clients can re-raise them)
+from mountd.errors import WIRE_ERRORS, MountdInternalError, ProtocolError
 from quiverfs.errors import BackendError, QuiverError
 
 #: Protocol version; ``hello`` refuses a client whose major version differs.
@@ -63,27 +63,6 @@ OPS = frozenset(
     | SESSION_OPS
     | ADMIN_OPS
 )
-
-
-# -- errors that exist only because there is a protocol --------------------------------------
-
-
-class ProtocolError(QuiverError):
-    """A malformed frame, request or response, or an incompatible protocol version."""
-
-
-class MountdUnavailable(QuiverError):
-    """No mountd answers on the socket (and none could be started), or it went away."""
-
-
-class PermissionDenied(QuiverError):
-    """The caller's uid may not run this admin operation (only root or mountd's owner may)."""
-
-
-class MountdInternalError(QuiverError):
-    """mountd hit an unexpected error (a bug) while serving the request; see its log."""
-
-    exit_code = 70
 
 
 # -- framing ----------------------------------------------------------------------------------
@@ -355,32 +334,21 @@ def error_response(rid: RequestId, exc: BaseException) -> dict[str, Any]:
     return {"id": rid, "ok": False, "error": error_payload(exc)}
 
 
-def _error_classes() -> dict[str, type[QuiverError]]:
-    """Every QuiverError subclass imported so far, by name (first definition wins)."""
-    found: dict[str, type[QuiverError]] = {}
-    todo: list[type[QuiverError]] = [QuiverError]
-    while todo:
-        cls = todo.pop()
-        found.setdefault(cls.__name__, cls)
-        todo.extend(cls.__subclasses__())
-    return found
-
-
 def exception_from_payload(payload: Any) -> QuiverError:
     """Rebuild the server's exception from :func:`error_payload` output.
 
-    The class is the one with the same name when this process knows it, else the nearest
-    known class among ``bases``, else :class:`QuiverError`; the message is kept verbatim.
+    The class is the one of that name in :data:`mountd.errors.WIRE_ERRORS`, else the nearest
+    registered class among ``bases`` (a newer mountd's class), else :class:`QuiverError`; the
+    message is kept verbatim.
     """
     if not isinstance(payload, dict):
         return ProtocolError("malformed error in a mountd response")
     message = str(payload.get("message", "mountd reported an error"))
-    classes = _error_classes()
     names = [payload.get("type")] + list(payload.get("bases") or [])
     cls: type[QuiverError] = QuiverError
     for name in names:
-        if isinstance(name, str) and name in classes:
-            cls = classes[name]
+        if isinstance(name, str) and name in WIRE_ERRORS:
+            cls = WIRE_ERRORS[name]
             break
     # Bypass the subclass __init__ (BackendError formats its own message): keep the text the
     # server produced and restore the attributes that travelled with it.

@@ -1,31 +1,22 @@
 """Session requests: their limits, their validation and the errors a refused one raises.
 
 Every request to :class:`mountd.sessions.SessionRegistry` is checked here before anything
-changes. Each error class carries the errno the control channel returns as a *class*
-attribute, so it survives :func:`mountd.protocol.exception_from_payload` (which rebuilds the
-class by name without calling ``__init__``).
+changes. The errors a refused request raises live in :mod:`mountd.errors` with the rest of the
+package's (each carries the errno the control channel returns).
 """
 
 from __future__ import annotations
 
-import errno as _errno
 import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from quiverfs.errors import QuiverError
+from mountd.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from mountd.claims import DatasetState
 
 __all__ = [
-    "InvalidRequest",
-    "SessionConflict",
-    "SessionError",
-    "StaleEpoch",
-    "TooManyJobs",
-    "UnknownDataset",
-    "UnknownSession",
     "check_ids",
     "check_int",
     "check_name",
@@ -42,47 +33,6 @@ MAX_NAME = 256
 MAX_SCOPE_RANGES = 64
 #: Epoch pools a job keeps at once (ranks straddling one epoch boundary).
 LIVE_EPOCHS = 2
-
-
-class SessionError(QuiverError):
-    """Base of session request errors; ``errno`` is what the control channel returns."""
-
-    errno = _errno.EINVAL
-
-
-class InvalidRequest(SessionError):
-    """A malformed request: wrong type or out of range."""
-
-
-class UnknownDataset(SessionError):
-    """The dataset is not registered with the session registry."""
-
-    errno = _errno.ENOENT
-
-
-class UnknownSession(SessionError):
-    """No session is open for this dataset, job and rank."""
-
-    errno = _errno.ENOENT
-
-
-class SessionConflict(SessionError):
-    """The request contradicts existing state (another world size for the job, another seed
-    for the rank, a dataset registered twice differently, removing a dataset in use)."""
-
-    errno = _errno.EBUSY
-
-
-class TooManyJobs(SessionError):
-    """The registry already holds ``max_jobs`` jobs (each costs ~10 bytes per file)."""
-
-    errno = _errno.EBUSY
-
-
-class StaleEpoch(SessionError):
-    """The epoch is behind this rank's epoch, or its pool was dropped."""
-
-    errno = _errno.ESTALE
 
 
 # -- validation ---------------------------------------------------------------------------------

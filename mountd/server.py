@@ -38,12 +38,11 @@ from mountd import protocol
 from mountd.cache import Location
 from mountd.coop import CoopService, info_json
 from mountd.costs import scheme_of
+from mountd.errors import PermissionDenied, ProtocolError
 from mountd.evictions import EvictionJournal
 from mountd.protocol import (
     ADMIN_OPS,
     PROTOCOL_VERSION,
-    PermissionDenied,
-    ProtocolError,
     Request,
     check_hash,
     check_int,

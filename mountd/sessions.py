@@ -28,12 +28,7 @@ from typing import Any
 
 from mountd.chunks import DEFAULT_GRACE, Action, ChunkPlan, Mode, choose_mode, plan_chunks
 from mountd.claims import Claim, DatasetState, EpochPool
-from mountd.requests import (
-    LIVE_EPOCHS,
-    MAX_CLAIM,
-    MAX_EPOCH,
-    MAX_LOOKAHEAD,
-    MAX_WORLD,
+from mountd.errors import (
     InvalidRequest,
     SessionConflict,
     SessionError,
@@ -41,6 +36,13 @@ from mountd.requests import (
     TooManyJobs,
     UnknownDataset,
     UnknownSession,
+)
+from mountd.requests import (
+    LIVE_EPOCHS,
+    MAX_CLAIM,
+    MAX_EPOCH,
+    MAX_LOOKAHEAD,
+    MAX_WORLD,
     check_ids,
     check_int,
     check_name,

@@ -2,8 +2,10 @@
 
 Errors from our vocabulary print as one line ``PROG: error: MESSAGE`` and exit with the error
 class's code; anything unexpected prints one line asking for ``--debug``, which shows the full
-traceback instead. Exit codes: 0 ok, 1 failure, 2 bad usage, 3 remote error, 4 invalid digest,
-70 internal error, 130 interrupted.
+traceback instead. Exit codes (docs/operations.md): 0 ok, 1 failure, 2 bad usage, 3 remote
+error, 4 invalid digest, 5 cache error, 70 internal error, 75 another mountd owns the cache,
+130 interrupted. Each comes from the error class (``exit_code``), defined once in the package's
+errors module.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ request, and is answered on the same ``/dev/fuse`` descriptor (docs/mount.md "Re
   ``user.quiver.dataset``/``user.quiver.stats`` on the root, and the control channel
   (quiverfs/control.py), whose replay and paging state must be the mount's, not a worker's.
 
-Errors from anywhere below become an errno in one place, :func:`errno_for`.
+Errors from anywhere below become an errno in one place, :func:`quiverfs.errors.errno_for`.
 
 Concurrency: every handler here runs in the trio thread of the mount's main process; code
 between two ``await``\\ s is atomic. The :class:`~digests.digest.Digest` must have been opened
@@ -33,9 +33,9 @@ from typing import Protocol
 import trio
 
 from digests.digest import Digest, FileEntry
-from mountd.errors import CacheFull
-from mountd.protocol import PermissionDenied
 from quiverfs import fuse_wire as w
+from quiverfs.control_channel import ControlChannel, SessionClient
+from quiverfs.errors import FsError, errno_for
 from quiverfs.fuse_worker import (
     BYTES,
     COUNTERS,
@@ -47,7 +47,7 @@ from quiverfs.fuse_worker import (
     SharedCounters,
 )
 from quiverfs.fuse_worker import HITS_N as HITS
-from quiverfs.tree import ROOT_INODE, FsError, Tree
+from quiverfs.tree import ROOT_INODE, Tree
 
 log = logging.getLogger("quiverfs.fs")
 
@@ -76,29 +76,6 @@ SERVED_FILES = 1 << 20
 #: fails, the kernel retries the same page at once, and that retry should neither ask
 #: mountd a second time nor count a second error.
 FAILURE_MEMORY = 0.5
-
-
-# -- errors -----------------------------------------------------------------------------------
-
-
-def errno_for(exc: BaseException) -> int:
-    """The errno a failed read reports for ``exc`` (the one mapping; docs/mount.md).
-
-    Every file in the mount exists because the digest says so, so a remote ``NotFound`` is
-    data loss at the source, not a missing name: ``EIO``, like every other remote or cache
-    failure (``CorruptObject``, ``AccessDenied``, ``TemporaryFailure`` after mountd's
-    retries, mountd unavailable). Two exceptions carry information a reader can act on:
-    the cache being full (``ENOSPC``) and mountd refusing this user (``EACCES``).
-    """
-    if isinstance(exc, FsError):
-        return exc.errno
-    if isinstance(exc, CacheFull):
-        return errno.ENOSPC
-    if isinstance(exc, PermissionDenied):
-        return errno.EACCES
-    # NotFound, CorruptObject, AccessDenied, MountdUnavailable, DigestError, an OSError on a
-    # store file, or a bug: the read fails cleanly, the mount keeps serving.
-    return errno.EIO
 
 
 # -- what the main process needs from outside -------------------------------------------------
@@ -137,7 +114,8 @@ assert tuple(MountCounters.__dataclass_fields__) == COUNTERS, "counter layouts d
 class QuiverOperations:
     """What a mount's main process answers: misses and extended attributes of one digest.
 
-    ``fetcher`` is awaited on a miss; ``counters`` holds every serving process's counters
+    ``fetcher`` is awaited on a miss; ``sessions`` (mountd's client, or None for a mount
+    without a session layer) serves the control channel; ``counters`` holds every serving process's counters
     (slot 0 is ours); ``extra_stats`` (optional) adds fields to ``user.quiver.stats`` (the
     mount adds its pid, mountpoint and mountd state).
     """
@@ -149,6 +127,7 @@ class QuiverOperations:
         fetcher: Fetcher,
         counters: SharedCounters,
         *,
+        sessions: SessionClient | None = None,
         uid: int | None = None,
         gid: int | None = None,
         extra_stats: Callable[[], dict] | None = None,
@@ -157,6 +136,7 @@ class QuiverOperations:
         self.dataset_id = digest.dataset_id
         self.cache_dir = os.fspath(cache_dir)
         self.fetcher = fetcher
+        self.control = ControlChannel(sessions, self.dataset_id, digest)
         self.tree = Tree(digest, cache_dir, uid=uid, gid=gid)
         self.shared = counters
         self.counters = counters.slot(0)
@@ -356,9 +336,7 @@ class QuiverOperations:
         if inode == ROOT_INODE and name.startswith(CONTROL_PREFIX):
             # The control channel (quiverfs/control.py, docs/control-protocol.md): the name is
             # the request, the value the response; it never lists its names.
-            from quiverfs.control import control_for
-
-            return await control_for(self).getxattr(name)
+            return await self.control.getxattr(name)
         if name not in self._xattr_names(inode):
             raise FsError(errno.ENODATA)
         if name == XATTR_HASH:

@@ -39,7 +39,8 @@ import struct
 from collections.abc import Callable
 
 from quiverfs import fuse_wire as w
-from quiverfs.tree import TIMEOUT, FsError, Tree
+from quiverfs.errors import FsError
+from quiverfs.tree import TIMEOUT, Tree
 
 log = logging.getLogger("quiverfs.fuse")
 

@@ -188,7 +188,7 @@ class _Status:
 
 async def _report_hits(ops, client, dataset: str) -> None:
     """Every HITS_INTERVAL, send the hits queued by ``ops`` to mountd (dropped if it is away)."""
-    from mountd.protocol import MountdUnavailable
+    from mountd.errors import MountdUnavailable
 
     while True:
         await trio.sleep(HITS_INTERVAL)
@@ -212,7 +212,7 @@ async def _forget_evicted(ops, client, fuse_fd: int) -> None:
     from the store would go on being read from RAM, and the mount would cache more than the
     budget says (mountd/evictions.py). Advisory: while mountd is away nothing is evicted.
     """
-    from mountd.protocol import MountdUnavailable
+    from mountd.errors import MountdUnavailable
 
     journal: str | None = None
     seq: int | None = None
@@ -296,7 +296,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         workers = options.workers or fuse_worker.default_workers()
         counters = fuse_worker.SharedCounters(workers + 1)
         ops = QuiverOperations(digest, cache_dir, MountdFetcher(client, dataset), counters,
-                               extra_stats=extra_stats)
+                               sessions=client, extra_stats=extra_stats)
         fuse_options = {"ro", "nosuid", "nodev", "default_permissions",
                         f"fsname=quiverfs:{dataset[:16]}", "subtype=quiverfs"}
         if options.allow_other:

@@ -28,6 +28,7 @@ from digests.digest import ROOT_ID, Digest, Entry, FileEntry
 from digests.errors import DigestError
 from mountd import layout
 from quiverfs import fuse_wire
+from quiverfs.errors import FsError
 from quiverfs.fuse_wire import Attributes
 
 log = logging.getLogger("quiverfs.tree")
@@ -53,14 +54,6 @@ RECENT_ENTRIES = 8192
 NAME_MAX = 255
 
 ROOT_INODE = ROOT_ID
-
-
-class FsError(Exception):
-    """A request fails with ``errno`` (positive)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code, os.strerror(code))
-        self.errno = code
 
 
 def _ns(timestamp: str) -> int:

@@ -110,7 +110,7 @@ class MountdProcess:
 def stop_mountd_of(cache_dir: Path) -> None:
     """Stop a mountd that something else started for ``cache_dir`` (e.g. a mount, on demand)."""
     from mountd.client import SyncClient
-    from mountd.protocol import MountdUnavailable
+    from mountd.errors import MountdUnavailable
 
     try:
         with SyncClient.connect(cache_dir, timeout=2.0) as client:

@@ -22,9 +22,9 @@ from mountd.chunks import ChunkState, Mode
 from mountd.client import AsyncClient, open_client
 from mountd.daemon import DaemonConfig, serve
 from mountd.datasets import DatasetView
-from mountd.protocol import ProtocolError
-from mountd.requests import (
+from mountd.errors import (
     InvalidRequest,
+    ProtocolError,
     SessionConflict,
     StaleEpoch,
     UnknownDataset,

@@ -20,6 +20,7 @@ import trio
 
 from mountd import layout, protocol
 from mountd.client import SyncClient, open_client
+from mountd.errors import ProtocolError
 from quiverfs.errors import CorruptObject, NotFound
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 
@@ -292,7 +293,7 @@ def test_evict_removes_a_datasets_files(client, daemon, dataset):
     result = client.evict("evict-me")
     assert result["files"] == 3 and result["bytes"] == sum(f.size for f in batch)
     assert not any(p.exists() for p in paths)
-    with pytest.raises(protocol.ProtocolError, match="exactly one"):
+    with pytest.raises(ProtocolError, match="exactly one"):
         client.call("evict", {})
 
 

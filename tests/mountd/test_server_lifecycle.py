@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from mountd import layout
-from mountd.client import EXIT_ALREADY_RUNNING, SyncClient, connect_or_start, open_client, probe
-from mountd.protocol import MountdUnavailable
+from mountd.client import SyncClient, connect_or_start, open_client, probe
+from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable
 from quiverfs.testing.mountd import (
     location,
     make_dataset,

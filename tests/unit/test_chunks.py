@@ -18,7 +18,8 @@ from mountd.chunks import (
     choose_mode,
     plan_chunks,
 )
-from mountd.sessions import SessionRegistry, UnknownSession
+from mountd.errors import UnknownSession
+from mountd.sessions import SessionRegistry
 
 # -- striped partitions ---------------------------------------------------------------------------
 

@@ -428,7 +428,7 @@ def test_a_scoped_job_skips_chunks_without_its_files():
                                     [[30, 40], [0, 10]], "0-10", [[0, "10"]], [[0, 10, 20]],
                                     [[i, i + 1] for i in range(0, 130, 2)]])
 def test_malformed_scopes_are_refused(scope):
-    from mountd.requests import InvalidRequest
+    from mountd.errors import InvalidRequest
 
     registry = full_registry(100)
     with pytest.raises(InvalidRequest):
@@ -437,7 +437,7 @@ def test_malformed_scopes_are_refused(scope):
 
 
 def test_a_job_has_one_scope():
-    from mountd.requests import SessionConflict
+    from mountd.errors import SessionConflict
 
     registry = full_registry(100)
     registry.open_session("ds", "job", rank=0, world_size=2, scope=[[0, 50]])

@@ -11,20 +11,25 @@ import random
 import pytest
 import trio
 
-from mountd.protocol import MountdUnavailable, ProtocolError
-from mountd.requests import InvalidRequest, SessionConflict, StaleEpoch, UnknownSession
+from mountd.errors import (
+    InvalidRequest,
+    MountdUnavailable,
+    ProtocolError,
+    SessionConflict,
+    StaleEpoch,
+    UnknownSession,
+)
 from quiverfs import control
 from quiverfs.control import (
     CONTROL_PREFIX,
     PAGE_BYTES,
-    REPLAY_SECONDS,
-    ControlChannel,
     ControlClient,
     ControlRequestError,
     make_name,
     parse_name,
 )
-from quiverfs.tree import FsError
+from quiverfs.control_channel import REPLAY_SECONDS, ControlChannel
+from quiverfs.errors import FsError
 
 
 class FakeClient:

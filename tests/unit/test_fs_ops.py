@@ -27,12 +27,18 @@ from digests.digest import Digest
 from digests.errors import DigestError
 from digests.write import NewFile, write_digest
 from mountd import layout
-from mountd.errors import CacheFull
-from mountd.protocol import MountdUnavailable, PermissionDenied
+from mountd.errors import CacheFull, MountdUnavailable, PermissionDenied
 from quiverfs import fs, fuse_worker, tree
 from quiverfs import fuse_wire as w
-from quiverfs.errors import AccessDenied, CorruptObject, NotFound, TemporaryFailure
-from quiverfs.fs import QuiverOperations, errno_for
+from quiverfs.errors import (
+    AccessDenied,
+    CorruptObject,
+    FsError,
+    NotFound,
+    TemporaryFailure,
+    errno_for,
+)
+from quiverfs.fs import QuiverOperations
 from quiverfs.fuse_worker import SharedCounters, Worker
 from quiverfs.tree import Tree
 
@@ -664,7 +670,7 @@ async def test_miss_errors_map_to_errno(env: Env, mock_clock, error, code) -> No
     assert errno_for(error) == code
     ino = env.ino("a.txt")
     assert errno_of(await miss(env, read_request(ino, 0, 4096))) == code
-    with pytest.raises(tree.FsError) as failed:
+    with pytest.raises(FsError) as failed:
         await env.ops.read(ino, 0, 4096)  # the kernel's retry, straight to the main process
     assert failed.value.errno == code
     c = totals(env)
@@ -678,7 +684,7 @@ async def test_miss_errors_map_to_errno(env: Env, mock_clock, error, code) -> No
 
 
 def test_errno_for_passes_fs_errors_through() -> None:
-    assert errno_for(tree.FsError(errno.ENODATA)) == errno.ENODATA
+    assert errno_for(FsError(errno.ENODATA)) == errno.ENODATA
     assert errno_for(OSError(errno.ENOENT, "store file gone")) == errno.EIO
     assert errno_for(DigestError("corrupt")) == errno.EIO
 

@@ -10,12 +10,10 @@ import pytest
 import trio
 
 from mountd import protocol
-from mountd.errors import CacheFull
+from mountd.errors import CacheFull, MountdInternalError, ProtocolError
 from mountd.protocol import (
     MAX_FRAME,
     FrameDecoder,
-    MountdInternalError,
-    ProtocolError,
     decode_body,
     encode_frame,
     exception_from_payload,

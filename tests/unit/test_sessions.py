@@ -8,19 +8,17 @@ import random
 import pytest
 
 from mountd.chunks import Mode
-from mountd.protocol import error_payload, exception_from_payload
-from mountd.sessions import (
-    LIVE_EPOCHS,
-    MAX_CLAIM,
+from mountd.errors import (
     InvalidRequest,
     SessionConflict,
     SessionError,
-    SessionRegistry,
     StaleEpoch,
     TooManyJobs,
     UnknownDataset,
     UnknownSession,
 )
+from mountd.protocol import error_payload, exception_from_payload
+from mountd.sessions import LIVE_EPOCHS, MAX_CLAIM, SessionRegistry
 
 
 def make_registry(n=500, **kwargs) -> SessionRegistry:

@@ -179,7 +179,7 @@ def force_unmount(path: Path) -> None:
 def stop_mountd_of(cache_dir: Path) -> None:
     """Stop a mountd left serving ``cache_dir`` by an earlier, killed run."""
     from mountd.client import SyncClient
-    from mountd.protocol import MountdUnavailable
+    from mountd.errors import MountdUnavailable
 
     try:
         with SyncClient.connect(cache_dir, timeout=2.0) as client:
