@@ -645,8 +645,9 @@ class Cache:
     async def scrub(self, progress: Callable[[int, int], object] | None = None) -> ScrubReport:
         """Re-hash every entry; remove files whose bytes do not match (and rows whose file
         is gone). ``progress(done, total)`` is called after each entry."""
-        self._require_open()
-        return await scrub(self, progress)
+        index = self._require_open()
+        return await scrub(index.entries(), self.config.cache_dir, self.config.io_threads,
+                           self._drop_entries, progress)
 
     def usage(self) -> dict:
         """``{"used_bytes", "cap_bytes", "reserved_bytes", "entries", "fills_in_flight",

@@ -32,6 +32,7 @@ from mountd import layout
 from mountd.cache import Cache, CacheConfig
 from mountd.chunks import DEFAULT_GRACE
 from mountd.errors import AlreadyRunning, CacheLocked
+from mountd.metrics import serve_metrics
 from mountd.server import Server, bind_socket, check_socket_path
 from quiverfs.errors import UsageError
 
@@ -115,8 +116,6 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         await nursery.start(server.serve, listener)
         metrics_port = None
         if config.metrics_port is not None:
-            from mountd.metrics import serve_metrics
-
             metrics_port = await nursery.start(serve_metrics, server, config.metrics_port)
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
         if handle_signals:

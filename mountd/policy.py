@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
 from mountd.index import Index
+from quiverfs.errors import UsageError
 
 
 class EvictionPolicy(ABC):
@@ -68,8 +69,6 @@ def register_policy(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
 
 def make_policy(name: str, index: Index) -> EvictionPolicy:
     """The policy called ``name``; :class:`UsageError` for an unknown name."""
-    from quiverfs.errors import UsageError
-
     try:
         cls = POLICIES[name]
     except KeyError:

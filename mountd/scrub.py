@@ -8,18 +8,17 @@ removals happen in the trio thread, where the index lives.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import blake3
 import trio
 
 from mountd import layout
 
-if TYPE_CHECKING:
-    from mountd.cache import Cache
+#: What scrub calls to remove entries: ``drop(hashes, reason)`` (Cache._drop_entries).
+DropEntries = Callable[..., object]
 
 log = logging.getLogger("mountd.scrub")
 
@@ -58,15 +57,22 @@ def hash_file(path: Path) -> tuple[bytes, int] | None:
     return hasher.digest(), size
 
 
-async def scrub(cache: Cache, progress: Callable[[int, int], object] | None = None) -> ScrubReport:
-    """Check every entry indexed when the scrub starts; ``progress(done, total)`` after each."""
+async def scrub(
+    entries: Sequence[tuple[bytes, int]],
+    cache_dir: Path,
+    io_threads: int,
+    drop: DropEntries,
+    progress: Callable[[int, int], object] | None = None,
+) -> ScrubReport:
+    """Check ``entries`` (``(hash, size)``, as indexed when the scrub starts), hashing at most
+    ``io_threads`` files at once; ``drop([hash], reason=...)`` removes a bad or missing one;
+    ``progress(done, total)`` after each. Handed what it needs by :meth:`Cache.scrub`."""
     start = trio.current_time()
     report = ScrubReport()
-    entries = cache.index.entries()
     total = len(entries)
-    limiter = trio.CapacityLimiter(cache.config.io_threads)
+    limiter = trio.CapacityLimiter(io_threads)
 
-    slots = trio.Semaphore(cache.config.io_threads)
+    slots = trio.Semaphore(io_threads)
 
     async def check(hash: bytes, size: int) -> None:
         try:
@@ -75,18 +81,18 @@ async def scrub(cache: Cache, progress: Callable[[int, int], object] | None = No
             slots.release()
 
     async def check_one(hash: bytes, size: int) -> None:
-        path = layout.store_path(cache.config.cache_dir, hash)
+        path = layout.store_path(cache_dir, hash)
         result = await trio.to_thread.run_sync(hash_file, path, limiter=limiter)
         report.checked += 1
         if result is None:
             report.missing += 1
-            cache._drop_entries([hash], reason="missing")
+            drop([hash], reason="missing")
         elif result != (hash, size):
             report.bad += 1
             report.removed_bytes += result[1]
             report.bytes_checked += result[1]
             log.warning("scrub: %s does not match its hash; removing it", path)
-            cache._drop_entries([hash], reason="bad")
+            drop([hash], reason="bad")
         else:
             report.ok += 1
             report.bytes_checked += size

@@ -51,8 +51,8 @@ from mountd.protocol import (
     check_text,
 )
 from mountd.sessions import SessionRegistry
-from quiverfs import __version__
 from quiverfs.errors import QuiverError, UsageError
+from quiverfs.version import __version__
 
 log = logging.getLogger("mountd.server")
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import typer
 
-from quiverfs import __version__
 from quiverfs.console import run_app
 from quiverfs.errors import UsageError
+from quiverfs.version import __version__
 
 app = typer.Typer(
     help="quiverfs: training data in cloud buckets, read like a fast local directory.\n\n"
