@@ -56,6 +56,10 @@ class AlreadyRunning(CacheLocked):
     exit_code = EXIT_ALREADY_RUNNING
 
 
+class CacheDirUnsafe(CacheError):
+    """The cache directory could be reached or changed by other users (or is not usable)."""
+
+
 class CacheClosed(CacheError):
     """The cache was used before :meth:`Cache.open` or after :meth:`Cache.aclose`."""
 
@@ -168,5 +172,5 @@ WIRE_ERRORS: dict[str, type[QuiverError]] = {
 }
 
 #: Classes that never leave the process that raises them (named so the registry test can tell
-#: an omission from a decision): a second mountd refusing to start, Ctrl-C during a build.
-LOCAL_ERRORS = frozenset({"AlreadyRunning", "Interrupted"})
+#: an omission from a decision): a mountd refusing to start, Ctrl-C during a build.
+LOCAL_ERRORS = frozenset({"AlreadyRunning", "CacheDirUnsafe", "Interrupted"})

@@ -16,11 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import secrets
+import stat
 from pathlib import Path
 
 from mountd import layout
+from mountd.errors import CacheDirUnsafe
+
+log = logging.getLogger("mountd.store")
+
+#: Mode of the cache directory and every directory in it: mountd's user only.
+PRIVATE_DIR = 0o700
+
+#: Mode of store files (read-only: a store file is never written after its rename).
+STORE_FILE = 0o400
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -33,11 +44,49 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def prepare(cache_dir: Path) -> None:
-    """Create the cache directory, ``store/`` and ``tmp/`` (durably)."""
+    """Create the cache directory, ``store/`` and ``tmp/`` (durably), all private (``0700``).
+
+    The cache is private to mountd's user whoever starts it (docs/operations.md "Security"):
+    a directory others can read lets them list every cached hash and read every cached file.
+    An existing cache directory is checked with :func:`check_private` first.
+    """
+    if cache_dir.exists():
+        check_private(cache_dir)
     for path in (cache_dir, layout.store_dir(cache_dir), layout.tmp_dir(cache_dir)):
         if not path.is_dir():
-            path.mkdir(parents=True, exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+            os.chmod(path, PRIVATE_DIR)  # mkdir's mode passes through the umask
             fsync_dir(path.parent)
+
+
+def check_private(cache_dir: Path) -> None:
+    """Refuse, or make private, an existing cache directory others could reach.
+
+    * not a directory, or owned by another user (who could change its mode and plant files
+      that would be served as verified content): :class:`CacheDirUnsafe`;
+    * writable by group or others: :class:`CacheDirUnsafe` as well (same reason);
+    * readable or traversable by group or others (an older quiverfs made ``0755``): made
+      ``0700`` with a warning, since nothing else may rely on reaching it yet.
+    """
+    try:
+        info = os.stat(cache_dir)
+    except OSError as exc:
+        raise CacheDirUnsafe(f"cannot use cache directory {cache_dir}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise CacheDirUnsafe(f"cache directory {cache_dir} is not a directory")
+    if info.st_uid != os.geteuid():
+        raise CacheDirUnsafe(
+            f"cache directory {cache_dir} belongs to uid {info.st_uid}, not to this user "
+            f"(uid {os.geteuid()}): pick a directory of your own with --cache-dir")
+    mode = stat.S_IMODE(info.st_mode)
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CacheDirUnsafe(
+            f"cache directory {cache_dir} is writable by other users (mode {mode:04o}), who could "
+            f"plant cache content: chmod 700 {cache_dir}")
+    if mode & 0o077:
+        os.chmod(cache_dir, PRIVATE_DIR)
+        log.warning("cache directory %s was readable by other users (mode %04o); made it %04o",
+                    cache_dir, mode, PRIVATE_DIR)
 
 
 def is_enospc(exc: BaseException) -> bool:
@@ -54,7 +103,7 @@ class TempFile:
         name = f"{hash.hex()}.{secrets.token_hex(6)}{layout.TMP_SUFFIX}"
         self.path = layout.tmp_dir(cache_dir) / name
         self.fd: int | None = os.open(
-            self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644
+            self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, STORE_FILE
         )
 
     def write_at(self, data: bytes | memoryview, offset: int) -> None:
@@ -96,7 +145,7 @@ def make_fanout(leaf: Path) -> None:
         return
     for path in (leaf.parent, leaf):
         try:
-            path.mkdir()
+            path.mkdir(mode=PRIVATE_DIR)
         except FileExistsError:
             continue
         fsync_dir(path.parent)

@@ -90,7 +90,7 @@ def running_mountd(cache_dir: Path, *options: str, cache_size: str = "256M",
                    timeout: float = 30.0) -> Iterator[MountdProcess]:
     """A mountd for ``cache_dir`` in a child process, ready when entered, stopped on exit."""
     cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = cache_dir.parent / f"{cache_dir.name}.mountd.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
