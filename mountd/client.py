@@ -42,10 +42,6 @@ from mountd import layout, protocol
 from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable, PermissionDenied, ProtocolError
 from mountd.protocol import PROTOCOL_VERSION
 
-#: Requests that are safe to send again when the connection dropped before their answer.
-IDEMPOTENT = frozenset({"hello", "ensure", "prefetch", "stats", "usage", "ls", "register", "unregister",
-                        "session_open", "timings", "sessions"})
-
 #: Seconds a blocking client waits for mountd to accept and answer ``hello``.
 CONNECT_TIMEOUT = 5.0
 
@@ -501,7 +497,8 @@ class AsyncClient:
         If the connection drops first, an idempotent request is retried once on a new
         connection; otherwise :class:`MountdUnavailable` is raised.
         """
-        attempts = 2 if op in IDEMPOTENT else 1
+        operation = protocol.OPERATIONS.get(op)
+        attempts = 2 if operation is not None and operation.idempotent else 1
         for attempt in range(attempts):
             conn = await self._connection()
             try:

@@ -36,6 +36,7 @@ from typing import Any
 
 import trio
 
+from mountd.cache import Cache
 from mountd.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
 from mountd.datasets import DatasetView, load_view
 from mountd.errors import UnknownDataset
@@ -78,7 +79,7 @@ class CoopService:
 
     def __init__(
         self,
-        cache: Any,
+        cache: Cache,
         *,
         registry: SessionRegistry | None = None,
         mode: str | None = None,
@@ -90,11 +91,9 @@ class CoopService:
         self.cache = cache
         self.registry = registry or SessionRegistry()
         self.mode = Mode(mode) if mode is not None else None
-        config = getattr(cache, "config", None)
-        cap = getattr(config, "cache_size", 0)
-        self.budget = budget if budget is not None else int(cap * budget_fraction)
-        fills = getattr(config, "fill_concurrency", 32)
-        self.preload_window = preload_window or max(2, fills // 2)
+        config = cache.config
+        self.budget = budget if budget is not None else int(config.cache_size * budget_fraction)
+        self.preload_window = preload_window or max(2, config.fill_concurrency // 2)
         self.tick_interval = tick_interval
         self.views: dict[str, DatasetView] = {}
         self.digests: dict[str, str] = {}

@@ -31,9 +31,11 @@ import trio
 from mountd import layout
 from mountd.cache import Cache, CacheConfig
 from mountd.chunks import DEFAULT_GRACE
+from mountd.coop import CoopService
 from mountd.errors import AlreadyRunning, CacheLocked
 from mountd.metrics import serve_metrics
 from mountd.server import Server, bind_socket, check_socket_path
+from mountd.sessions import SessionRegistry
 from quiverfs.errors import UsageError
 
 log = logging.getLogger("mountd")
@@ -70,6 +72,15 @@ class Running:
     metrics_port: int | None
 
 
+def make_server(cache: Cache, config: DaemonConfig) -> Server:
+    """The server of ``cache`` with its session layer, as ``config`` asks."""
+    registry = SessionRegistry(chunk_slots=config.chunk_slots)
+    # Before any dataset registers: each dataset's chunk manager takes it from here.
+    registry.chunk_grace = config.chunk_grace
+    coop = CoopService(cache, mode=config.dataset_mode, registry=registry)
+    return Server(cache, config.cache.cache_dir, coop=coop)
+
+
 def _remove_socket(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -103,11 +114,7 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         stack.callback(_remove_socket, socket_path)
         stack.callback(listener.close)
 
-        server = Server(cache, cache_dir, dataset_mode=config.dataset_mode,
-                        chunk_slots=config.chunk_slots)
-        if server.coop is not None:
-            # Before any dataset registers: each dataset's chunk manager takes it from here.
-            server.coop.registry.chunk_grace = config.chunk_grace
+        server = make_server(cache, config)
         nursery = await stack.enter_async_context(trio.open_nursery())
         await nursery.start(cache.run)
         if server.coop is not None:

@@ -48,21 +48,51 @@ MAX_ITEMS = 100_000
 #: Longest dataset id, mountpoint, URL or key accepted, in characters.
 MAX_TEXT = 4096
 
-#: Operations only root or the uid that owns mountd may call (checked with SO_PEERCRED).
-ADMIN_OPS = frozenset({"evict", "scrub", "shutdown"})
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """One mountd operation and the properties every side reads from :data:`OPERATIONS`:
+    the server's dispatch and admin check, the request parser, the clients' retries."""
 
-#: Operations of substitutable, co-operative reads (job sessions; docs/control-protocol.md).
-SESSION_OPS = frozenset(
-    {"session_open", "claim", "next_epoch", "session_close", "report_batch", "report_epoch",
-     "timings", "sessions"}
-)
+    name: str
+    #: Safe to send again when the connection dropped before its answer (the client retries
+    #: it once on a new connection).
+    idempotent: bool
+    #: Only root or the uid that owns mountd may call it (checked with SO_PEERCRED).
+    admin: bool = False
+    #: May be sent as a notification (no ``id``, never answered): advisory traffic only.
+    notification: bool = False
+    #: Part of job sessions (substitutable, co-operative reads; docs/control-protocol.md).
+    session: bool = False
 
-#: Every operation the server knows.
-OPS = frozenset(
-    {"hello", "ensure", "prefetch", "register", "unregister", "hits", "evictions", "stats", "usage", "ls"}
-    | SESSION_OPS
-    | ADMIN_OPS
-)
+
+#: Every operation the server knows, declared once (docs/mountd-protocol.md "Operations");
+#: tests/unit/test_mountd_protocol.py checks the server has exactly one handler for each.
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        Operation("hello", idempotent=True),
+        Operation("ensure", idempotent=True),
+        Operation("prefetch", idempotent=True, notification=True),
+        Operation("register", idempotent=True),
+        Operation("unregister", idempotent=True),
+        Operation("hits", idempotent=False, notification=True),
+        Operation("evictions", idempotent=False),
+        Operation("stats", idempotent=True),
+        Operation("usage", idempotent=True),
+        Operation("ls", idempotent=True),
+        Operation("evict", idempotent=False, admin=True),
+        Operation("scrub", idempotent=False, admin=True),
+        Operation("shutdown", idempotent=False, admin=True),
+        Operation("session_open", idempotent=True, session=True),
+        Operation("claim", idempotent=False, session=True),
+        Operation("next_epoch", idempotent=False, session=True),
+        Operation("session_close", idempotent=False, session=True),
+        Operation("report_batch", idempotent=False, session=True),
+        Operation("report_epoch", idempotent=False, session=True),
+        Operation("timings", idempotent=True, session=True),
+        Operation("sessions", idempotent=True, session=True),
+    )
+}
 
 
 # -- framing ----------------------------------------------------------------------------------
@@ -204,8 +234,11 @@ def parse_request(message: Mapping[str, Any]) -> Request:
     op = message.get("op")
     if not isinstance(op, str):
         raise ProtocolError("request needs an 'op' string")
-    if op not in OPS:
-        raise ProtocolError(f"unknown op {op[:64]!r} (known: {', '.join(sorted(OPS))})")
+    operation = OPERATIONS.get(op)
+    if operation is None:
+        raise ProtocolError(f"unknown op {op[:64]!r} (known: {', '.join(sorted(OPERATIONS))})")
+    if rid is None and not operation.notification:
+        raise ProtocolError(f"{op} needs an 'id': only advisory ops may be sent as notifications")
     args = message.get("args", {})
     if args is None:
         args = {}
@@ -218,7 +251,7 @@ def parse_request(message: Mapping[str, Any]) -> Request:
 
 
 def make_request(rid: RequestId, op: str, args: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A request message (``rid=None`` makes a notification)."""
+    """A request message (``rid=None`` makes a notification, for ops that allow it)."""
     message: dict[str, Any] = {"op": op, "args": dict(args or {})}
     if rid is not None:
         message["id"] = rid

@@ -8,7 +8,7 @@ response and disturbs nothing else; only a frame header announcing more than
 closes that one connection.
 
 Peer credentials (``SO_PEERCRED``) are read once per connection; admin operations
-(:data:`~mountd.protocol.ADMIN_OPS`) are refused unless the peer is root or the uid that owns
+(``admin`` in :data:`~mountd.protocol.OPERATIONS`) are refused unless the peer is root or the uid that owns
 mountd. The socket itself is created ``0600`` by :func:`bind_socket`, so by default only that
 uid (and root) can connect at all; the credential check is the second line of defence.
 
@@ -27,7 +27,7 @@ import stat
 import struct
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,13 +35,13 @@ from typing import Any
 import trio
 
 from mountd import protocol
-from mountd.cache import Location
+from mountd.cache import Cache, Location
 from mountd.coop import CoopService, info_json
 from mountd.costs import scheme_of
 from mountd.errors import PermissionDenied, ProtocolError
 from mountd.evictions import EvictionJournal
 from mountd.protocol import (
-    ADMIN_OPS,
+    OPERATIONS,
     PROTOCOL_VERSION,
     Request,
     check_hash,
@@ -50,7 +50,6 @@ from mountd.protocol import (
     check_list,
     check_text,
 )
-from mountd.sessions import SessionRegistry
 from quiverfs.errors import QuiverError, UsageError
 from quiverfs.version import __version__
 
@@ -166,24 +165,20 @@ class Connection:
 class Server:
     """Answers protocol requests with a :class:`mountd.cache.Cache`.
 
-    ``cache`` is anything with the Cache interface (tests may pass a fake). ``shutdown`` is an
-    event the daemon waits on; the ``shutdown`` op sets it after answering.
+    ``coop`` is the session layer (job sessions and claims, docs/substitutable-reads.md), made
+    by the daemon (:func:`mountd.daemon.make_server`), which also starts its tick loop; None
+    serves no session op (they fail with ``ProtocolError``). ``shutdown`` is an event the
+    daemon waits on; the ``shutdown`` op sets it after answering. Requests are dispatched by
+    :data:`mountd.protocol.OPERATIONS` to :attr:`handlers`, one per operation.
     """
 
-    def __init__(self, cache: Any, cache_dir: str | os.PathLike[str], *, owner_uid: int | None = None,
-                 dataset_mode: str | None = None, chunk_slots: int = 2) -> None:
+    def __init__(self, cache: Cache, cache_dir: str | os.PathLike[str], *,
+                 coop: CoopService | None = None, owner_uid: int | None = None) -> None:
         self.cache = cache
-        #: Job sessions and claims (docs/substitutable-reads.md); its tick loop is started by
-        #: the daemon (``nursery.start(server.coop.run)``). Needs the real Cache's listener
-        #: hooks; a fake cache without them gets no session layer.
-        self.coop: CoopService | None = (
-            CoopService(cache, mode=dataset_mode, registry=SessionRegistry(chunk_slots=chunk_slots))
-            if hasattr(cache, "add_listener") else None
-        )
+        self.coop = coop
         #: What left the store, for mounts to drop from the kernel's page cache.
         self.evictions = EvictionJournal()
-        if hasattr(cache, "add_listener"):
-            cache.add_listener(self.evictions)
+        cache.add_listener(self.evictions)
         self.cache_dir = Path(cache_dir)
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
         self.started_at = time.time()
@@ -197,6 +192,32 @@ class Server:
         self.connections: dict[int, Connection] = {}
         self.requests_served = 0
         self.protocol_errors = 0
+        #: operation name → handler: exactly the names of mountd.protocol.OPERATIONS
+        self.handlers: dict[str, Callable[[Connection, Request], Awaitable[Any]]] = {
+            "hello": self._op_hello,
+            "ensure": self._op_ensure,
+            "prefetch": self._op_prefetch,
+            "register": self._op_register,
+            "unregister": self._op_unregister,
+            "hits": self._op_hits,
+            "evictions": self._op_evictions,
+            "stats": self._op_stats,
+            "usage": self._op_usage,
+            "ls": self._op_ls,
+            "evict": self._op_evict,
+            "scrub": self._op_scrub,
+            "shutdown": self._op_shutdown,
+            "session_open": self._op_session_open,
+            "claim": self._op_claim,
+            "next_epoch": self._op_next_epoch,
+            "session_close": self._op_session_close,
+            "report_batch": self._op_report_batch,
+            "report_epoch": self._op_report_epoch,
+            "timings": self._op_timings,
+            "sessions": self._op_sessions,
+        }
+        if set(self.handlers) != set(OPERATIONS):
+            raise AssertionError("mountd.server handlers and mountd.protocol.OPERATIONS disagree")
 
     # -- accepting ------------------------------------------------------------------------------
 
@@ -265,13 +286,12 @@ class Server:
     async def _run_request(self, conn: Connection, request: Request) -> None:
         try:
             try:
-                if request.op in ADMIN_OPS and not conn.admin:
+                if OPERATIONS[request.op].admin and not conn.admin:
                     raise PermissionDenied(
                         f"{request.op} needs root or uid {self.owner_uid} (mountd's owner); "
                         f"the caller is uid {conn.peer.uid}"
                     )
-                handler: Callable[[Connection, Request], Any] = getattr(self, f"_op_{request.op}")
-                result = await handler(conn, request)
+                result = await self.handlers[request.op](conn, request)
                 response = protocol.ok_response(request.id, result)
             except QuiverError as exc:
                 if isinstance(exc, ProtocolError):
@@ -306,7 +326,7 @@ class Server:
             "uid": self.owner_uid,
             "cache_dir": str(self.cache_dir),
             "started_at": self.started_at,
-            "ops": sorted(protocol.OPS),
+            "ops": sorted(OPERATIONS),
             "peer": dataclasses.asdict(conn.peer),
             "admin": conn.admin,
         }

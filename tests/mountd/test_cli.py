@@ -155,14 +155,16 @@ def test_chunk_slots_reach_the_session_registry(tmp_path):
     import trio
 
     from mountd.cache import Cache, CacheConfig
-    from mountd.server import Server
+    from mountd.daemon import DaemonConfig, make_server
 
     async def check() -> None:
-        cache = Cache(CacheConfig(cache_dir=tmp_path / "cache", cache_size=1 << 20))
+        config = CacheConfig(cache_dir=tmp_path / "cache", cache_size=1 << 20)
+        cache = Cache(config)
         await cache.open()
         try:
-            assert Server(cache, tmp_path / "cache", chunk_slots=3).coop.registry.chunk_slots == 3
-            assert Server(cache, tmp_path / "cache").coop.registry.chunk_slots == 2
+            three = make_server(cache, DaemonConfig(config, chunk_slots=3, chunk_grace=2.5))
+            assert three.coop.registry.chunk_slots == 3 and three.coop.registry.chunk_grace == 2.5
+            assert make_server(cache, DaemonConfig(config)).coop.registry.chunk_slots == 2
         finally:
             await cache.aclose()
 

@@ -191,6 +191,9 @@ class FakeCache:
     def record_hits(self, dataset, hashes, nbytes):
         self.hits.append((dataset, list(hashes), nbytes))
 
+    def add_listener(self, listener):
+        pass  # nothing is ever filled or evicted here
+
 
 class Wire:
     """The test's end of a socketpair: send frames or raw bytes, read messages."""
@@ -304,3 +307,31 @@ async def test_unencodable_result_becomes_an_error_response(wire):
     assert answer["id"] == 1 and answer["error"]["type"] == "ProtocolError"
     await wire.send({"id": 2, "op": "hello", "args": {"version": 1}})
     assert (await wire.receive())["ok"] is True
+
+
+# -- the table of operations -------------------------------------------------------------------
+
+
+def test_every_operation_has_exactly_one_handler():
+    server = Server(FakeCache(), "/tmp/unused")
+    assert set(server.handlers) == set(protocol.OPERATIONS)
+    assert all(callable(h) for h in server.handlers.values())
+    assert {n for n, op in protocol.OPERATIONS.items() if op.admin} == {"evict", "scrub", "shutdown"}
+    assert {n for n, op in protocol.OPERATIONS.items() if op.notification} == {"hits", "prefetch"}
+    # Nothing that changes session state or the store by itself is retried after a lost answer.
+    assert not {"claim", "next_epoch", "hits", "evict", "scrub", "shutdown"} & {
+        n for n, op in protocol.OPERATIONS.items() if op.idempotent}
+
+
+async def test_only_advisory_ops_may_be_sent_as_notifications(wire):
+    await wire.send({"op": "evict", "args": {"dataset": "d"}})
+    answer = await wire.receive()
+    assert answer["id"] is None and answer["error"]["type"] == "ProtocolError"
+    assert "evict needs an 'id'" in answer["error"]["message"]
+    await wire.send({"id": 3, "op": "hello", "args": {"version": 1}})
+    assert (await wire.receive())["ok"] is True  # the connection lives
+
+
+async def test_hello_lists_the_operations_of_the_table(wire):
+    await wire.send({"id": 1, "op": "hello", "args": {"version": 1}})
+    assert (await wire.receive())["result"]["ops"] == sorted(protocol.OPERATIONS)
