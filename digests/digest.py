@@ -31,6 +31,7 @@ from digests.canonical import iter_canonical
 from digests.errors import DigestError
 from digests.paths import path_problem
 from digests.schema import ROOT_ID
+from quiverfs.backends.base import Location
 from quiverfs.errors import UsageError
 
 #: Validation levels of :meth:`Digest.open`, cheapest first.
@@ -40,16 +41,6 @@ CHECKS = ("structure", "rows", "full")
 DEFAULT_MMAP = 1 << 30
 
 _FILE_COLUMNS = "id, dir, name, size, hash, loc_source, loc_key, loc_offset, loc_length"
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where a file's bytes are: ``length`` bytes at ``offset`` of object ``key`` under ``source``."""
-
-    source: str  #: backend root URL (``sources.url``), e.g. ``s3://bucket/imagenet``
-    key: str  #: object key relative to ``source``
-    offset: int  #: byte offset inside the object
-    length: int  #: bytes to read; equals the file's size
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,7 +72,7 @@ async def verify(
     async def worker(recv: trio.MemoryReceiveChannel[FileEntry]) -> None:
         async with recv:
             async for entry in recv:
-                await _check_one(backend_for(entry.location.source), entry, result)
+                await _check_one(backend_for(entry.location.url), entry, result)
                 result.checked += 1
                 result.bytes += entry.size
                 progress.advance(1, entry.size)
@@ -114,7 +114,7 @@ async def _check_one(backend: Backend, entry: FileEntry, result: VerifyResult) -
         # than report each file.
         raise
     except NotFound:
-        result.missing.append((entry.path, f"missing: {loc.source}/{loc.key}"))
+        result.missing.append((entry.path, f"missing: {loc.url}/{loc.key}"))
         return
     except BackendError as exc:
         result.mismatched.append((entry.path, f"unreadable: {exc}"))

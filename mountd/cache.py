@@ -44,7 +44,7 @@ from typing import Protocol
 import trio
 
 from mountd import layout, store
-from mountd.config import CacheConfig, Location
+from mountd.config import CacheConfig
 from mountd.counters import Counters
 from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked
 from mountd.fill import Filler
@@ -54,6 +54,7 @@ from mountd.policy import EvictionPolicy, make_policy
 from mountd.recovery import RecoveryReport, recover
 from mountd.scrub import ScrubReport, scrub
 from quiverfs.backends import Backend, normalize_url, open_backend
+from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, QuiverError
 
 __all__ = [

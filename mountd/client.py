@@ -34,13 +34,14 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
 from mountd import layout, protocol
 from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable, PermissionDenied, ProtocolError
 from mountd.protocol import PROTOCOL_VERSION
+from quiverfs.backends.base import Location
 
 #: Seconds a blocking client waits for mountd to accept and answer ``hello``.
 CONNECT_TIMEOUT = 5.0
@@ -55,8 +56,6 @@ START_LOCK = "mountd.start.lock"
 #: Log file of a mountd started on demand, in the cache directory.
 LOG_FILE = "mountd.log"
 
-if TYPE_CHECKING:
-    from mountd.cache import Location
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -71,7 +70,6 @@ def resolve_socket(cache_dir: str | os.PathLike[str] | None) -> tuple[Path, Path
 def _location_json(location: Location | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(location, Mapping):
         return dict(location)
-    # Any object with the Location fields (mountd.cache.Location, or a digest's own record).
     return {"url": location.url, "key": location.key, "offset": location.offset,
             "length": location.length}
 

@@ -1,4 +1,4 @@
-"""The cache's typed configuration, validated in one place, and :class:`Location`."""
+"""The cache's typed configuration, validated in one place."""
 
 from __future__ import annotations
 
@@ -6,20 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quiverfs.errors import UsageError
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where a content hash's bytes live remotely: ``length`` bytes at ``offset`` of ``key``."""
-
-    #: Backend root URL, e.g. ``"s3://bucket/prefix"`` or ``"file:///data"``.
-    url: str
-    #: Object key relative to ``url`` (``/`` separators).
-    key: str
-    #: Byte offset of the content inside the object (non-zero for packed shards).
-    offset: int
-    #: Bytes of content; equals the content size named in the digest.
-    length: int
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import trio
 
 from digests.canonical import iter_canonical
 from digests.digest import Digest
-from mountd.config import Location
+from quiverfs.backends.base import Location
 from quiverfs.errors import UsageError
 
 HASH = 32
@@ -80,7 +80,7 @@ class DatasetView:
         if entry is None or entry.is_dir:
             raise UsageError(f"digest of {self.dataset} has no file {self.file_ids[cid]}")
         loc = entry.location
-        return entry.hash, entry.size, Location(loc.source, loc.key, loc.offset, loc.length)
+        return entry.hash, entry.size, loc
 
     def items(self, ids: Iterable[int]) -> list[tuple[bytes, int, Location]]:
         """:meth:`item` of each id."""

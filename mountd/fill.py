@@ -21,11 +21,11 @@ import blake3
 import trio
 
 from mountd import store
-from mountd.config import Location
 from mountd.counters import Counters
 from mountd.errors import CacheFull
 from mountd.limits import RemoteLimits
 from quiverfs.backends import Backend
+from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
 
 log = logging.getLogger("mountd.fill")

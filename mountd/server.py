@@ -35,7 +35,7 @@ from typing import Any
 import trio
 
 from mountd import protocol
-from mountd.cache import Cache, Location
+from mountd.cache import Cache
 from mountd.coop import CoopService, info_json
 from mountd.costs import scheme_of
 from mountd.errors import PermissionDenied, ProtocolError
@@ -50,6 +50,7 @@ from mountd.protocol import (
     check_list,
     check_text,
 )
+from quiverfs.backends.base import Location
 from quiverfs.errors import QuiverError, UsageError
 from quiverfs.version import __version__
 

@@ -165,9 +165,7 @@ class MountdFetcher:
         self.dataset = dataset
 
     async def ensure(self, entry) -> str:
-        loc = entry.location
-        location = {"url": loc.source, "key": loc.key, "offset": loc.offset, "length": loc.length}
-        return await self.client.ensure(entry.hash, entry.size, location, self.dataset)
+        return await self.client.ensure(entry.hash, entry.size, entry.location, self.dataset)
 
 
 class _Status:

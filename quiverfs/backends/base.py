@@ -45,6 +45,23 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Location:
+    """Where content lives remotely: ``length`` bytes at ``offset`` of object ``key`` under the
+    backend root ``url``. The one location type: a digest's files carry it
+    (docs/digest-format.md), mountd fills from it, and it travels in mountd's protocol as
+    ``{url, key, offset, length}`` (docs/mountd-protocol.md)."""
+
+    #: Backend root URL (normalised, never credentials), e.g. ``"s3://bucket/imagenet"``.
+    url: str
+    #: Object key relative to ``url`` (``/`` separators).
+    key: str
+    #: Byte offset of the content inside the object (non-zero for members of packed shards).
+    offset: int
+    #: Bytes of content; equals the content size named in the digest.
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Exponential backoff with full jitter, bounded by a total deadline.
 

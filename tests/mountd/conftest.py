@@ -12,8 +12,9 @@ import blake3
 import pytest
 import trio
 
-from mountd.cache import Cache, CacheConfig, Location
+from mountd.cache import Cache, CacheConfig
 from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
+from quiverfs.backends.base import Location
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,8 @@ from pathlib import Path
 import blake3
 import trio
 
-from mountd.cache import Cache, CacheConfig, Location
+from mountd.cache import Cache, CacheConfig
+from quiverfs.backends.base import Location
 
 
 async def main(cache_dir: Path, source: Path, bandwidth: float, chunk_size: int) -> None:

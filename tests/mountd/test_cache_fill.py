@@ -10,7 +10,8 @@ import pytest
 import trio
 
 from mountd import layout
-from mountd.cache import Cache, CacheLocked, Location
+from mountd.cache import Cache, CacheLocked
+from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, NotFound
 from tests.mountd.conftest import (
     Backends,

@@ -17,7 +17,7 @@ import trio
 
 from digests.build import build
 from mountd import layout
-from mountd.cache import CacheConfig, Location
+from mountd.cache import CacheConfig
 from mountd.chunks import ChunkState, Mode
 from mountd.client import AsyncClient, open_client
 from mountd.daemon import DaemonConfig, serve
@@ -31,6 +31,7 @@ from mountd.errors import (
     UnknownSession,
 )
 from mountd.server import Server
+from quiverfs.backends.base import Location
 from quiverfs.errors import UsageError
 
 

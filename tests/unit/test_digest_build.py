@@ -76,7 +76,7 @@ async def test_location_records_other_url(tree, tmp_path):
     with Digest.open(out) as d:
         assert d.sources == {1: "s3://bucket/imagenet"}
         loc = d.lookup_path("train/c1/img_001.jpg").location
-        assert (loc.source, loc.key) == ("s3://bucket/imagenet", "train/c1/img_001.jpg")
+        assert (loc.url, loc.key) == ("s3://bucket/imagenet", "train/c1/img_001.jpg")
 
 
 class FailAfter:

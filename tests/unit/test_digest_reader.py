@@ -71,7 +71,7 @@ def test_lookup_and_entries(small):
         5,
         h(b"delta"),
     )
-    assert entry.location.source == "s3://bucket/ds"
+    assert entry.location.url == "s3://bucket/ds"
     assert entry.location.key == "train/n02/deep/d.JPEG"
     assert (entry.location.offset, entry.location.length) == (0, 5)
     deep = small.lookup_path("train/n02/deep")
@@ -142,13 +142,13 @@ def test_packed_locations(tmp_path):
     )
     with Digest.open(path, check="full") as digest:
         a, b = digest.lookup_path("a.jpg"), digest.lookup_path("b.jpg")
-        assert (a.location.source, a.location.key, a.location.offset, a.location.length) == (
+        assert (a.location.url, a.location.key, a.location.offset, a.location.length) == (
             "s3://bucket/tars",
             "shards/000.tar",
             512,
             10,
         )
-        assert (b.location.source, b.location.key) == ("gs://other/raw", "b.jpg")
+        assert (b.location.url, b.location.key) == ("gs://other/raw", "b.jpg")
 
 
 def test_empty_digest(tmp_path):
