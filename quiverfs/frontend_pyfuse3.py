@@ -43,9 +43,6 @@ except ImportError:  # the optional extra is not installed: see require()
 
 log = logging.getLogger("quiverfs.fuse")
 
-#: The value of ``--frontend`` (and ``frontend=`` in fstab) that selects this module.
-NAME = "pyfuse3"
-
 MISSING = ("--frontend pyfuse3 needs the pyfuse3 package, which is not installed: "
            "pip install 'quiverfs[pyfuse3]' (it builds against libfuse3-dev)")
 

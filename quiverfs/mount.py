@@ -42,7 +42,7 @@ from pathlib import Path
 
 import trio
 
-from quiverfs import frontend_pyfuse3, fuse_channel, fuse_wire, fuse_worker
+from quiverfs import fuse_channel, fuse_wire, fuse_worker
 from quiverfs.errors import QuiverError, UsageError, first_error
 
 log = logging.getLogger("quiverfs.mount")
@@ -68,6 +68,10 @@ FSTYPE = "fuse.quiverfs"
 #: Log of detached mount processes, in the cache directory.
 LOG_FILE = "mount.log"
 
+#: Who can speak FUSE for a mount (docs/mount.md "Front ends"): our own protocol code with
+#: forked workers, or pyfuse3 in the main process (quiverfs/frontend_pyfuse3.py).
+NATIVE, PYFUSE3 = FRONTENDS = ("native", "pyfuse3")
+
 
 class MountError(QuiverError):
     """The mount could not be started or stopped; ``str()`` says why in one line."""
@@ -84,7 +88,7 @@ class MountOptions:
     allow_other: bool = False  #: let other users read the mount (root, or user_allow_other)
     debug: bool = False  #: log every failure with details
     workers: int = 0  #: processes serving FUSE requests; 0: one per core, 2 to 4
-    frontend: str = "native"  #: who speaks FUSE: "native" (workers) or "pyfuse3" (one process)
+    frontend: str = NATIVE  #: who speaks FUSE, one of FRONTENDS
 
     def resolved(self) -> MountOptions:
         """The same options with absolute paths (a detached child runs in ``/``)."""
@@ -296,7 +300,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint), "workers": len(pids),
                     "frontend": options.frontend}
 
-        workers = 0 if options.frontend == frontend_pyfuse3.NAME else (
+        workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())
         counters = fuse_worker.SharedCounters(workers + 1)
         ops = QuiverOperations(digest, cache_dir, MountdFetcher(client, dataset), counters,
@@ -306,7 +310,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         if options.allow_other:
             fuse_options.add("allow_other")
         pids: list[int] = []
-        if options.frontend == frontend_pyfuse3.NAME:
+        if options.frontend == PYFUSE3:
             await _serve_pyfuse3(ops, client, dataset, mountpoint, fuse_options, status)
             return
         try:
@@ -350,7 +354,10 @@ async def _serve_pyfuse3(ops, client, dataset: str, mountpoint: Path, fuse_optio
                          status: _Status) -> None:
     """The pyfuse3 front end (quiverfs/frontend_pyfuse3.py): the same operations, served by
     libfuse in this process; hit reports, evictions, signals and readiness as below."""
-    session = frontend_pyfuse3.Session(ops)
+    # Imported here, not at the top: an optional extra, and ~80 ms that umount does not need.
+    from quiverfs.frontend_pyfuse3 import Session
+
+    session = Session(ops)
     try:
         try:
             session.open(mountpoint, fuse_options)

@@ -28,9 +28,6 @@ STATS_TIMEOUT = 1.0
 #: Most processes a mount may serve its requests with (`--workers`).
 MAX_WORKERS = 32
 
-#: Who speaks FUSE for a mount (`--frontend`, docs/mount.md "Front ends").
-FRONTENDS = ("native", "pyfuse3")
-
 
 def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
     if cache_size is not None:
@@ -49,15 +46,23 @@ def mount(
     Detached (the default): returns once the mount serves, with the line to print. With
     ``foreground``: serves in this process and returns after the unmount.
     """
-    from quiverfs import frontend_pyfuse3
-    from quiverfs.mount import MountOptions, mount_detached, run_foreground, setup_logging
+    from quiverfs.mount import (
+        FRONTENDS,
+        PYFUSE3,
+        MountOptions,
+        mount_detached,
+        run_foreground,
+        setup_logging,
+    )
 
     _check_size(cache_size, cache_dir)
     if not 0 <= workers <= MAX_WORKERS:
         raise UsageError(f"--workers must be between 1 and {MAX_WORKERS} (0: one per core), not {workers}")
     if frontend not in FRONTENDS:
         raise UsageError(f"--frontend must be one of {', '.join(FRONTENDS)}, not {frontend!r}")
-    if frontend == frontend_pyfuse3.NAME:
+    if frontend == PYFUSE3:
+        from quiverfs import frontend_pyfuse3  # an optional extra: only when asked for
+
         frontend_pyfuse3.require()
     options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
                            frontend)
@@ -244,6 +249,8 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
                 raise UsageError(f"option {key} needs a value ({key}=...)")
             result[key] = Path(value) if key == "cache_dir" else value
         elif key == "frontend":
+            from quiverfs.mount import FRONTENDS
+
             if value not in FRONTENDS:
                 raise UsageError(f"option frontend must be one of {', '.join(FRONTENDS)}, not {opt!r}")
             result[key] = value
