@@ -248,6 +248,9 @@ class QuiverOperations:
                 self._served_from(entry.hash, inode)
                 counters[OPENS] += 1
                 counters[HITS if hit else MISSES] += 1
+                if hit:  # reported to mountd like a worker's hits (the pyfuse3 front end's every hit)
+                    self._pending_hashes.append(entry.hash)
+                    self._pending_bytes += entry.size
             elif not hit:
                 self._miss_to_count.add(inode)  # its READ at offset 0 is still to come
         try:

@@ -65,9 +65,15 @@ def handshake(fd: int) -> tuple[int, int]:
     if opcode != fuse_wire.INIT:
         raise FuseMountError(f"the kernel's first FUSE request was {opcode}, not INIT")
     major, minor, max_readahead, flags = fuse_wire.INIT_IN.unpack_from(request, fuse_wire.HEADER_SIZE)
-    if major != fuse_wire.KERNEL_MAJOR:
+    if major != fuse_wire.KERNEL_MAJOR or minor < fuse_wire.MIN_KERNEL_MINOR:
+        # Refuse rather than fall back to pyfuse3 on our own: the fallback is an optional
+        # extra that may not be installed, and it is several times slower, which an operator
+        # should choose knowingly (docs/mount.md "Front ends").
         os.write(fd, fuse_wire.error(unique, errno.EPROTO))
-        raise FuseMountError(f"unsupported FUSE protocol {major}.{minor} (need {fuse_wire.KERNEL_MAJOR}.x)")
+        raise FuseMountError(
+            f"the kernel speaks FUSE {major}.{minor}; the native front end needs "
+            f"{fuse_wire.KERNEL_MAJOR}.{fuse_wire.MIN_KERNEL_MINOR} or a later "
+            f"{fuse_wire.KERNEL_MAJOR}.x (Linux 5.1+): mount with --frontend pyfuse3")
     body = fuse_wire.init_body(minor, flags, max_readahead)
     os.write(fd, fuse_wire.reply(unique, body))
     agreed_minor = min(minor, fuse_wire.KERNEL_MINOR)

@@ -18,6 +18,11 @@ from dataclasses import dataclass
 KERNEL_MAJOR = 7
 KERNEL_MINOR = 38
 
+#: Oldest kernel protocol the native front end serves: 7.29 (Linux 5.1) is where the kernel
+#: takes ENOSYS for OPENDIR as "no opendir needed" (7.28 brought MAX_PAGES, 7.23 the 64-byte
+#: INIT reply, 4.19 the same for OPEN); on an older one every ``opendir`` would fail.
+MIN_KERNEL_MINOR = 29
+
 # -- opcodes (enum fuse_opcode) -----------------------------------------------------------------
 LOOKUP = 1
 FORGET = 2

@@ -68,6 +68,10 @@ FSTYPE = "fuse.quiverfs"
 #: Log of detached mount processes, in the cache directory.
 LOG_FILE = "mount.log"
 
+#: Who can speak FUSE for a mount (docs/mount.md "Front ends"): our own protocol code with
+#: forked workers, or pyfuse3 in the main process (quiverfs/frontend_pyfuse3.py).
+NATIVE, PYFUSE3 = FRONTENDS = ("native", "pyfuse3")
+
 
 class MountError(QuiverError):
     """The mount could not be started or stopped; ``str()`` says why in one line."""
@@ -84,6 +88,7 @@ class MountOptions:
     allow_other: bool = False  #: let other users read the mount (root, or user_allow_other)
     debug: bool = False  #: log every failure with details
     workers: int = 0  #: processes serving FUSE requests; 0: one per core, 2 to 4
+    frontend: str = NATIVE  #: who speaks FUSE, one of FRONTENDS
 
     def resolved(self) -> MountOptions:
         """The same options with absolute paths (a detached child runs in ``/``)."""
@@ -94,6 +99,7 @@ class MountOptions:
             Path(os.path.abspath(os.path.expanduser(self.digest))),
             Path(os.path.abspath(os.path.expanduser(self.mountpoint))),
             cache_dir, self.cache_size, self.allow_other, self.debug, self.workers,
+            self.frontend,
         )
 
 
@@ -203,7 +209,7 @@ async def _report_hits(ops, client, dataset: str) -> None:
             log.debug("dropped %d hit reports: %s", len(hashes), exc)
 
 
-async def _forget_evicted(ops, client, fuse_fd: int) -> None:
+async def _forget_evicted(ops, client, invalidate: Callable[[list[int]], None]) -> None:
     """Every EVICTIONS_INTERVAL, drop from the kernel the pages of files mountd evicted.
 
     The kernel keeps every file's pages (zero-message opens); without this, a file evicted
@@ -230,7 +236,7 @@ async def _forget_evicted(ops, client, fuse_fd: int) -> None:
         if inodes:
             # From a thread: dropping a page waits for a READ of it in flight, which this
             # very thread may be the one to answer (a miss).
-            await trio.to_thread.run_sync(_invalidate, fuse_fd, inodes)
+            await trio.to_thread.run_sync(invalidate, inodes)
         if len(answer["hashes"]) < EVICTIONS_PAGE:
             await trio.sleep(EVICTIONS_INTERVAL)
 
@@ -289,9 +295,11 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         )
 
         def extra_stats() -> dict:
-            return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint), "workers": len(pids)}
+            return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint), "workers": len(pids),
+                    "frontend": options.frontend}
 
-        workers = options.workers or fuse_worker.default_workers()
+        workers = 0 if options.frontend == PYFUSE3 else (
+            options.workers or fuse_worker.default_workers())
         counters = fuse_worker.SharedCounters(workers + 1)
         ops = QuiverOperations(digest, cache_dir, MountdFetcher(client, dataset), counters,
                                sessions=client, extra_stats=extra_stats)
@@ -300,6 +308,9 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         if options.allow_other:
             fuse_options.add("allow_other")
         pids: list[int] = []
+        if options.frontend == PYFUSE3:
+            await _serve_pyfuse3(ops, client, dataset, mountpoint, fuse_options, status)
+            return
         try:
             fuse_fd = fuse_channel.mount(mountpoint, fuse_options)
         except QuiverError as exc:
@@ -318,7 +329,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             stop = partial(_stop_serving, mountpoint, pids)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
-                nursery.start_soon(_forget_evicted, ops, client, fuse_fd)
+                nursery.start_soon(_forget_evicted, ops, client, partial(_invalidate, fuse_fd))
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
                 await _serve_forwarded(ops, trio.socket.from_stdlib_socket(ours), fuse_fd)
@@ -335,6 +346,34 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             os.close(fuse_fd)
             ops.close()
             log.info("unmounted %s", mountpoint)
+
+
+async def _serve_pyfuse3(ops, client, dataset: str, mountpoint: Path, fuse_options: set[str],
+                         status: _Status) -> None:
+    """The pyfuse3 front end (quiverfs/frontend_pyfuse3.py): the same operations, served by
+    libfuse in this process; hit reports, evictions, signals and readiness as below."""
+    # Imported here, not at the top: an optional extra, and ~80 ms that umount does not need.
+    from quiverfs.frontend_pyfuse3 import Session
+
+    session = Session(ops)
+    try:
+        try:
+            session.open(mountpoint, fuse_options)
+        except RuntimeError as exc:  # pyfuse3's word for "libfuse could not mount"
+            raise MountError(f"cannot mount at {mountpoint} with pyfuse3: {exc}") from None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_report_hits, ops, client, dataset)
+            nursery.start_soon(_forget_evicted, ops, client, session.invalidate)
+            nursery.start_soon(_watch_signals, partial(_stop_serving, mountpoint, []))
+            nursery.start_soon(_announce_ready, mountpoint, status, dataset)
+            await session.serve()
+            nursery.cancel_scope.cancel()
+    finally:
+        if mounted_fstype(mountpoint) is not None:
+            fuse_channel.unmount(mountpoint, lazy=True)
+        session.close()
+        ops.close()
+        log.info("unmounted %s", mountpoint)
 
 
 def _worker_main(fuse_fd: int, digest, cache_dir: Path, counters, ours: socket.socket,

@@ -39,18 +39,33 @@ def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
 def mount(
     digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
     foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
+    frontend: str = "native",
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
     Detached (the default): returns once the mount serves, with the line to print. With
     ``foreground``: serves in this process and returns after the unmount.
     """
-    from quiverfs.mount import MountOptions, mount_detached, run_foreground, setup_logging
+    from quiverfs.mount import (
+        FRONTENDS,
+        PYFUSE3,
+        MountOptions,
+        mount_detached,
+        run_foreground,
+        setup_logging,
+    )
 
     _check_size(cache_size, cache_dir)
     if not 0 <= workers <= MAX_WORKERS:
         raise UsageError(f"--workers must be between 1 and {MAX_WORKERS} (0: one per core), not {workers}")
-    options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers)
+    if frontend not in FRONTENDS:
+        raise UsageError(f"--frontend must be one of {', '.join(FRONTENDS)}, not {frontend!r}")
+    if frontend == PYFUSE3:
+        from quiverfs import frontend_pyfuse3  # an optional extra: only when asked for
+
+        frontend_pyfuse3.require()
+    options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
+                           frontend)
     if foreground:
         setup_logging(debug)
         run_foreground(options)
@@ -127,6 +142,11 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(
             0, "--workers", help="Processes serving the mount's requests (default 0: one per core, 2 to 4).",
         ),
+        frontend: str = typer.Option(
+            "native", "--frontend",
+            help="Who speaks FUSE: native (fast, Linux >= 5.1) or pyfuse3 (portable, one process; "
+                 "needs the pyfuse3 extra).",
+        ),
     ) -> None:
         """Mount a dataset read-only: its files are read through the machine's shared cache.
 
@@ -137,7 +157,8 @@ def register(app: typer.Typer) -> None:
         """
         debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
-                     foreground=foreground, allow_other=allow_other, debug=debug, workers=workers)
+                     foreground=foreground, allow_other=allow_other, debug=debug, workers=workers,
+                     frontend=frontend)
         if not foreground:
             typer.echo(line)
 
@@ -188,7 +209,7 @@ IGNORED_OPTIONS = frozenset({
 
 HELPER = "mount.fuse.quiverfs"
 HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
-                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,allow_other,foreground,debug]")
+                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,frontend=native|pyfuse3,allow_other,foreground,debug]")
 
 
 def parse_helper_args(argv: list[str]) -> dict[str, Any]:
@@ -219,13 +240,20 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
         raise UsageError(HELPER_USAGE)
     result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
                               "cache_dir": None, "cache_size": None, "allow_other": False,
-                              "foreground": False, "debug": False, "workers": 0, "fake": fake}
+                              "foreground": False, "debug": False, "workers": 0, "frontend": "native",
+                              "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
         if key in ("cache_dir", "cache_size"):
             if not eq or not value:
                 raise UsageError(f"option {key} needs a value ({key}=...)")
             result[key] = Path(value) if key == "cache_dir" else value
+        elif key == "frontend":
+            from quiverfs.mount import FRONTENDS
+
+            if value not in FRONTENDS:
+                raise UsageError(f"option frontend must be one of {', '.join(FRONTENDS)}, not {opt!r}")
+            result[key] = value
         elif key == "workers":
             if not eq or not value.isdigit():
                 raise UsageError(f"option workers needs a number (workers=N), not {opt!r}")

@@ -55,6 +55,16 @@ NAME_MAX = 255
 
 ROOT_INODE = ROOT_ID
 
+#: Listing cookies (the offsets READDIR resumes from): 0 is the start, ``.`` and ``..`` have
+#: their own, and a digest entry's is its id shifted past them (ids start at 1, so an entry's
+#: cookie is at least 3 and a cookie below 3 never names an entry).
+DOT_COOKIE = 1
+DOTDOT_COOKIE = 2
+COOKIE_SHIFT = 2
+
+#: One listed name: ``(name, entry, cookie)``; ``.`` and ``..`` carry their directory entries.
+Listed = tuple[bytes, Entry, int]
+
 
 def _ns(timestamp: str) -> int:
     """``YYYY-MM-DDTHH:MM:SSZ`` → nanoseconds since the epoch (0 when unparsable)."""
@@ -76,8 +86,8 @@ class Tree:
         self.mtime_ns = _ns(digest.created_at)
         #: inode → entry for the most recently used entries (immutable rows, not state)
         self._recent: dict[int, Entry] = {}
-        #: the entries of the last listing page that did not fit the READDIR buffer
-        self._spare: tuple[int, int, list[Entry]] = (0, 0, [])
+        #: (directory, cookie, entries, last) of the last listing page that did not fit
+        self._spare: tuple[int, int, list[Listed], bool] = (0, 0, [], False)
         # The store path of a hash, as a plain string: reads are the hot path and pathlib
         # costs ~10 µs a call. Checked against the layout contract so the two cannot drift.
         self._store_prefix = os.path.join(self.cache_dir, layout.STORE, "")
@@ -148,10 +158,6 @@ class Tree:
     # -- listings --------------------------------------------------------------------------
 
     def _page(self, dir_id: int, after: int) -> list[Entry]:
-        spare_dir, spare_after, spare = self._spare
-        if spare and spare_dir == dir_id and spare_after == after:
-            self._spare = (0, 0, [])
-            return spare
         try:
             return self.digest.listdir(dir_id, after or None, READDIR_PAGE)
         except ValueError:
@@ -160,29 +166,62 @@ class Tree:
             log.error("digest listdir failed: %s", exc)
             raise FsError(errno.EIO) from None
 
+    def dir_page(self, dir_inode: int, cookie: int) -> tuple[list[Listed], bool]:
+        """The entries of directory ``dir_inode`` that follow ``cookie`` (0: from the start),
+        as ``(name, entry, cookie)``, and whether they are the last ones.
+
+        Every listing starts with ``.`` (cookie :data:`DOT_COOKIE`) and ``..``
+        (:data:`DOTDOT_COOKIE`; the root is its own parent); each digest entry's cookie is its
+        id plus :data:`COOKIE_SHIFT`, so no entry's cookie can be 1 or 2 (ids start at 1).
+        What a front end could not send it gives back with :meth:`keep_rest`, and the next
+        request resuming at the same cookie is served from it without a digest query.
+        """
+        directory = self.entry(dir_inode)
+        if not directory.is_dir:
+            raise FsError(errno.ENOTDIR)
+        spare_dir, spare_cookie, spare, spare_last = self._spare
+        if spare and spare_dir == dir_inode and spare_cookie == cookie:
+            self._spare = (0, 0, [], False)
+            return spare, spare_last
+        out: list[Listed] = []
+        if cookie < DOT_COOKIE:
+            out.append((b".", directory, DOT_COOKIE))
+        if cookie < DOTDOT_COOKIE:
+            out.append((b"..", self.entry(directory.parent or ROOT_INODE), DOTDOT_COOKIE))
+        page = self._page(dir_inode, max(cookie - COOKIE_SHIFT, 0))
+        out.extend((entry.name.encode("utf-8"), entry, entry.id + COOKIE_SHIFT) for entry in page)
+        return out, len(page) < READDIR_PAGE
+
+    def keep_rest(self, dir_inode: int, cookie: int, rest: list[Listed], last: bool) -> None:
+        """Keep the entries of a :meth:`dir_page` that did not fit, for the request resuming
+        at ``cookie`` (the cookie of the last entry sent)."""
+        self._spare = (dir_inode, cookie, rest, last)
+
     def listing(self, dir_inode: int, after: int, size: int, plus: bool) -> bytes:
         """Encoded directory entries following cookie ``after`` (0: from the start), at most
-        ``size`` bytes; the cookie of each entry is its inode. ``b""`` at the end."""
-        if not self.entry(dir_inode).is_dir:
-            raise FsError(errno.ENOTDIR)
+        ``size`` bytes (see :meth:`dir_page` for the cookies). ``b""`` at the end."""
         timeout = TIMEOUT if plus else None
         records: list[bytes] = []
         used = 0
         while True:
-            page = self._page(dir_inode, after)
-            for i, entry in enumerate(page):
-                record = fuse_wire.dirent(entry.name.encode("utf-8"), self.attributes(entry),
-                                          entry.id, timeout)
+            page, last = self.dir_page(dir_inode, after)
+            for i, (name, entry, cookie) in enumerate(page):
+                record = fuse_wire.dirent(name, self.attributes(entry), cookie, timeout)
                 if used + len(record) > size:
-                    self._spare = (dir_inode, after, page[i:])
+                    self.keep_rest(dir_inode, after, page[i:], last)
                     return b"".join(records)
                 records.append(record)
                 used += len(record)
-                after = entry.id
-            if len(page) < READDIR_PAGE:
+                after = cookie
+            if last:
                 return b"".join(records)
 
-    def statfs(self) -> bytes:
+    def usage(self) -> tuple[int, int]:
+        """``(blocks, inodes)`` that ``statfs`` reports: the dataset's bytes in
+        :data:`BLOCK_SIZE` blocks, rounded up, and its files plus directories."""
         digest = self.digest
-        blocks = -(-digest.total_bytes // BLOCK_SIZE)
-        return fuse_wire.statfs_body(blocks, digest.file_count + digest.dir_count, BLOCK_SIZE, NAME_MAX)
+        return -(-digest.total_bytes // BLOCK_SIZE), digest.file_count + digest.dir_count
+
+    def statfs(self) -> bytes:
+        blocks, inodes = self.usage()
+        return fuse_wire.statfs_body(blocks, inodes, BLOCK_SIZE, NAME_MAX)

@@ -14,13 +14,15 @@ from quiverfs.mount_cli import helper_main, parse_helper_args
 def test_fstab_style_options() -> None:
     args = parse_helper_args(
         ["/data/imagenet.qd", "/mnt/imagenet", "-o",
-         "rw,noauto,_netdev,x-systemd.automount,cache_size=200G,cache_dir=/var/cache/quiverfs,allow_other,workers=3"]
+         "rw,noauto,_netdev,x-systemd.automount,cache_size=200G,cache_dir=/var/cache/quiverfs,allow_other,workers=3,"
+         "frontend=pyfuse3"]
     )
     assert args == {
         "digest": Path("/data/imagenet.qd"), "mountpoint": Path("/mnt/imagenet"),
         "cache_dir": Path("/var/cache/quiverfs"), "cache_size": "200G", "allow_other": True,
-        "foreground": False, "debug": False, "workers": 3, "fake": False,
+        "foreground": False, "debug": False, "workers": 3, "frontend": "pyfuse3", "fake": False,
     }
+    assert parse_helper_args(["d.qd", "/m"])["frontend"] == "native"
 
 
 def test_flags_and_joined_options() -> None:
@@ -33,7 +35,8 @@ def test_flags_and_joined_options() -> None:
     "argv",
     [[], ["only-one"], ["a", "b", "c"], ["a", "b", "-o"], ["a", "b", "-o", "cache_size"],
      ["a", "b", "-o", "bogus=1"], ["a", "b", "-o", "allow_other=yes"], ["a", "b", "-o", "workers"],
-     ["a", "b", "-o", "workers=two"], ["a", "b", "-o", "workers=-1"]],
+     ["a", "b", "-o", "workers=two"], ["a", "b", "-o", "workers=-1"], ["a", "b", "-o", "frontend"],
+     ["a", "b", "-o", "frontend=fuse2"]],
 )
 def test_bad_command_lines(argv) -> None:
     with pytest.raises(UsageError):

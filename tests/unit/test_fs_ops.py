@@ -286,6 +286,12 @@ def list_all(env: Env, inode: int, size: int, plus: bool) -> list[Dirent]:
         cookie = page[-1].cookie
 
 
+def split_dots(listed: list[Dirent]) -> tuple[list[Dirent], list[Dirent]]:
+    """``(the . and .. entries, the rest)``: every listing starts with the two."""
+    assert [d.name for d in listed[:2]] == [b".", b".."]
+    return listed[:2], listed[2:]
+
+
 async def miss(env: Env, req: bytes):
     """A READ the worker cannot serve: it must be forwarded as is; the main process's reply."""
     assert handle(env, req) is None
@@ -402,11 +408,14 @@ def test_readdirplus_pages_with_cookies(env: Env, monkeypatch) -> None:
     monkeypatch.setattr(env.digest, "listdir", counting)
     big = env.ino("big")
     room = 7 * (128 + 24 + 8)  # seven entries with names of up to 8 bytes
-    listed = list_all(env, big, room, plus=True)
+    dots, listed = split_dots(list_all(env, big, room, plus=True))
+    assert [(d.name, d.ino, d.type) for d in dots] == [(b".", big, DT_DIR), (b"..", tree.ROOT_INODE, DT_DIR)]
+    assert [d.cookie for d in dots] == [tree.DOT_COOKIE, tree.DOTDOT_COOKIE]
     names = [d.name.decode() for d in listed]
     assert names == ["d0", "d1", "d2"] + [f"f{i:04d}" for i in range(MANY)]
     assert len(set(names)) == len(names)
-    assert all(d.ino == d.cookie for d in listed)  # the cookie is the entry id
+    # an entry's cookie is its id, shifted past the cookies of . and ..
+    assert all(d.cookie == d.ino + tree.COOKIE_SHIFT for d in listed)
     assert [d.ino for d in listed] == [env.ino(f"big/{n}") for n in names]
     assert [d.type for d in listed[:4]] == [DT_DIR, DT_DIR, DT_DIR, DT_REG]
     for d in (listed[0], listed[3], listed[-1]):
@@ -423,23 +432,42 @@ def test_readdirplus_pages_with_cookies(env: Env, monkeypatch) -> None:
 
 
 def test_readdir_without_attributes(env: Env) -> None:
-    listed = list_all(env, tree.ROOT_INODE, 4096, plus=False)
+    dots, listed = split_dots(list_all(env, tree.ROOT_INODE, 4096, plus=False))
+    # The root is its own parent.
+    assert [(d.name, d.ino, d.type) for d in dots] == [(b".", 1, DT_DIR), (b"..", 1, DT_DIR)]
     assert [(d.name, d.type) for d in listed] == [
         (b"big", DT_DIR), (b"sub", DT_DIR), ("ü dir".encode(), DT_DIR),
         (b"a.txt", DT_REG), (b"empty", DT_REG)]
-    assert all(d.entry is None and d.cookie == d.ino for d in listed)
+    assert all(d.entry is None and d.cookie == d.ino + tree.COOKIE_SHIFT for d in listed)
     assert [d.ino for d in listed] == [env.ino(d.name.decode()) for d in listed]
-    big = list_all(env, env.ino("big"), 4096, plus=False)
+    _, big = split_dots(list_all(env, env.ino("big"), 4096, plus=False))
     assert len(big) == MANY + 3 and len({d.ino for d in big}) == MANY + 3
-    assert list_all(env, env.ino("sub/deeper"), 4096, plus=True)[0].name == b"c.txt"
+    deeper = list_all(env, env.ino("sub/deeper"), 4096, plus=True)
+    assert [(d.name, d.ino) for d in deeper] == [
+        (b".", env.ino("sub/deeper")), (b"..", env.ino("sub")), (b"c.txt", env.ino("sub/deeper/c.txt"))]
+
+
+def test_dots_fit_alone_and_resume_by_their_cookies(env: Env) -> None:
+    sub = env.ino("sub")
+    one_plain = 24 + 8  # a plain entry with a name of up to 8 bytes
+    first = dirents(ok_body(readdir(env, sub, 0, one_plain, plus=False)), plus=False)
+    assert [(d.name, d.cookie) for d in first] == [(b".", tree.DOT_COOKIE)]
+    second = dirents(ok_body(readdir(env, sub, tree.DOT_COOKIE, one_plain, plus=False)), False)
+    assert [(d.name, d.ino, d.cookie) for d in second] == [(b"..", 1, tree.DOTDOT_COOKIE)]
+    rest = dirents(ok_body(readdir(env, sub, tree.DOTDOT_COOKIE, 4096, plus=True)), plus=True)
+    assert [d.name for d in rest] == [b"deeper", b"b.bin"]
+    # A buffer too small for even one entry gets nothing (not an error), as before.
+    assert ok_body(readdir(env, sub, 0, 8, plus=False)) == b""
+    # Cookie 3 would be the root's (id 1): never a child, so never a cookie we gave.
+    assert errno_of(readdir(env, sub, 1 + tree.COOKIE_SHIFT, 4096, plus=False)) == errno.EINVAL
 
 
 def test_readdir_resumes_from_any_cookie(env: Env) -> None:
     big = env.ino("big")
     everything = dirents(ok_body(readdir(env, big, 0, 10**6, plus=False)), plus=False)
-    assert len(everything) == MANY + 3
+    assert len(everything) == 2 + MANY + 3
     room = 5 * (24 + 8)  # five plain entries named fNNNN
-    for at in (500, 3, 0, 997):
+    for at in (500, 3, 0, 1, 2, 999):
         page = dirents(ok_body(readdir(env, big, everything[at].cookie, room, plus=False)), False)
         assert page == everything[at + 1:at + 6]
     # The same cookie again, now with attributes.
@@ -447,8 +475,8 @@ def test_readdir_resumes_from_any_cookie(env: Env) -> None:
     assert [d.name for d in page] == [d.name for d in everything[501:506]]
     assert ok_body(readdir(env, big, everything[-1].cookie, room, plus=False)) == b""
     # A cookie this directory never gave (an entry of another one), a file, no such inode.
-    assert errno_of(readdir(env, big, env.ino("a.txt"), room, plus=False)) == errno.EINVAL
-    assert errno_of(readdir(env, big, env.ino("sub"), room, plus=True)) == errno.EINVAL
+    assert errno_of(readdir(env, big, env.ino("a.txt") + tree.COOKIE_SHIFT, room, plus=False)) == errno.EINVAL
+    assert errno_of(readdir(env, big, env.ino("sub") + tree.COOKIE_SHIFT, room, plus=True)) == errno.EINVAL
     assert errno_of(readdir(env, env.ino("a.txt"), 0, 4096, plus=False)) == errno.ENOTDIR
     assert errno_of(readdir(env, env.ino("a.txt"), 0, 4096, plus=True)) == errno.ENOTDIR
     assert errno_of(readdir(env, 10**9, 0, 4096, plus=True)) == errno.ENOENT
@@ -585,6 +613,11 @@ async def test_a_file_fetched_meanwhile_is_a_hit(env: Env) -> None:
     assert env.fetcher.calls == []
     c = totals(env)
     assert (c["opens"], c["hits"], c["misses"]) == (1, 1, 0)
+    # A hit in the main process is reported to mountd as a worker's is (the pyfuse3 front
+    # end's hits all come this way).
+    assert env.ops.take_hits() == ([b3(b"alpha")], len(b"alpha"))
+    assert ok_body(await env.ops.answer(read_request(ino, 4096, 4096))) == b""
+    assert env.ops.take_hits() == ([], 0)  # a later READ of the same read of the file is not
 
 
 async def test_concurrent_misses_of_one_file_share_one_fetch(env: Env) -> None:
