@@ -32,9 +32,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from digests.digest import Entry
-from quiverfs.errors import UsageError
-from quiverfs.fs import QuiverOperations, errno_for
-from quiverfs.tree import BLOCK_SIZE, NAME_MAX, TIMEOUT, FsError
+from quiverfs.errors import FsError, UsageError, errno_for
+from quiverfs.fs import QuiverOperations
+from quiverfs.tree import BLOCK_SIZE, NAME_MAX, TIMEOUT
 
 try:
     import pyfuse3
@@ -61,7 +61,7 @@ def _as_fuse_errors(what: str, inode: int) -> Iterator[None]:
     except FsError as exc:
         raise pyfuse3.FUSEError(exc.errno) from None
     except Exception as exc:
-        # The one mapping (quiverfs.fs.errno_for), as QuiverOperations.answer does for the
+        # The one mapping (quiverfs.errors.errno_for), as QuiverOperations.answer does for the
         # native front end; a failed read has been counted where it failed.
         log.warning("FUSE %s on inode %d failed: %s", what, inode, exc)
         raise pyfuse3.FUSEError(errno_for(exc)) from None
