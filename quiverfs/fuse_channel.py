@@ -53,6 +53,28 @@ def mount(mountpoint: str | os.PathLike[str], options: Iterable[str]) -> int:
     return fds[0]
 
 
+def send(fd: int, out: bytes | list[bytes]) -> bool:
+    """Write one reply (or notification) to the connection ``fd`` in one ``write``/``writev``.
+
+    The one writer to ``/dev/fuse`` of every serving process. Returns False when the
+    connection is gone (``ENODEV``: unmounted), True otherwise. ``ENOENT`` is not a failure:
+    the kernel no longer waits for that request (it was interrupted, or its process killed)
+    or, for a notification, no longer knows that inode. Anything else is logged and dropped:
+    a reply that cannot be written cannot be answered any other way.
+    """
+    try:
+        if type(out) is list:
+            os.writev(fd, out)
+        else:
+            os.write(fd, out)  # type: ignore[arg-type]
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return False
+        if exc.errno != errno.ENOENT:
+            log.warning("cannot answer a FUSE request: %s", exc)
+    return True
+
+
 def handshake(fd: int) -> tuple[int, int]:
     """Read the kernel's INIT from ``fd`` and answer it; ``(minor, flags)`` agreed on."""
     while True:
@@ -63,7 +85,7 @@ def handshake(fd: int) -> tuple[int, int]:
             continue
     _, opcode, unique, _ = fuse_wire.parse_header(request)
     if opcode != fuse_wire.INIT:
-        raise FuseMountError(f"the kernel's first FUSE request was {opcode}, not INIT")
+        raise FuseMountError(f"the kernel's first FUSE request was {fuse_wire.opcode_name(opcode)}, not INIT")
     major, minor, max_readahead, flags = fuse_wire.INIT_IN.unpack_from(request, fuse_wire.HEADER_SIZE)
     if major != fuse_wire.KERNEL_MAJOR:
         os.write(fd, fuse_wire.error(unique, errno.EPROTO))
