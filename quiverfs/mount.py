@@ -239,7 +239,7 @@ async def _forget_evicted(ops, client, fuse_fd: int) -> None:
 
 def _invalidate(fuse_fd: int, inodes: list[int]) -> None:
     for inode in inodes:
-        if not fuse_channel.send(fuse_fd, fuse_wire.inval_inode(inode)):
+        if not fuse_channel.send(fuse_fd, fuse_wire.inval_inode(inode), f"the invalidation of inode {inode}"):
             return  # unmounted
 
 
