@@ -280,7 +280,8 @@ class Cache:
 
         Concurrent calls for one hash share one fill (one remote read); all get its path or
         its error. Raises :class:`CorruptObject` (bytes do not match ``hash``/``size``; nothing
-        is cached), :class:`CacheFull` (larger than the cache, everything else pinned, or no
+        is cached; or the store holds ``hash`` with another size: the content fixes its size,
+        so the caller's row is wrong, warm cache or cold), :class:`CacheFull` (larger than the cache, everything else pinned, or no
         disk), backend errors (``NotFound``, ``AccessDenied``, ...), :class:`CacheClosed`.
 
         Cancellation: cancelling a caller never leaves a partial file. With :meth:`run`
@@ -289,7 +290,10 @@ class Cache:
         """
         index = self._require_open()
         hash = layout.check_hash(hash)
-        if index.size_of(hash) is not None:
+        stored = index.size_of(hash)
+        if stored is not None:
+            if stored != size:
+                raise self._size_mismatch(hash, stored, size, dataset)
             path = self.store_path(hash)
             # Clients call ensure() when they did not find the file, so check it is really
             # there (a row without a file: removed behind our back). One stat, no thread.
@@ -309,10 +313,18 @@ class Cache:
     ) -> str:
         while True:
             index = self._require_open()
-            if index.size_of(hash) is not None:  # filled while we looped
+            stored = index.size_of(hash)
+            if stored is not None:  # filled while we looped
+                if stored != size:
+                    raise self._size_mismatch(hash, stored, size, dataset)
                 index.touch([hash], dataset)
                 return self.store_path(hash)
             flight = self._flights.get(hash)
+            if flight is not None and flight.size != size:
+                # Another caller fills this hash with another size: at most one of the two
+                # is the content's. Let that fill decide, then look again.
+                await flight.done.wait()
+                continue
             if flight is None:
                 if size > self.config.cache_size:
                     self.counters.add_fill_error(dataset)
@@ -337,6 +349,17 @@ class Cache:
             if dataset is not None and dataset != flight.dataset:
                 index.touch([hash], dataset)
             return flight.path
+
+    def _size_mismatch(self, hash: bytes, stored: int, size: int, dataset: str | None) -> CorruptObject:
+        """The error for asking ``size`` bytes of ``hash`` when its verified content has
+        ``stored``: counted as a verify failure and logged once (a fill of that row would
+        have failed verification the same way)."""
+        self.counters.add_verify_failure(dataset)
+        error = CorruptObject(
+            f"the store holds {hash.hex()} as {stored} bytes, but {size} were asked: "
+            "the digest row is damaged")
+        log.warning("verify failure: %s", error)
+        return error
 
     async def _run_flight(self, flight: _Flight) -> None:
         counters = self.counters

@@ -6,8 +6,11 @@ in the store. What needs mountd or state shared by the whole mount comes here, a
 request, and is answered on the same ``/dev/fuse`` descriptor (docs/mount.md "Reads"):
 
 * **miss** -- a READ of a file whose store file does not exist: await the fetcher (mountd's
-  ``ensure``: fetch, verify, store), open the store file and read. Other requests keep being
-  served meanwhile, by the workers and by the other tasks here.
+  ``ensure``: fetch, verify, store), open the store file and read (through
+  quiverfs/reads.py, the READ path the workers use too). Other requests keep being served
+  meanwhile, by the workers and by the other tasks here. A worker also forwards a READ whose
+  store file's size is not the entry's: it fails here like a failed fetch (logged once,
+  remembered for the kernel's retry).
 * **extended attributes** -- ``user.quiver.hash``/``user.quiver.cached`` on files,
   ``user.quiver.dataset``/``user.quiver.stats`` on the root, and the control channel
   (quiverfs/control.py), whose replay and paging state must be the mount's, not a worker's.
@@ -35,18 +38,9 @@ import trio
 from digests.digest import Digest, FileEntry
 from quiverfs import fuse_wire as w
 from quiverfs.control_channel import ControlChannel, SessionClient
-from quiverfs.errors import FsError, errno_for
-from quiverfs.fuse_worker import (
-    BYTES,
-    COUNTERS,
-    ERRORS,
-    HIT_RECORD,
-    MISSES,
-    OPENS,
-    READS,
-    SharedCounters,
-)
-from quiverfs.fuse_worker import HITS_N as HITS
+from quiverfs.errors import CorruptObject, FsError, errno_for
+from quiverfs.fuse_worker import HIT_RECORD
+from quiverfs.reads import COUNTERS, ERRORS, SharedCounters, StoreReads
 from quiverfs.tree import ROOT_INODE, Tree
 
 log = logging.getLogger("quiverfs.fs")
@@ -67,6 +61,9 @@ ROOT_XATTRS = (XATTR_DATASET, XATTR_STATS)
 
 #: Store files the main process keeps open by inode (the READs of a large missed file).
 OPEN_FILES = 16
+
+#: Failed fetches, and files fetched for a READ past offset 0, remembered at most.
+REMEMBERED = 1024
 
 #: Files remembered as read from the mount, for dropping their pages from the kernel when
 #: mountd evicts them (~100 bytes each). More files than the kernel keeps pages of.
@@ -141,11 +138,11 @@ class QuiverOperations:
         self.shared = counters
         self.counters = counters.slot(0)
         self._extra_stats = extra_stats
-        self._files: dict[int, int] = {}
+        self.reads = StoreReads(self.tree, self.counters, max_files=OPEN_FILES)
         #: inode → set when the fetch in progress for it ends
         self._fetching: dict[int, trio.Event] = {}
         #: inodes fetched for a READ past offset 0, whose offset-0 READ counts the miss
-        self._miss_to_count: set[int] = set()
+        self._miss_to_count: dict[int, None] = {}
         #: inode → (when, errno) of a recent failed fetch (see FAILURE_MEMORY)
         self._failed: dict[int, tuple[float, int]] = {}
         self._pending_hashes: list[bytes] = []
@@ -155,9 +152,7 @@ class QuiverOperations:
 
     def close(self) -> None:
         """Release what the operations hold (not the digest: its owner closes it)."""
-        for fd in self._files.values():
-            os.close(fd)
-        self._files.clear()
+        self.reads.close()
 
     # -- hit reports -----------------------------------------------------------------------
 
@@ -181,7 +176,12 @@ class QuiverOperations:
             served[content_hash] = (*inodes, inode)
 
     def evicted(self, hashes: list[bytes]) -> list[int]:
-        """The inodes served from ``hashes``, which mountd has just evicted (and forgets them)."""
+        """The inodes served from ``hashes``, which mountd has just evicted (and forgets them).
+
+        Also closes the store files kept open here that left the store (these hashes, and
+        any other whose file is gone: the sweep is the main process's periodic timer)."""
+        self.reads.forget(hashes)
+        self.reads.sweep()
         served = self._served
         return [inode for h in hashes for inode in served.pop(h, ())]
 
@@ -219,7 +219,7 @@ class QuiverOperations:
                 return w.error(unique, errno.ENOSYS)
         except Exception as exc:
             if not isinstance(exc, FsError):
-                log.warning("FUSE request %d on inode %d failed: %s", opcode, nodeid, exc)
+                log.warning("FUSE %s of inode %d failed: %s", w.opcode_name(opcode), nodeid, exc)
             return w.error(unique, errno_for(exc))
         body = w.xattr_body(value, asked)
         return w.error(unique, body) if isinstance(body, int) else w.reply(unique, body)
@@ -232,10 +232,10 @@ class QuiverOperations:
         fetch instead of asking mountd again). A file's READ at offset 0 counts it as read
         (see :class:`MountCounters`).
         """
-        counters = self.counters
+        reads = self.reads
         # A READ at offset 0 starts a read of the file: look in the store again (it may have
         # been evicted since), so a kept descriptor only serves the READs that follow.
-        fd = self._files.get(inode) if offset else None
+        fd = reads.kept(inode) if offset else None
         if fd is None:
             entry = self.tree.file(inode)
             if entry.size == 0:
@@ -243,68 +243,55 @@ class QuiverOperations:
             fd, hit = await self._open(entry)
             if offset == 0:
                 if inode in self._miss_to_count:
-                    self._miss_to_count.discard(inode)
+                    del self._miss_to_count[inode]
                     hit = False  # fetched for a later READ of this very read of the file
                 self._served_from(entry.hash, inode)
-                counters[OPENS] += 1
-                counters[HITS if hit else MISSES] += 1
+                reads.first_read(hit)
                 if hit:  # reported to mountd like a worker's hits (the pyfuse3 front end's every hit)
                     self._pending_hashes.append(entry.hash)
                     self._pending_bytes += entry.size
             elif not hit:
-                self._miss_to_count.add(inode)  # its READ at offset 0 is still to come
-        try:
-            data = os.pread(fd, size, offset)
-        except OSError:
-            counters[ERRORS] += 1
-            raise
-        counters[READS] += 1
-        counters[BYTES] += len(data)
-        return data
+                self._miss_to_count[inode] = None  # its READ at offset 0 is still to come
+                if len(self._miss_to_count) > REMEMBERED:
+                    del self._miss_to_count[next(iter(self._miss_to_count))]
+        # No await since _open returned: the descriptor is still open.
+        return reads.read(inode, fd, offset, size)
 
     async def _open(self, entry: FileEntry) -> tuple[int, bool]:
         """A descriptor of ``entry``'s store file, kept open for the READs that follow, and
         whether the file was in the store already (a hit)."""
-        failed = self._failed.get(entry.id)
-        if failed is not None and trio.current_time() - failed[0] < FAILURE_MEMORY:
-            raise FsError(failed[1])  # the kernel retrying the page we just failed
-        fetching = self._fetching.get(entry.id)
-        if fetching is not None:
-            await fetching.wait()
-            fd = self._files.get(entry.id)
-            if fd is None:  # that fetch failed (and was logged): fail the same way
-                failed = self._failed.get(entry.id)
-                raise FsError(failed[1] if failed else errno.EIO)
-            return fd, False
+        waited = False
+        while True:
+            failed = self._failed.get(entry.id)
+            if failed is not None and trio.current_time() - failed[0] < FAILURE_MEMORY:
+                raise FsError(failed[1])  # the kernel retrying the page we just failed
+            fetching = self._fetching.get(entry.id)
+            if fetching is None:
+                break
+            await fetching.wait()  # then: its failure above, or the store file below
+            waited = True
         try:
-            fd = os.open(self.tree.store_path(entry.hash), os.O_RDONLY | os.O_CLOEXEC)
-            hit = True
+            return self.reads.open(entry), not waited
         except FileNotFoundError:
-            done = self._fetching[entry.id] = trio.Event()
-            try:
-                fd = await self._open_miss(entry)
-            except FsError as exc:
-                self._failed[entry.id] = (trio.current_time(), exc.errno)
-                if len(self._failed) > OPEN_FILES:
-                    del self._failed[next(iter(self._failed))]
-                raise
-            finally:
-                del self._fetching[entry.id]
-                done.set()
-            hit = False
-        except OSError as exc:
-            self.counters[ERRORS] += 1
-            log.warning("cannot open the store file of %s: %s", entry.path, exc)
-            raise
-        old = self._files.pop(entry.id, None)
-        if old is not None:
-            os.close(old)
-        self._files[entry.id] = fd
-        if len(self._files) > OPEN_FILES:
-            oldest = next(iter(self._files))
-            os.close(self._files.pop(oldest))
-            self._miss_to_count.discard(oldest)
-        return fd, hit
+            pass
+        except CorruptObject as exc:
+            raise self._failure(entry, exc) from None
+        done = self._fetching[entry.id] = trio.Event()
+        try:
+            return await self._open_miss(entry), False
+        finally:
+            del self._fetching[entry.id]
+            done.set()
+
+    def _failure(self, entry: FileEntry, error: Exception) -> FsError:
+        """Count and log a failed read of ``entry``, and remember it for the kernel's retry."""
+        self.counters[ERRORS] += 1
+        log.warning("cannot read %s: %s", entry.path, error)
+        code = errno_for(error)
+        self._failed[entry.id] = (trio.current_time(), code)
+        if len(self._failed) > REMEMBERED:
+            del self._failed[next(iter(self._failed))]
+        return FsError(code)
 
     async def _open_miss(self, entry: FileEntry) -> int:
         """Ask mountd for ``entry``'s content, then open the store file it names.
@@ -317,15 +304,13 @@ class QuiverOperations:
         for _ in range(ENSURE_ATTEMPTS):
             try:
                 path = await self.fetcher.ensure(entry)
-                return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                return self.reads.open(entry, path)  # checks the size, as a hit does
             except FileNotFoundError as exc:
                 error = exc  # evicted before we opened it: ask again
             except Exception as exc:
                 error = exc
                 break
-        self.counters[ERRORS] += 1
-        log.warning("cannot read %s: %s", entry.path, error)
-        raise FsError(errno_for(error)) from None
+        raise self._failure(entry, error) from None
 
     # -- extended attributes ---------------------------------------------------------------
 

@@ -53,6 +53,29 @@ def mount(mountpoint: str | os.PathLike[str], options: Iterable[str]) -> int:
     return fds[0]
 
 
+def send(fd: int, out: bytes | list[bytes], what: str = "a FUSE request") -> bool:
+    """Write one reply (or notification) to the connection ``fd`` in one ``write``/``writev``.
+
+    The one writer to ``/dev/fuse`` of every serving process. Returns False when the
+    connection is gone (``ENODEV``: unmounted), True otherwise. ``ENOENT`` is not a failure:
+    the kernel no longer waits for that request (it was interrupted, or its process killed)
+    or, for a notification, no longer knows that inode. Anything else is logged and dropped:
+    a reply that cannot be written cannot be answered any other way (``what`` names it in
+    the log line).
+    """
+    try:
+        if type(out) is list:
+            os.writev(fd, out)
+        else:
+            os.write(fd, out)  # type: ignore[arg-type]
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return False
+        if exc.errno != errno.ENOENT:
+            log.warning("cannot answer %s: %s", what, exc)
+    return True
+
+
 def handshake(fd: int) -> tuple[int, int]:
     """Read the kernel's INIT from ``fd`` and answer it; ``(minor, flags)`` agreed on."""
     while True:
@@ -63,19 +86,20 @@ def handshake(fd: int) -> tuple[int, int]:
             continue
     _, opcode, unique, _ = fuse_wire.parse_header(request)
     if opcode != fuse_wire.INIT:
-        raise FuseMountError(f"the kernel's first FUSE request was {opcode}, not INIT")
+        raise FuseMountError(f"the kernel's first FUSE request was {fuse_wire.opcode_name(opcode)}, not INIT")
     major, minor, max_readahead, flags = fuse_wire.INIT_IN.unpack_from(request, fuse_wire.HEADER_SIZE)
     if major != fuse_wire.KERNEL_MAJOR or minor < fuse_wire.MIN_KERNEL_MINOR:
         # Refuse rather than fall back to pyfuse3 on our own: the fallback is an optional
         # extra that may not be installed, and it is several times slower, which an operator
         # should choose knowingly (docs/mount.md "Front ends").
-        os.write(fd, fuse_wire.error(unique, errno.EPROTO))
+        send(fd, fuse_wire.error(unique, errno.EPROTO), "INIT")
         raise FuseMountError(
             f"the kernel speaks FUSE {major}.{minor}; the native front end needs "
             f"{fuse_wire.KERNEL_MAJOR}.{fuse_wire.MIN_KERNEL_MINOR} or a later "
             f"{fuse_wire.KERNEL_MAJOR}.x (Linux 5.1+): mount with --frontend pyfuse3")
     body = fuse_wire.init_body(minor, flags, max_readahead)
-    os.write(fd, fuse_wire.reply(unique, body))
+    if not send(fd, fuse_wire.reply(unique, body), "INIT"):
+        raise FuseMountError("the kernel closed the FUSE connection during INIT")
     agreed_minor = min(minor, fuse_wire.KERNEL_MINOR)
     log.debug("FUSE %d.%d, flags %#x", major, agreed_minor, flags & fuse_wire.WANTED_FLAGS)
     return agreed_minor, flags & fuse_wire.WANTED_FLAGS

@@ -64,13 +64,35 @@ RENAME2 = 45
 COPY_FILE_RANGE = 47
 TMPFILE = 51
 
+#: Every opcode above by name, for logs ("READ", not 15): see :func:`opcode_name`.
+OPCODE_NAMES = {
+    LOOKUP: "LOOKUP", FORGET: "FORGET", GETATTR: "GETATTR", SETATTR: "SETATTR",
+    READLINK: "READLINK", SYMLINK: "SYMLINK", MKNOD: "MKNOD", MKDIR: "MKDIR", UNLINK: "UNLINK",
+    RMDIR: "RMDIR", RENAME: "RENAME", LINK: "LINK", OPEN: "OPEN", READ: "READ", WRITE: "WRITE",
+    STATFS: "STATFS", RELEASE: "RELEASE", FSYNC: "FSYNC", SETXATTR: "SETXATTR",
+    GETXATTR: "GETXATTR", LISTXATTR: "LISTXATTR", REMOVEXATTR: "REMOVEXATTR", FLUSH: "FLUSH",
+    INIT: "INIT", OPENDIR: "OPENDIR", READDIR: "READDIR", RELEASEDIR: "RELEASEDIR",
+    FSYNCDIR: "FSYNCDIR", ACCESS: "ACCESS", CREATE: "CREATE", INTERRUPT: "INTERRUPT",
+    DESTROY: "DESTROY", IOCTL: "IOCTL", BATCH_FORGET: "BATCH_FORGET", FALLOCATE: "FALLOCATE",
+    READDIRPLUS: "READDIRPLUS", RENAME2: "RENAME2", COPY_FILE_RANGE: "COPY_FILE_RANGE",
+    TMPFILE: "TMPFILE",
+}
+
+
+def opcode_name(opcode: int) -> str:
+    """``opcode``'s name in ``<linux/fuse.h>`` (without ``FUSE_``), or ``opcode N``."""
+    return OPCODE_NAMES.get(opcode) or f"opcode {opcode}"
+
+
 #: Requests that would change the tree or a file: always EROFS (the mount is also ``ro``, so
 #: the VFS refuses most of them before they reach us).
 MUTATING = frozenset({SETATTR, SYMLINK, MKNOD, MKDIR, UNLINK, RMDIR, RENAME, LINK, WRITE, FSYNC,
                       SETXATTR, REMOVEXATTR, FSYNCDIR, CREATE, FALLOCATE, RENAME2,
                       COPY_FILE_RANGE, TMPFILE})
 
-#: Requests the kernel expects no reply to.
+#: Requests the kernel expects no reply to. INTERRUPT asks us to abandon a request in flight;
+#: the protocol lets a filesystem ignore it and answer that request when it is done (see
+#: docs/mount.md "Reads": a reader interrupted while its miss is fetched gets the data).
 NO_REPLY = frozenset({FORGET, BATCH_FORGET, INTERRUPT})
 
 # -- INIT flags -----------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ A mount's process (quiverfs/mount.py) answers the kernel's INIT and then forks a
 that all read requests from the same ``/dev/fuse`` descriptor; the kernel hands each request
 to exactly one blocked reader. A worker answers everything that needs only the digest and the
 store, synchronously and inline: LOOKUP, GETATTR, READDIR(PLUS), STATFS and every READ of a
-file whose store file exists (one ``os.pread``, no RPC, no thread hop). The rest goes to the
+file whose store file exists (one ``os.pread``, no RPC, no thread hop; the store files are
+read through quiverfs/reads.py, the READ path it shares with the main process). The rest goes to the
 mount's main process over a ``SOCK_SEQPACKET`` socket, as the raw request, and the main
 process answers it on the same descriptor: READs of files not in the store (a miss: mountd's
 ``ensure``), and the extended attributes (the control channel keeps its state there).
@@ -20,10 +21,14 @@ never changes. A second read of a file whose pages the kernel kept never reaches
 answered ENOSYS for the same reason, and IOCTL with ENOTTY (Python's ``open()`` asks
 whether every file is a terminal).
 
-Counters live in a shared memory block, one slot per process (a single writer each), so the
-main process can sum them at any time; hit reports for mountd are batched and sent to the main
-process every :data:`FLUSH_INTERVAL` (from a timer signal, which is also what interrupts a
-worker blocked in ``read`` while the mount is idle).
+Counters live in a shared memory block, one slot per process (quiverfs/reads.py); hit
+reports for mountd are batched and sent to the main process every :data:`FLUSH_INTERVAL`, and
+kept store files that mountd evicted are closed as often (both from a timer signal, which is
+also what interrupts a worker blocked in ``read`` while the mount is idle).
+
+Odd requests: FORGET, BATCH_FORGET and INTERRUPT get no reply (the kernel expects none; there
+is no per-inode state to forget, and an interrupted request is simply answered when done); an
+opcode we do not know gets ``ENOSYS``, and the worker goes on serving.
 """
 
 from __future__ import annotations
@@ -31,59 +36,31 @@ from __future__ import annotations
 import ctypes
 import errno
 import logging
-import mmap
 import os
 import signal
 import socket
 import struct
 from collections.abc import Callable
 
+from quiverfs import fuse_channel
 from quiverfs import fuse_wire as w
-from quiverfs.errors import FsError
+from quiverfs.errors import CorruptObject, FsError
+from quiverfs.reads import ERRORS, StoreReads
 from quiverfs.tree import TIMEOUT, Tree
 
 log = logging.getLogger("quiverfs.fuse")
 
-#: Seconds between a worker's hit reports to the main process.
+#: Seconds between a worker's hit reports to the main process (and sweeps of its kept store
+#: files, quiverfs/reads.py).
 FLUSH_INTERVAL = 0.25
 
 #: Hit reports sent at once when this many are pending, whatever the time.
 FLUSH_BATCH = 512
 
-#: Store file descriptors a worker keeps open, by inode (the READs of a large file follow each
-#: other; evicted store files stay readable through an open descriptor, and their content is
-#: the verified content of the digest, so serving from one is never wrong).
-OPEN_FILES = 64
-
 #: Message kinds on the socket between workers and the main process.
 FORWARD = b"Q"  # a raw request for the main process to answer
 HITS = b"H"  # u64 bytes, then one record per file read from the store: 32-byte hash, u64 inode
 HIT_RECORD = struct.Struct("<32sQ")
-
-#: Counter slots: what ``user.quiver.stats`` shows (see quiverfs.fs.MountCounters).
-COUNTERS = ("opens", "reads", "hits", "misses", "bytes", "errors")
-OPENS, READS, HITS_N, MISSES, BYTES, ERRORS = range(len(COUNTERS))
-
-
-class SharedCounters:
-    """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork."""
-
-    def __init__(self, slots: int) -> None:
-        self.slots = slots
-        self._width = 8 * len(COUNTERS)
-        self._map = mmap.mmap(-1, self._width * slots)
-
-    def slot(self, index: int) -> memoryview:
-        """Row ``index`` as a writable array of u64 (only its owner writes it)."""
-        start = index * self._width
-        return memoryview(self._map)[start:start + self._width].cast("Q")
-
-    def totals(self) -> dict[str, int]:
-        sums = [0] * len(COUNTERS)
-        for index in range(self.slots):
-            for i, value in enumerate(struct.unpack_from(f"<{len(COUNTERS)}Q", self._map, index * self._width)):
-                sums[i] += value
-        return dict(zip(COUNTERS, sums, strict=True))
 
 
 class Worker:
@@ -94,11 +71,11 @@ class Worker:
         self.tree = tree
         self.main = main
         self.counters = counters
-        self._files: dict[int, int] = {}
+        self.reads = StoreReads(tree, counters)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._in_read = False
-        self._flush_due = False
+        self._tick_due = False
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -106,7 +83,7 @@ class Worker:
         """Serve until the connection ends (unmounted: ENODEV)."""
         signal.signal(signal.SIGALRM, self._on_timer)
         signal.setitimer(signal.ITIMER_REAL, FLUSH_INTERVAL, FLUSH_INTERVAL)
-        fd, read, handle = self.fd, os.read, self.handle
+        fd, read, handle, send = self.fd, os.read, self.handle, fuse_channel.send
         try:
             while True:
                 self._in_read = True
@@ -121,37 +98,31 @@ class Worker:
                     raise
                 self._in_read = False
                 out = handle(request)
-                if out is not None:
-                    self._send(out)
-                if self._flush_due:
-                    self.flush()
+                if out is not None and not send(fd, out):
+                    return  # unmounted
+                if self._tick_due:
+                    self.tick()
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             self.flush()
-
-    def _send(self, out: bytes | list[bytes]) -> None:
-        try:
-            if type(out) is list:
-                os.writev(self.fd, out)
-            else:
-                os.write(self.fd, out)  # type: ignore[arg-type]
-        except OSError as exc:
-            # ENOENT: the kernel gave up on the request (interrupted); ENODEV: unmounted.
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                log.warning("cannot answer a FUSE request: %s", exc)
+            self.reads.close()
 
     def _on_timer(self, signum: int, frame: object) -> None:
-        # Only flush while the loop is parked in read(): otherwise it may be touching the
-        # pending list, so ask it to flush when it is done with the request in hand.
-        if self._pending:
-            if self._in_read:
-                self.flush()
-            else:
-                self._flush_due = True
+        # Only work while the loop is parked in read(): otherwise it may be touching the
+        # pending list or the kept files, so ask it to when it is done with the request.
+        if self._in_read:
+            self.tick()
+        else:
+            self._tick_due = True
+
+    def tick(self) -> None:
+        """The periodic work: send hit reports, close kept store files mountd evicted."""
+        self.flush()
+        self.reads.sweep()
 
     def flush(self) -> None:
         """Send the pending hit reports to the main process."""
-        self._flush_due = False
+        self._tick_due = False
         if not self._pending:
             return
         records, nbytes = self._pending, self._pending_bytes
@@ -198,58 +169,42 @@ class Worker:
         except FsError as exc:
             return w.error(unique, exc.errno)
         except Exception:
-            log.exception("FUSE request %d failed", opcode)
+            log.exception("FUSE %s failed", w.opcode_name(opcode))
             self.counters[ERRORS] += 1
             return w.error(unique, errno.EIO)
 
     def _read(self, request: bytes, unique: int, inode: int) -> list[bytes] | bytes | None:
         _, offset, size = w.READ_IN.unpack_from(request, w.HEADER_SIZE)
-        counters = self.counters
+        reads = self.reads
         # A READ at offset 0 starts a read of the file: look in the store again (mountd may
         # have evicted it), so a kept descriptor only serves the READs that follow.
-        fd = self._files.get(inode) if offset else None
+        fd = reads.kept(inode) if offset else None
         if fd is None:
             entry = self.tree.file(inode)
             if entry.size == 0:
-                counters[READS] += 1
+                reads.empty_read()
                 return w.reply(unique)
             try:
-                fd = os.open(self.tree.store_path(entry.hash), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return self._forward(request, unique)  # a miss: the main process asks mountd
-            except OSError as exc:
-                counters[ERRORS] += 1
-                log.warning("cannot open the store file of %s: %s", entry.path, exc)
-                return w.error(unique, errno.EIO)
-            self._keep_open(inode, fd)
+                fd = reads.open(entry)
+            except (FileNotFoundError, CorruptObject):
+                # A miss: the main process asks mountd. A store file whose size is not the
+                # entry's goes there too, so that it fails (EIO), is logged and is remembered
+                # for the kernel's retry exactly like a fetch of that row failing.
+                return self._forward(request, unique)
+            except OSError:
+                return w.error(unique, errno.EIO)  # counted and logged by reads.open
             if offset == 0:
-                # A file's first READ: the kernel asks for offset 0 once per time it reads
-                # the file into its page cache, so this counts files read, not requests.
-                counters[OPENS] += 1
-                counters[HITS_N] += 1
+                reads.first_read(hit=True)
                 self._pending.append(HIT_RECORD.pack(entry.hash, inode))
                 self._pending_bytes += entry.size
                 if len(self._pending) >= FLUSH_BATCH:
-                    self._flush_due = True
+                    self._tick_due = True
         try:
-            data = os.pread(fd, size, offset)
+            data = reads.read(inode, fd, offset, size)
         except OSError as exc:
-            counters[ERRORS] += 1
             log.warning("read of inode %d failed: %s", inode, exc)
             return w.error(unique, errno.EIO)
-        counters[READS] += 1
-        counters[BYTES] += len(data)
         return [w.OUT_HEADER.pack(w.OUT_HEADER.size + len(data), 0, unique), data]
-
-    def _keep_open(self, inode: int, fd: int) -> None:
-        files = self._files
-        old = files.pop(inode, None)
-        if old is not None:
-            os.close(old)
-        files[inode] = fd
-        if len(files) > OPEN_FILES:
-            oldest = next(iter(files))
-            os.close(files.pop(oldest))
 
     def _forward(self, request: bytes, unique: int) -> bytes | None:
         try:

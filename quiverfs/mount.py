@@ -42,7 +42,7 @@ from pathlib import Path
 
 import trio
 
-from quiverfs import fuse_channel, fuse_wire, fuse_worker
+from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads
 from quiverfs.errors import QuiverError, UsageError, first_error
 
 log = logging.getLogger("quiverfs.mount")
@@ -243,14 +243,8 @@ async def _forget_evicted(ops, client, invalidate: Callable[[list[int]], None]) 
 
 def _invalidate(fuse_fd: int, inodes: list[int]) -> None:
     for inode in inodes:
-        try:
-            os.write(fuse_fd, fuse_wire.inval_inode(inode))
-        except OSError as exc:
-            # ENOENT: the kernel no longer has that inode; ENODEV: unmounted.
-            if exc.errno == errno.ENODEV:
-                return
-            if exc.errno != errno.ENOENT:
-                log.debug("cannot invalidate inode %d: %s", inode, exc)
+        if not fuse_channel.send(fuse_fd, fuse_wire.inval_inode(inode), f"the invalidation of inode {inode}"):
+            return  # unmounted
 
 
 async def _watch_signals(stop: Callable[[], None]) -> None:
@@ -300,7 +294,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
 
         workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())
-        counters = fuse_worker.SharedCounters(workers + 1)
+        counters = reads.SharedCounters(workers + 1)
         ops = QuiverOperations(digest, cache_dir, MountdFetcher(client, dataset), counters,
                                sessions=client, extra_stats=extra_stats)
         fuse_options = {"ro", "nosuid", "nodev", "default_permissions",
@@ -403,16 +397,7 @@ async def _serve_forwarded(ops, sock, fuse_fd: int) -> None:
 
 
 async def _answer(ops, request: bytes, fuse_fd: int) -> None:
-    out = await ops.answer(request)
-    try:
-        if isinstance(out, list):
-            os.writev(fuse_fd, out)
-        else:
-            os.write(fuse_fd, out)
-    except OSError as exc:
-        # ENOENT: the kernel gave up on the request (interrupted); ENODEV: unmounted.
-        if exc.errno not in (errno.ENOENT, errno.ENODEV):
-            log.warning("cannot answer a FUSE request: %s", exc)
+    fuse_channel.send(fuse_fd, await ops.answer(request))
 
 
 def _stop_serving(mountpoint: Path, pids: list[int]) -> None:

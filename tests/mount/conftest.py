@@ -71,11 +71,12 @@ def wait_for(predicate: Callable[[], bool], what: str, timeout: float = READY_TI
 
 
 class MountdProcess:
-    """``quiverfs mountd`` for one cache directory."""
+    """``quiverfs mountd`` for one cache directory (``extra``: more options)."""
 
-    def __init__(self, cache_dir: Path, cache_size: str = "8G") -> None:
+    def __init__(self, cache_dir: Path, cache_size: str = "8G", *extra: str) -> None:
         self.cache_dir = cache_dir
         self.cache_size = cache_size
+        self.extra = extra
         self.log = cache_dir.parent / f"{cache_dir.name}-mountd.log"
         self.proc: subprocess.Popen | None = None
 
@@ -85,7 +86,8 @@ class MountdProcess:
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                quiverfs_cmd("mountd", "--cache-dir", str(self.cache_dir), "--cache-size", self.cache_size),
+                quiverfs_cmd("mountd", "--cache-dir", str(self.cache_dir), "--cache-size", self.cache_size,
+                             *self.extra),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO,
             )
         wait_for(lambda: probe(self.cache_dir, timeout=1.0) is not None, "mountd to answer", alive=self.died)

@@ -126,6 +126,42 @@ async def test_size_mismatch_is_corrupt(tmp_path: Path, source: Source, backends
     assert store_files(tmp_path / "c") == {} and tmp_files(tmp_path / "c") == []
 
 
+async def test_a_hit_asked_for_another_size_is_corrupt(tmp_path: Path, source: Source, backends: Backends):
+    """The content fixes its size: a warm cache refuses a wrong size as a cold one does."""
+    obj = source.add("f", os.urandom(3000))
+    async with running(config(tmp_path / "c"), backends) as cache:
+        path = await cache.ensure(obj.hash, obj.size, obj.location, "ds")
+        for wrong in (1 << 40, 100):
+            with pytest.raises(CorruptObject, match=f"holds {obj.hash.hex()} as 3000 bytes, but {wrong}"):
+                await cache.ensure(obj.hash, wrong, obj.location, "ds")
+        assert cache.counters.total.verify_failures == 2
+        assert cache.counters.total.hits == 0 and backends.gets() == 1
+        # The right size still hits, and the store file is untouched.
+        assert await cache.ensure(obj.hash, obj.size, obj.location, "ds") == path
+        assert Path(path).read_bytes() == obj.data
+
+
+async def test_a_fill_in_flight_with_another_size_decides_for_a_waiter(
+    tmp_path: Path, source: Source, backends: Backends
+):
+    obj = source.add("f", os.urandom(3000))
+    async with running(config(tmp_path / "c"), backends) as cache:
+        results: dict[int, object] = {}
+
+        async def ask(size: int) -> None:
+            try:
+                results[size] = await cache.ensure(obj.hash, size, obj.location)
+            except CorruptObject as exc:
+                results[size] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask, obj.size)
+            nursery.start_soon(ask, 100)
+        assert results[obj.size] == str(layout.store_path(tmp_path / "c", obj.hash))
+        assert isinstance(results[100], CorruptObject)
+        assert cache.used == 3000  # (either may start first: trio picks the order)
+
+
 async def test_large_object_streams_in_chunks(tmp_path: Path, source: Source, backends: Backends):
     obj = source.add("shard.tar", os.urandom(1_000_000))
     async with running(config(tmp_path / "c", chunk_size=128 * 1024), backends) as cache:

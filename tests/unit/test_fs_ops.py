@@ -39,7 +39,8 @@ from quiverfs.errors import (
     errno_for,
 )
 from quiverfs.fs import QuiverOperations
-from quiverfs.fuse_worker import SharedCounters, Worker
+from quiverfs.fuse_worker import Worker
+from quiverfs.reads import SharedCounters
 from quiverfs.tree import Tree
 
 CONTENT = {
@@ -136,9 +137,12 @@ class Env:
 @pytest.fixture
 def env(tmp_path: Path):
     files = _all_content()
+    yield from _env(tmp_path, files, [NewFile(p, len(d), b3(d)) for p, d in files.items()])
+
+
+def _env(tmp_path: Path, files: dict[str, bytes], rows: list[NewFile]):
     out = tmp_path / "d.qd"
-    write_digest(out, [NewFile(p, len(d), b3(d)) for p, d in files.items()],
-                 ["file:///nowhere"], created_at=CREATED_AT)
+    write_digest(out, rows, ["file:///nowhere"], created_at=CREATED_AT)
     digest = Digest.open(out)
     cache = tmp_path / "cache"
     fetcher = FakeFetcher(cache, {b3(d): d for d in files.values()})
@@ -148,8 +152,7 @@ def env(tmp_path: Path):
     ops = QuiverOperations(digest, cache, fetcher, counters, uid=UID, gid=GID)
     yield Env(digest, files, fetcher, counters, worker, ops, main_end, cache)
     ops.close()
-    for fd in worker._files.values():
-        os.close(fd)
+    worker.reads.close()
     main_end.close()
     worker_end.close()
     digest.close()
@@ -562,13 +565,123 @@ async def test_evicted_files_are_remembered_for_the_kernel(env: Env) -> None:
     assert env.ops.evicted(hashes) == []  # told once
 
 
-def test_workers_keep_a_bounded_number_of_store_files_open(env: Env, monkeypatch) -> None:
-    monkeypatch.setattr(fuse_worker, "OPEN_FILES", 2)
-    paths = ("a.txt", "sub/b.bin", "sub/deeper/c.txt", "ü dir/ä file.txt")
+# -- kept store files and sizes (quiverfs/reads.py) -------------------------------------------------
+
+X = bytes(range(250)) * 12  # 3,000 bytes
+Y = os.urandom(300 * 1024)
+PARTS = {f"p{i}": bytes([i]) * 10_000 for i in range(5)}
+
+
+@pytest.fixture
+def sized(tmp_path: Path):
+    """A digest with two rows whose size is not their content's (an outside check's case:
+    2^40 bytes naming a 3,000-byte content, 100 bytes naming a 300 KB one), their correct
+    twins, and five 10,000-byte files."""
+    files = {"x": X, "y": Y, **PARTS}
+    rows = [NewFile(p, len(d), b3(d)) for p, d in files.items()]
+    rows += [NewFile("huge", 1 << 40, b3(X)), NewFile("short", 100, b3(Y))]
+    yield from _env(tmp_path, files, rows)
+
+
+def _kept(env: Env) -> list[int]:
+    return list(env.worker.reads.kept_files())
+
+
+def test_kept_files_are_bounded_by_count_and_by_bytes(sized: Env) -> None:
+    reads = sized.worker.reads
+    paths = list(PARTS)
     for path in paths:
-        env.put_in_store(path)
-        assert ok_body(handle(env, read_request(env.ino(path), 0, 4096))) == env.files[path][:4096]
-    assert list(env.worker._files) == [env.ino(p) for p in paths[2:]]
+        sized.put_in_store(path)
+    reads.max_files, reads.max_bytes = 3, 1 << 30
+    for path in paths:
+        assert ok_body(handle(sized, read_request(sized.ino(path), 0, 100))) == PARTS[path][:100]
+    assert _kept(sized) == [sized.ino(p) for p in paths[2:]]
+    reads.close()
+    reads.max_files, reads.max_bytes = 64, 25_000  # two 10,000-byte files, not three
+    for path in paths:
+        assert ok_body(handle(sized, read_request(sized.ino(path), 0, 100))) == PARTS[path][:100]
+    assert _kept(sized) == [sized.ino(p) for p in paths[3:]]
+    reads.max_bytes = 5_000  # smaller than one file: the one being read is still kept
+    assert ok_body(handle(sized, read_request(sized.ino("p0"), 0, 100))) == PARTS["p0"][:100]
+    assert _kept(sized) == [sized.ino("p0")]
+    c = totals(sized)
+    assert (c["opens"], c["hits"], c["reads"], c["errors"]) == (11, 11, 11, 0)
+
+
+def test_a_file_read_to_its_end_is_closed(sized: Env) -> None:
+    sized.put_in_store("p1")
+    ino = sized.ino("p1")
+    assert ok_body(handle(sized, read_request(ino, 0, 4096))) == PARTS["p1"][:4096]
+    assert _kept(sized) == [ino]
+    assert ok_body(handle(sized, read_request(ino, 8192, 4096))) == PARTS["p1"][8192:]
+    assert _kept(sized) == []
+    # A READ in the middle afterwards (pages the kernel dropped) reopens it, uncounted.
+    assert ok_body(handle(sized, read_request(ino, 4096, 4096))) == PARTS["p1"][4096:8192]
+    c = totals(sized)
+    assert (c["opens"], c["reads"], c["bytes"]) == (1, 3, 4096 + (10_000 - 8192) + 4096)
+
+
+def test_the_timer_closes_kept_files_that_left_the_store(sized: Env) -> None:
+    for path in ("p0", "p1", "p2"):
+        sized.put_in_store(path)
+        assert ok_body(handle(sized, read_request(sized.ino(path), 0, 100))) == PARTS[path][:100]
+    fds = sized.worker.reads.kept_files()
+    sized.store_file("p1").unlink()  # mountd evicted it
+    sized.worker.tick()
+    assert _kept(sized) == [sized.ino("p0"), sized.ino("p2")]
+    with pytest.raises(OSError):
+        os.fstat(fds[sized.ino("p1")])  # closed: its blocks are free
+    # The rest of the evicted file is a miss again; the others are still served from the store.
+    later = read_request(sized.ino("p1"), 100, 100)
+    assert handle(sized, later) is None and sized.forwarded()[-1] == fuse_worker.FORWARD + later
+    assert ok_body(handle(sized, read_request(sized.ino("p2"), 100, 100))) == PARTS["p2"][100:200]
+
+
+async def test_the_main_process_closes_what_the_eviction_journal_names(sized: Env) -> None:
+    ino = sized.ino("p3")
+    assert ok_body(await miss(sized, read_request(ino, 0, 100))) == PARTS["p3"][:100]
+    assert list(sized.ops.reads.kept_files()) == [ino]
+    # Still in the store (a journal can run ahead of what this process sees): closed by hash.
+    assert sized.ops.evicted([b3(PARTS["p3"])]) == [ino]
+    assert sized.ops.reads.kept_files() == {}
+    # Gone from the store without the journal saying so: closed by the sweep.
+    assert ok_body(await miss(sized, read_request(sized.ino("p4"), 0, 100))) == PARTS["p4"][:100]
+    sized.store_file("p4").unlink()
+    assert sized.ops.evicted([]) == []
+    assert sized.ops.reads.kept_files() == {}
+
+
+async def test_a_row_whose_size_is_not_its_contents_fails_warm_as_cold(
+        sized: Env, mock_clock, caplog: pytest.LogCaptureFixture) -> None:
+    """Outside check 1: a hit checks the store file's size; a mismatch is EIO with one log
+    line, answered again (without a line) for the kernel's retry, as a failed fetch is."""
+    sized.put_in_store("x")
+    huge = sized.ino("huge")
+    assert getattr_(sized, huge)[1]["size"] == 1 << 40  # stat says what the digest says
+    with caplog.at_level("WARNING"):
+        assert errno_of(await miss(sized, read_request(huge, 0, 4096))) == errno.EIO
+        assert errno_of(await miss(sized, read_request(huge, 0, 4096))) == errno.EIO  # the retry
+        assert errno_of(await miss(sized, read_request(huge, 4096, 4096))) == errno.EIO
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "huge" in lines[0] and "3000" in lines[0], lines
+    assert sized.fetcher.calls == []  # a warm cache: mountd is not asked
+    # The correct row of the same content reads as ever, inline.
+    assert ok_body(handle(sized, read_request(sized.ino("x"), 0, 1 << 20))) == X
+    # Cold: the content is fetched, and the store file mountd names is checked as well.
+    caplog.clear()
+    short = sized.ino("short")
+    with caplog.at_level("WARNING"):
+        assert errno_of(await miss(sized, read_request(short, 0, 4096))) == errno.EIO
+        assert errno_of(await miss(sized, read_request(short, 0, 4096))) == errno.EIO
+    assert sized.fetcher.calls == ["short"]
+    assert len(caplog.records) == 1 and "short" in caplog.records[0].getMessage()
+    # Warm now (the content is in the store): after the failure is forgotten, the same answer.
+    mock_clock.jump(fs.FAILURE_MEMORY + 0.1)
+    assert errno_of(await miss(sized, read_request(short, 0, 4096))) == errno.EIO
+    assert sized.fetcher.calls == ["short"]
+    c = totals(sized)
+    assert (c["errors"], c["reads"], c["bytes"], c["opens"], c["hits"]) == (3, 1, len(X), 1, 1)
+    assert sized.worker.reads.kept_files() == {} and sized.ops.reads.kept_files() == {}
 
 
 async def test_miss_then_hit(env: Env) -> None:
@@ -769,6 +882,24 @@ def test_opens_are_enosys_so_the_kernel_stops_sending_them(env: Env) -> None:
     for opcode in (w.RELEASE, w.RELEASEDIR, w.DESTROY):
         assert ok_body(handle(env, request(opcode, env.ino("a.txt"), bytes(24)))) == b""
     assert env.forwarded() == []
+
+
+def test_an_unknown_opcode_is_enosys_and_the_worker_goes_on(env: Env) -> None:
+    for opcode in (0, 52, 4000, 2**32 - 1):
+        assert errno_of(handle(env, request(opcode, env.ino("a.txt"), bytes(16), unique=opcode)),
+                        unique=opcode) == errno.ENOSYS
+    assert env.forwarded() == [] and totals(env)["errors"] == 0
+    assert lookup(env, tree.ROOT_INODE, b"a.txt")[0]["nodeid"] == env.ino("a.txt")
+
+
+def test_failures_are_logged_with_the_opcodes_name(env: Env, monkeypatch, caplog) -> None:
+    def broken(inode: int):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(env.worker.tree, "entry", broken)
+    with caplog.at_level("ERROR"):
+        assert errno_of(handle(env, request(w.GETATTR, env.ino("a.txt"), bytes(16)))) == errno.EIO
+    assert [r.getMessage() for r in caplog.records] == ["FUSE GETATTR failed"]
 
 
 def test_forgets_and_interrupts_get_no_reply(env: Env) -> None:

@@ -138,3 +138,55 @@ def test_init_body_with_a_newer_kernel() -> None:
 def test_request_buffer_holds_the_largest_write() -> None:
     assert w.REQUEST_BUFFER >= w.MAX_WRITE + w.HEADER_SIZE + 80  # fuse_write_in is 40 bytes
     assert w.MAX_PAGES_WANTED * 4096 == 1 << 20
+
+
+def test_every_opcode_has_its_name() -> None:
+    for value, name in w.OPCODE_NAMES.items():
+        assert getattr(w, name) == value, name  # the name is the constant's own
+    assert len(set(w.OPCODE_NAMES.values())) == len(w.OPCODE_NAMES) == 39
+    assert set(w.OPCODE_NAMES) >= w.NO_REPLY | w.MUTATING | {w.READ, w.LOOKUP, w.READDIRPLUS}
+    assert w.opcode_name(w.READ) == "READ" and w.opcode_name(w.BATCH_FORGET) == "BATCH_FORGET"
+    assert w.opcode_name(4000) == "opcode 4000"
+
+
+# -- the one writer to /dev/fuse (quiverfs.fuse_channel.send) --------------------------------------
+
+
+def test_send_writes_a_reply_in_one_write(tmp_path) -> None:
+    import os
+
+    from quiverfs.fuse_channel import send
+
+    read_end, write_end = os.pipe()
+    try:
+        assert send(write_end, w.reply(5, b"abc"))
+        assert send(write_end, [w.OUT_HEADER.pack(w.OUT_HEADER.size + 2, 0, 6), b"xy"])
+        os.close(write_end)
+        write_end = -1
+        data = os.read(read_end, 4096)
+        assert data == w.reply(5, b"abc") + w.reply(6, b"xy")
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
+
+
+@pytest.mark.parametrize(("code", "alive", "logged"), [
+    (errno.ENOENT, True, False),  # the kernel no longer waits for that request: not a failure
+    (errno.ENODEV, False, False),  # unmounted: the caller stops serving
+    (errno.EINVAL, True, True),  # a malformed reply: logged, dropped
+])
+def test_send_knows_what_the_devices_errors_mean(monkeypatch, caplog, code, alive, logged) -> None:
+    import os
+
+    from quiverfs import fuse_channel
+
+    def refuse(fd, data):  # the fault; a real /dev/fuse answers these only in odd states
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(fuse_channel.os, "write", refuse)
+    monkeypatch.setattr(fuse_channel.os, "writev", refuse)
+    with caplog.at_level("WARNING", logger="quiverfs.fuse"):
+        assert fuse_channel.send(99, w.error(1, errno.EIO)) is alive
+        assert fuse_channel.send(99, [w.reply(2)]) is alive
+    assert len(caplog.records) == (2 if logged else 0)

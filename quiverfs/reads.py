@@ -1,0 +1,219 @@
+"""The one READ path of a mount's serving processes: store descriptors, sizes and counters.
+
+Every process that serves a mount reads store files: a worker (quiverfs/fuse_worker.py) for
+hits, the main process (quiverfs/fs.py) for misses. Both do it through a :class:`StoreReads`,
+so what a READ does to the disk and to the counters is written once:
+
+* **Sizes are checked.** A store file is named by its content hash, and the content fixes its
+  size; a digest row whose size disagrees with that (a damaged or forged digest) names bytes
+  that are not its own. :meth:`StoreReads.open` compares the store file's size (one
+  ``fstat``) with the entry's and refuses a mismatch with :class:`CorruptObject`, so a warm
+  cache answers such a row as a cold one does (mountd's fill refuses the same bytes): ``EIO``.
+* **Kept descriptors never pin evicted disk.** The READs of a large file follow each other, so
+  a process keeps the store files it is reading open, by inode. An open descriptor keeps an
+  evicted (unlinked) file's blocks allocated, so what is kept is bounded: a file is closed
+  once a READ reaches its end (the kernel keeps the pages it read), at most
+  :data:`OPEN_FILES` files and :data:`KEPT_BYTES` bytes of files are kept (at least the one
+  being read), and :meth:`StoreReads.sweep` closes every kept file that has left the store
+  (``st_nlink`` 0), which each process runs on its periodic timer. A READ that then needs a
+  closed file reopens it from the store, or finds it gone (a miss, fetched again).
+* **Counters** (:data:`COUNTERS`) live in shared memory, one slot per process (a single writer
+  each), so the main process can sum them at any time (``user.quiver.stats``).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from digests.digest import FileEntry
+from quiverfs.errors import CorruptObject
+from quiverfs.tree import Tree
+
+log = logging.getLogger("quiverfs.reads")
+
+#: Most store files one process keeps open.
+OPEN_FILES = 64
+
+#: Most bytes of store files one process keeps open (the sum of their sizes; a larger file is
+#: still kept while it is the only one). Evicted files stay allocated while a descriptor is
+#: open, so this bounds how far a mount's processes can push the disk past mountd's cap
+#: between two sweeps: (workers + 1) x KEPT_BYTES at worst, usually nothing (files being read
+#: are the least likely to be evicted, and finished files are closed at once).
+KEPT_BYTES = 16 << 20
+
+#: Counter slots: what ``user.quiver.stats`` shows (see quiverfs.fs.MountCounters).
+COUNTERS = ("opens", "reads", "hits", "misses", "bytes", "errors")
+OPENS, READS, HITS, MISSES, BYTES, ERRORS = range(len(COUNTERS))
+
+
+class SharedCounters:
+    """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._width = 8 * len(COUNTERS)
+        self._map = mmap.mmap(-1, self._width * slots)
+
+    def slot(self, index: int) -> memoryview:
+        """Row ``index`` as a writable array of u64 (only its owner writes it)."""
+        start = index * self._width
+        return memoryview(self._map)[start:start + self._width].cast("Q")
+
+    def totals(self) -> dict[str, int]:
+        sums = [0] * len(COUNTERS)
+        for index in range(self.slots):
+            for i, value in enumerate(struct.unpack_from(f"<{len(COUNTERS)}Q", self._map, index * self._width)):
+                sums[i] += value
+        return dict(zip(COUNTERS, sums, strict=True))
+
+
+@dataclass(slots=True)
+class _Kept:
+    fd: int
+    hash: bytes
+    size: int
+
+
+class StoreReads:
+    """Store files one serving process reads, kept open by inode, and its counters.
+
+    Not thread-safe: one per process, used from its serving thread (a worker's signal
+    handler only calls :meth:`sweep` while the worker is parked in ``read``).
+    """
+
+    def __init__(self, tree: Tree, counters: memoryview, *, max_files: int | None = None,
+                 max_bytes: int | None = None) -> None:
+        self.tree = tree
+        self.counters = counters
+        self.max_files = OPEN_FILES if max_files is None else max_files
+        self.max_bytes = KEPT_BYTES if max_bytes is None else max_bytes
+        #: inode -> kept store file, oldest first
+        self._kept: dict[int, _Kept] = {}
+        self._kept_bytes = 0
+
+    # -- descriptors ----------------------------------------------------------------------------
+
+    def kept(self, inode: int) -> int | None:
+        """The descriptor kept for ``inode``, or None."""
+        kept = self._kept.get(inode)
+        return None if kept is None else kept.fd
+
+    def kept_files(self) -> dict[int, int]:
+        """inode -> descriptor of every kept file, oldest first (for tests and reports)."""
+        return {inode: kept.fd for inode, kept in self._kept.items()}
+
+    def open(self, entry: FileEntry, path: str | None = None) -> int:
+        """Open ``entry``'s store file (or ``path``, the store file mountd named), check its
+        size, and keep it open for the READs that follow; its descriptor.
+
+        Raises :class:`FileNotFoundError` when the store lacks the content (a miss),
+        :class:`CorruptObject` when the store file's size is not the entry's (the caller logs
+        it: the worker forwards the READ so that the main process logs it once), and other
+        :class:`OSError`\\ s (counted as errors and logged here).
+        """
+        try:
+            fd = os.open(path or self.tree.store_path(entry.hash), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            self.counters[ERRORS] += 1
+            log.warning("cannot open the store file of %s: %s", entry.path, exc)
+            raise
+        try:
+            size = os.fstat(fd).st_size
+        except OSError as exc:
+            os.close(fd)
+            self.counters[ERRORS] += 1
+            log.warning("cannot stat the store file of %s: %s", entry.path, exc)
+            raise
+        if size != entry.size:
+            os.close(fd)
+            raise CorruptObject(
+                f"the digest gives {entry.path} {entry.size} bytes but its content "
+                f"{entry.hash.hex()} has {size}: the digest is damaged")
+        self._keep(entry.id, _Kept(fd, entry.hash, size))
+        return fd
+
+    def _keep(self, inode: int, kept: _Kept) -> None:
+        self._close(inode)
+        files = self._kept
+        files[inode] = kept
+        self._kept_bytes += kept.size
+        # The new file is the newest: it stays, whatever its size.
+        while len(files) > 1 and (len(files) > self.max_files or self._kept_bytes > self.max_bytes):
+            self._close(next(iter(files)))
+
+    def _close(self, inode: int) -> None:
+        kept = self._kept.pop(inode, None)
+        if kept is not None:
+            self._kept_bytes -= kept.size
+            os.close(kept.fd)
+
+    def forget(self, hashes: Iterable[bytes]) -> int:
+        """Close the kept files whose content is one of ``hashes`` (mountd evicted them);
+        how many were closed."""
+        gone = set(hashes)
+        if not gone:
+            return 0
+        inodes = [inode for inode, kept in self._kept.items() if kept.hash in gone]
+        for inode in inodes:
+            self._close(inode)
+        return len(inodes)
+
+    def sweep(self) -> int:
+        """Close the kept files that have left the store (no name left: ``st_nlink`` 0);
+        how many were closed. One ``fstat`` per kept file."""
+        gone = []
+        for inode, kept in self._kept.items():
+            try:
+                if os.fstat(kept.fd).st_nlink == 0:
+                    gone.append(inode)
+            except OSError:
+                gone.append(inode)
+        for inode in gone:
+            self._close(inode)
+        return len(gone)
+
+    def close(self) -> None:
+        """Close every kept file."""
+        for inode in list(self._kept):
+            self._close(inode)
+
+    # -- reading and counting ---------------------------------------------------------------------
+
+    def first_read(self, hit: bool) -> None:
+        """Count a file's first READ (offset 0) in this process, found in the store or not.
+
+        The kernel asks for offset 0 once per time it reads the file into its page cache, so
+        this counts files read, not requests (see quiverfs.fs.MountCounters).
+        """
+        counters = self.counters
+        counters[OPENS] += 1
+        counters[HITS if hit else MISSES] += 1
+
+    def read(self, inode: int, fd: int, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` of the store file ``fd`` (inode ``inode``), counted;
+        a kept file is closed once a READ reaches its end. An OSError is counted (the caller
+        logs it)."""
+        counters = self.counters
+        try:
+            data = os.pread(fd, size, offset)
+        except OSError:
+            counters[ERRORS] += 1
+            raise
+        counters[READS] += 1
+        counters[BYTES] += len(data)
+        kept = self._kept.get(inode)
+        if kept is not None and kept.fd == fd and offset + len(data) >= kept.size:
+            # The kernel keeps what it read; a later READ of this file reopens it.
+            self._close(inode)
+        return data
+
+    def empty_read(self) -> None:
+        """Count a READ of an empty file (no store file: nothing to open)."""
+        self.counters[READS] += 1
