@@ -24,7 +24,8 @@ import blake3
 from digests.paths import components_key
 from digests.schema import ROOT_ID
 
-#: Domain separation prefix of the dataset id hash (format version 1).
+#: Domain separation prefix of the dataset id hash (unchanged in format version 2, so ids of
+#: datasets without empty directories did not change).
 DOMAIN = b"quiverfs-dataset-v1\n"
 
 _FILES = "SELECT id, name, size, hash FROM files WHERE dir = ?"

@@ -274,6 +274,14 @@ STRUCTURE_CASES = {
         [f"UPDATE files SET loc_key = CAST(X'782f80' AS TEXT) WHERE id = {FILE}"],
         "location key is not valid UTF-8",
     ),
+    "utf8_source_url": (
+        ["UPDATE sources SET url = CAST(X'66696c653a2f2f2f78ff' AS TEXT)"],
+        "text that is not valid UTF-8",
+    ),
+    "utf8_meta": (
+        ["UPDATE meta SET value = CAST(X'ff' AS TEXT) WHERE key = 'generator'"],
+        "text that is not valid UTF-8",
+    ),
     "text_hash": (
         [f"UPDATE files SET hash = hex(hash) WHERE id = {FILE}"],
         "content hash is not 32 bytes",
