@@ -26,6 +26,8 @@ from digests.paths import path_problem
 from digests.progress import Progress
 from digests.write import write_digest
 from quiverfs.backends import (
+    DIRECTORY,
+    EXTERNAL_LINK,
     Backend,
     BackendOptions,
     ObjectInfo,
@@ -54,12 +56,20 @@ CREATE TABLE IF NOT EXISTS hashed (
 ) WITHOUT ROWID;
 -- The current run's listing (emptied at the start of every run).
 CREATE TABLE IF NOT EXISTS listing (key TEXT PRIMARY KEY) WITHOUT ROWID;
+-- Directories the current run's listing named (markers, empty folders), emptied likewise.
+CREATE TABLE IF NOT EXISTS dirs (key TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 
 
 @dataclass
 class BuildResult:
-    """What a build did; ``skipped`` holds ``(key, reason)`` examples of skipped objects."""
+    """What a build did; ``skipped`` holds ``(key, reason)`` examples of skipped objects.
+
+    ``markers`` counts the directories the listing named (bucket directory markers, empty
+    ``file://`` directories), ``empty_dirs`` those of them the digest holds with nothing in
+    them, ``external_links`` the ``file://`` links out of the root that were skipped (they
+    are also in ``skipped_count``).
+    """
 
     out: str
     dataset_id: str = ""
@@ -69,6 +79,8 @@ class BuildResult:
     hashed_bytes: int = 0
     reused_files: int = 0
     markers: int = 0
+    empty_dirs: int = 0
+    external_links: int = 0
     skipped_count: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
 
@@ -82,6 +94,7 @@ async def build(
     progress: Progress | None = None,
     settings: RemoteSettings | None = None,
     options: BackendOptions | None = None,
+    follow_external_links: bool = False,
 ) -> BuildResult:
     """Build the digest of every object under ``source`` into ``out``; resume if interrupted.
 
@@ -90,9 +103,13 @@ async def build(
     the digest (default: the source URL), e.g. hash ``file:///data/imagenet`` but record
     ``s3://bucket/imagenet``; keys stay relative and identical.
 
-    Skipped, with a warning through ``progress``: S3-style directory markers (keys ending in
-    ``/`` with size 0), keys that are not valid relative paths (see digests/paths.py), keys
-    that are also a directory of other keys, objects deleted after being listed.
+    Directory markers (zero-byte keys ending in ``/``, Azure folder blobs, empty ``file://``
+    directories) become directories of the digest, never files; empty ones are kept.
+
+    Skipped, with a warning through ``progress``: keys that are not valid relative paths (see
+    digests/paths.py), keys that are also a directory of other keys or markers, objects
+    deleted after being listed, and ``file://`` symbolic links whose target leaves the source
+    root (``/etc/passwd``, ``../../x``) unless ``follow_external_links``.
 
     Raises :class:`UsageError` when ``OUT.partial`` belongs to another source or location,
     :class:`CorruptObject` when an object keeps changing while it is hashed.
@@ -107,14 +124,19 @@ async def build(
     backend = open_backend(source, options, settings) if owned else source
     try:
         location_url = normalize_url(location) if location else backend.url
-        return await _build(backend, out, location_url, workers, progress)
+        return await _build(backend, out, location_url, workers, progress, follow_external_links)
     finally:
         if owned:
             await backend.aclose()
 
 
 async def _build(
-    backend: Backend, out: str, location_url: str, workers: int, progress: Progress
+    backend: Backend,
+    out: str,
+    location_url: str,
+    workers: int,
+    progress: Progress,
+    follow_external_links: bool,
 ) -> BuildResult:
     result = BuildResult(out=out)
     partial = out + ".partial"
@@ -129,8 +151,9 @@ async def _build(
         db.executescript(PARTIAL_SCHEMA)
         _claim_partial(db, partial, backend.url, location_url)
         db.execute("DELETE FROM listing")
+        db.execute("DELETE FROM dirs")
         db.commit()
-        await _list_and_hash(db, backend, workers, progress, result)
+        await _list_and_hash(db, backend, workers, progress, result, follow_external_links)
         db.commit()
     finally:
         db.commit()
@@ -169,7 +192,12 @@ def _claim_partial(db: sqlite3.Connection, partial: str, source: str, location: 
 
 
 async def _list_and_hash(
-    db: sqlite3.Connection, backend: Backend, workers: int, progress: Progress, result: BuildResult
+    db: sqlite3.Connection,
+    backend: Backend,
+    workers: int,
+    progress: Progress,
+    result: BuildResult,
+    follow_external_links: bool,
 ) -> None:
     pending = 0
     last_commit = time.monotonic()
@@ -183,8 +211,19 @@ async def _list_and_hash(
     async def lister(send: trio.MemorySendChannel[ObjectInfo]) -> None:
         async with send:
             async for info in backend.list():
-                if info.key.endswith("/") and info.size == 0:
+                if info.kind == DIRECTORY:
                     result.markers += 1
+                    if info.key:  # "" is the source root itself
+                        problem = path_problem(info.key)
+                        if problem:
+                            skip(info.key + "/", problem)
+                        else:
+                            db.execute("INSERT OR IGNORE INTO dirs VALUES (?)", (info.key,))
+                    continue
+                if info.kind == EXTERNAL_LINK and not follow_external_links:
+                    result.external_links += 1
+                    skip(info.key, "symbolic link to a target outside the source root "
+                         "(--follow-external-links includes it)")
                     continue
                 problem = path_problem(info.key)
                 if problem:
@@ -280,11 +319,13 @@ def _finalize(
     """Write ``out`` from the listed, hashed objects of ``partial`` (in a worker thread)."""
     db = sqlite3.connect(partial)
     try:
-        # A key that is also the directory of other keys ("a" and "a/b") cannot be both in
-        # a file tree: the directory wins, the object is skipped. '0' sorts right after '/'.
+        # A key that is also the directory of other keys or markers ("a" and "a/b", "a" and
+        # marker "a/") cannot be both in a file tree: the directory wins, the object is
+        # skipped. '0' sorts right after '/'.
         clashes = db.execute(
             "SELECT l.key FROM listing l WHERE EXISTS (SELECT 1 FROM listing m "
-            "WHERE m.key > l.key || '/' AND m.key < l.key || '0')"
+            "WHERE m.key > l.key || '/' AND m.key < l.key || '0') OR EXISTS (SELECT 1 FROM "
+            "dirs d WHERE d.key = l.key OR (d.key > l.key || '/' AND d.key < l.key || '0'))"
         ).fetchall()
         for (key,) in clashes:
             db.execute("DELETE FROM listing WHERE key = ?", (key,))
@@ -296,10 +337,16 @@ def _finalize(
         rows = db.execute(
             "SELECT h.key, h.size, h.hash FROM listing l JOIN hashed h ON h.key = l.key"
         )
-        result.dataset_id = write_digest(out, rows, [location_url])
+        dirs = [key for (key,) in db.execute("SELECT key FROM dirs")]
+        result.dataset_id = write_digest(out, rows, [location_url], dirs=dirs)
         result.files, result.total_bytes = db.execute(
             "SELECT count(*), coalesce(sum(h.size), 0) FROM listing l JOIN hashed h "
             "ON h.key = l.key"
+        ).fetchone()
+        (result.empty_dirs,) = db.execute(
+            "SELECT count(*) FROM dirs d WHERE NOT EXISTS (SELECT 1 FROM listing l "
+            "WHERE l.key > d.key || '/' AND l.key < d.key || '0') AND NOT EXISTS (SELECT 1 "
+            "FROM dirs e WHERE e.key > d.key || '/' AND e.key < d.key || '0')"
         ).fetchone()
     finally:
         db.close()

@@ -52,6 +52,14 @@ def build(
         ),
     ] = None,
     workers: Annotated[int, typer.Option(help="Objects hashed concurrently.")] = 16,
+    follow_external_links: Annotated[
+        bool,
+        typer.Option(
+            "--follow-external-links",
+            help="file:// only: include symbolic links whose target is outside SOURCE_URL "
+            "(skipped with a warning by default).",
+        ),
+    ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -65,7 +73,12 @@ def build(
     try:
         result = trio.run(
             lambda: build_digest(
-                source_url, out, location=location, workers=workers, progress=progress
+                source_url,
+                out,
+                location=location,
+                workers=workers,
+                progress=progress,
+                follow_external_links=follow_external_links,
             )
         )
     except KeyboardInterrupt:
@@ -89,6 +102,8 @@ def build(
                 "hashed_bytes": result.hashed_bytes,
                 "reused_files": result.reused_files,
                 "directory_markers": result.markers,
+                "empty_dirs": result.empty_dirs,
+                "external_links_skipped": result.external_links,
                 "skipped": result.skipped_count,
                 "skipped_examples": [{"key": k, "reason": r} for k, r in result.skipped],
             }
@@ -100,8 +115,15 @@ def build(
     )
     typer.echo(
         f"hashed {result.hashed_files} objects ({result.hashed_bytes} bytes), reused "
-        f"{result.reused_files} from an earlier run, skipped {result.markers} directory markers"
+        f"{result.reused_files} from an earlier run; {result.markers} directory markers, "
+        f"{result.empty_dirs} empty directories kept"
     )
+    if result.external_links:
+        typer.echo(
+            f"warning: skipped {result.external_links} symbolic links to targets outside "
+            "the source (--follow-external-links includes them)",
+            err=True,
+        )
     if result.skipped_count:
         typer.echo(
             f"warning: skipped {result.skipped_count} objects that cannot be files "
@@ -135,6 +157,7 @@ def inspect(
             "created_at": d.created_at,
             "files": d.file_count,
             "directories": d.dir_count,
+            "empty_directories": d.empty_dirs(),
             "total_bytes": d.total_bytes,
             "sources": list(d.sources.values()),
             "largest_files": [{"path": f.path, "size": f.size} for f in d.largest_files(top)],
@@ -150,6 +173,8 @@ def inspect(
     typer.echo(f"created         {info['created_at']}")
     typer.echo(f"files           {info['files']}")
     typer.echo(f"directories     {info['directories']}")
+    for path in info["empty_directories"][:top]:
+        typer.echo(f"empty dir       {path}/")
     typer.echo(f"total size      {info['total_bytes']} bytes")
     for url in info["sources"]:
         typer.echo(f"source          {url}")

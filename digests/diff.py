@@ -1,7 +1,8 @@
 """``digests diff``: which paths two digests add, remove or change, by canonical content.
 
 Locations and creation times are ignored, like the dataset id: two digests of the same data
-stored in different places are identical.
+stored in different places are identical. Empty directories are part of the content (format
+version 2): one added or removed is listed with a trailing ``/``, after the files.
 """
 
 from __future__ import annotations
@@ -49,4 +50,7 @@ def diff(a: Digest, b: Digest) -> DiffResult:
             if x[1:] != y[1:]:
                 result.changed.append(x[0])
             x, y = next(left, None), next(right, None)
+    old_dirs, new_dirs = set(a.empty_dirs()), set(b.empty_dirs())
+    result.removed += [f"{p}/" for p in sorted(old_dirs - new_dirs, key=components_key)]
+    result.added += [f"{p}/" for p in sorted(new_dirs - old_dirs, key=components_key)]
     return result

@@ -11,7 +11,8 @@ disagree. Nothing here blocks for long: every call is one or two indexed B-tree 
 (plus a few more for an uncached directory path), so calling it from the trio thread is fine.
 
 Memory: rows are read on demand; the only cache is directory id → path for the directories
-actually touched.
+actually touched, bounded by :data:`DIR_PATH_CACHE_BYTES` (paths are at most 4096 bytes, so a
+deep tree cannot make it grow with the square of its depth).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from urllib.parse import quote
 import blake3
 
 from digests import validate
-from digests.canonical import iter_canonical
+from digests.canonical import empty_dir_paths, iter_canonical
 from digests.errors import DigestError
 from digests.paths import path_problem
 from digests.schema import ROOT_ID
@@ -39,6 +40,12 @@ CHECKS = ("structure", "rows", "full")
 
 #: Bytes of the file SQLite may memory-map once validated (lookups then avoid read() calls).
 DEFAULT_MMAP = 1 << 30
+
+#: Budget of the directory path cache, in bytes of path plus a per-entry overhead: ~40,000
+#: ImageNet-like directories. Past it the oldest entries go (a miss costs one indexed read per
+#: uncached ancestor).
+DIR_PATH_CACHE_BYTES = 4 << 20
+_CACHE_ENTRY_OVERHEAD = 100
 
 _FILE_COLUMNS = "id, dir, name, size, hash, loc_source, loc_key, loc_offset, loc_length"
 
@@ -78,6 +85,8 @@ def _identity(path: str) -> tuple[int, int, int, int]:
 
 
 def _db_error(path: str, exc: sqlite3.Error) -> DigestError:
+    if "decode to UTF-8" in str(exc):  # Python's sqlite3 met TEXT bytes it cannot decode
+        return DigestError(f"invalid digest {path}: text that is not valid UTF-8")
     return DigestError(f"invalid digest {path}: corrupted ({exc})")
 
 
@@ -92,7 +101,10 @@ class Digest:
         self._meta = meta
         self._sources = sources
         self._dir_count = int(meta["dir_count"])
-        self._dir_paths: dict[int, str] = {ROOT_ID: ""}
+        #: directory id → relative path, oldest first (dicts keep insertion order); the root
+        #: is not in it. Bounded by DIR_PATH_CACHE_BYTES, counted in ``_dir_paths_bytes``.
+        self._dir_paths: dict[int, str] = {}
+        self._dir_paths_bytes = 0
         self._identity = _identity(path)
 
     # -- opening -------------------------------------------------------------------------
@@ -111,10 +123,12 @@ class Digest:
         ``check`` picks how much is checked up front (costs for 1.3M files in
         docs/digest-format.md):
 
-        ``"structure"``  (default) header, schema, meta, sources, every directory row,
-                         counts, total size, id ranges (~0.45 s). Every file row is still
-                         checked in Python when it is returned, so a bad row is refused when
-                         touched instead of at open. What the mount needs (<= 2 s).
+        ``"structure"``  (default) file type, header, schema, meta, sources, every
+                         directory row, path lengths, counts, total size, id ranges, and in
+                         every file row the SQL types and UTF-8 text that code reads without
+                         the per-row check (~0.9 s). Every file row is still checked in
+                         Python when it is returned, so a bad row is refused when touched
+                         instead of at open. What the mount needs (<= 2 s).
         ``"rows"``       also every file row, in one SQL scan (~2.3 s); the CLI's default.
         ``"full"``       also SQLite's quick_check and the recomputed dataset id (~5 s).
 
@@ -132,7 +146,7 @@ class Digest:
             raise UsageError(f"no such digest file: {path}")
         if os.path.isdir(path):
             raise UsageError(f"digest path is a directory: {path}")
-        validate.check_header(path)
+        validate.check_header(path)  # before any open: refuses FIFOs, sockets, devices
         # immutable=1: digests are never modified in place (builds rename a new file over
         # the old name, and an open file keeps its inode), so SQLite may skip locking and
         # change detection. check_header has already refused WAL files.
@@ -145,6 +159,7 @@ class Digest:
             # Validate with plain reads and a small page cache so the scans do not inflate
             # RSS; map the file only afterwards, for the lookups.
             conn.execute("PRAGMA mmap_size = 0")
+            validate.register_functions(conn)
             meta, sources = validate.check_structure(path, conn)
             validate.check_tree(path, conn, meta)
             marker = None
@@ -359,41 +374,72 @@ class Digest:
 
     def largest_files(self, n: int = 10) -> list[FileEntry]:
         """The ``n`` largest files (one scan of the files table)."""
-        rows = self._conn.execute(
-            f"SELECT {_FILE_COLUMNS} FROM files ORDER BY size DESC, id LIMIT ?", (n,)
-        ).fetchall()
+        try:
+            rows = self._conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM files ORDER BY size DESC, id LIMIT ?", (n,)
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise _db_error(self.path, exc) from None
         return [self._file(row) for row in rows]
 
     def largest_dirs(self, n: int = 10) -> list[tuple[DirEntry, int]]:
         """The ``n`` directories holding the most files directly, with their file counts."""
-        rows = self._conn.execute(
-            "SELECT dir, count(*) AS c FROM files GROUP BY dir ORDER BY c DESC, dir LIMIT ?", (n,)
-        ).fetchall()
+        try:
+            rows = self._conn.execute(
+                "SELECT dir, count(*) AS c FROM files GROUP BY dir ORDER BY c DESC, dir LIMIT ?",
+                (n,),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise _db_error(self.path, exc) from None
         return [(self.entry(dir_id), count) for dir_id, count in rows]  # type: ignore[misc]
+
+    def empty_dirs(self) -> list[str]:
+        """Paths of the directories that hold nothing, in canonical order (format 2 only)."""
+        try:
+            return empty_dir_paths(self._conn)
+        except sqlite3.Error as exc:
+            raise _db_error(self.path, exc) from None
 
     # -- rows to entries -----------------------------------------------------------------
 
     def dir_path(self, dir_id: int) -> str:
-        """Relative path of directory ``dir_id`` (``""`` for the root); cached."""
-        cached = self._dir_paths.get(dir_id)
+        """Relative path of directory ``dir_id`` (``""`` for the root); cached, bounded."""
+        if dir_id == ROOT_ID:
+            return ""
+        paths = self._dir_paths
+        cached = paths.get(dir_id)
         if cached is not None:
             return cached
         chain: list[tuple[int, str]] = []
         walk = dir_id
-        while walk not in self._dir_paths:
+        result = ""
+        while walk != ROOT_ID:
+            cached = paths.get(walk)
+            if cached is not None:
+                result = cached
+                break
             row = self._conn.execute(
                 "SELECT parent, name FROM dirs WHERE id = ?", (walk,)
             ).fetchone()
-            # Validation guarantees 0 < parent < id, so this walk ends at a cached directory.
+            # Validation guarantees 0 < parent < id, so this walk ends at the root.
             if row is None or len(chain) > self._dir_count:
                 raise DigestError(f"invalid digest {self.path}: no directory {walk}")
             chain.append((walk, row[1]))
             walk = row[0]
-        result = self._dir_paths[walk]
         for node, name in reversed(chain):
             result = f"{result}/{name}" if result else name
-            self._dir_paths[node] = result
+            self._remember_dir_path(node, result)
         return result
+
+    def _remember_dir_path(self, dir_id: int, path: str) -> None:
+        """Cache ``path``; past the byte budget, forget the oldest entries (ancestors of a
+        deep walk are inserted first, so they go first)."""
+        paths = self._dir_paths
+        paths[dir_id] = path
+        self._dir_paths_bytes += len(path) + _CACHE_ENTRY_OVERHEAD
+        while self._dir_paths_bytes > DIR_PATH_CACHE_BYTES and len(paths) > 1:
+            oldest = next(iter(paths))
+            self._dir_paths_bytes -= len(paths.pop(oldest)) + _CACHE_ENTRY_OVERHEAD
 
     def _dir(self, row: tuple) -> DirEntry:
         dir_id, parent, name = row

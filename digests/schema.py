@@ -1,4 +1,4 @@
-"""The canonical schema of a digest file (format version 1). docs/digest-format.md explains it.
+"""The canonical schema of a digest file (format version 2). docs/digest-format.md explains it.
 
 A digest is a SQLite database that is written once and never changed. Its ids become inode
 numbers in the mount, so they follow fixed rules:
@@ -8,16 +8,21 @@ numbers in the mount, so they follow fixed rules:
 * files have ids ``dir_count + 1 .. dir_count + file_count``, assigned in ``(dir, name)`` order,
   so a directory's files are one contiguous id range, in name order.
 
-Directories are synthesised from the files' paths: every directory except the root holds at
-least one file somewhere below it, so the ``dirs`` table is fully determined by the files.
+Directories come from the files' paths, plus the empty directories of the source (a
+``file://`` tree's empty folders, a bucket's directory markers). Version 1 had only the
+former (every directory except the root holds a file somewhere below it); version 2 allows
+directories that hold nothing, and is otherwise the same, so version 1 files are still read.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-#: The only format version this code reads and writes.
-FORMAT_VERSION = 1
+#: The format version this code writes.
+FORMAT_VERSION = 2
+
+#: The format versions this code reads: 1 differs only in refusing empty directories.
+READ_VERSIONS = (1, 2)
 
 #: SQLite header ``application_id`` of a digest ("QVDG"); other SQLite files are refused early.
 APPLICATION_ID = 0x51564447
@@ -32,7 +37,7 @@ TABLES = {
     "meta": """
 CREATE TABLE meta (
     -- One row per key; every value is TEXT:
-    --   format_version  decimal integer, 1 for this schema
+    --   format_version  decimal integer: 2 (empty directories allowed) or 1 (none)
     --   created_at      UTC creation time, ISO 8601 "YYYY-MM-DDTHH:MM:SSZ" (not in the id)
     --   dataset_id      64 lower-case hex digits: see digests/canonical.py
     --   file_count      decimal, = count(*) of files
@@ -51,11 +56,13 @@ CREATE TABLE sources (
 )""",
     "dirs": """
 CREATE TABLE dirs (
-    -- Every directory of the tree, synthesised from file paths. Becomes the mount's inodes.
+    -- Every directory of the tree: the parents of files, and (version 2) directories that
+    -- hold nothing (empty folders, bucket directory markers). Becomes the mount's inodes.
     id     INTEGER PRIMARY KEY,  -- 1 .. dir_count, 1 = root; pre-order, so parent < id
     parent INTEGER NOT NULL,     -- id of the parent directory; 0 = none (the root only)
     name   TEXT NOT NULL         -- one path component (UTF-8, no '/', no NUL, not '.'/'..',
-                                 -- <= 255 bytes); '' for the root only
+                                 -- <= 255 bytes); '' for the root only. A directory's
+                                 -- whole path is at most 4096 bytes (paths.PATH_MAX).
 )""",
     "files": """
 CREATE TABLE files (
@@ -63,7 +70,8 @@ CREATE TABLE files (
     -- object (a tar shard) with loc_offset > 0.
     id         INTEGER PRIMARY KEY, -- dir_count+1 .. dir_count+file_count, in (dir, name) order
     dir        INTEGER NOT NULL,    -- dirs.id of the containing directory
-    name       TEXT NOT NULL,       -- one path component, same rules as dirs.name, never ''
+    name       TEXT NOT NULL,       -- one path component, same rules as dirs.name, never '';
+                                    -- the whole path is at most 4096 bytes
     size       INTEGER NOT NULL,    -- bytes, >= 0
     hash       BLOB NOT NULL,       -- blake3-256 of the content: exactly 32 bytes
     loc_source INTEGER NOT NULL,    -- sources.id of the backend root holding the bytes

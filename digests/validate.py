@@ -2,12 +2,16 @@
 
 Three levels, each including the previous one:
 
-``check_header``   the file is a complete SQLite database of ours: magic, application id,
-                   rollback-journal mode, size = page size x page count (catches truncation).
+``check_header``   the file is a regular file (checked before opening it: a FIFO would block
+                   the open forever) and a complete SQLite database of ours: magic,
+                   application id, rollback-journal mode, size = page size x page count.
 ``check_structure`` tables and columns exactly as :mod:`digests.schema` says, no views or
                    triggers, the meta keys and their types, the format version, the sources.
-``check_tree``     every directory row obeys the rules of docs/digest-format.md; counts, total
-                   size and id ranges agree with meta (one cheap aggregate over ``files``).
+``check_tree``     every directory row obeys the rules of docs/digest-format.md; no path is
+                   longer than PATH_MAX; counts, total size and id ranges agree with meta; every
+                   value that code reads without the per-row check (file hashes, sizes,
+                   directories, all text) has its SQL type, length and valid UTF-8: one
+                   cheap pass over ``files``.
 ``check_file_rows`` every file row obeys the rules (names, sizes, hashes, locations): one
                    scan of ``files`` evaluating every rule, the expensive part.
 ``check_dataset_id`` (expensive) recomputes the dataset id from the rows and runs SQLite's
@@ -22,16 +26,26 @@ from __future__ import annotations
 import os
 import re
 import sqlite3
+import stat
 
 from digests.canonical import compute_dataset_id
 from digests.errors import DigestError
-from digests.paths import NAME_PROBLEM_SQL, name_problem, path_problem
+from digests.paths import (
+    BAD_UTF8_SQL,
+    NAME_MAX,
+    NAME_PROBLEM_SQL,
+    PATH_MAX,
+    bad_utf8,
+    name_problem,
+    path_problem,
+)
 from digests.schema import (
     APPLICATION_ID,
     EXPECTED_COLUMNS,
     EXPECTED_INDEXES,
     FORMAT_VERSION,
     META_KEYS,
+    READ_VERSIONS,
     ROOT_ID,
 )
 from quiverfs.backends import normalize_url
@@ -47,11 +61,44 @@ def fail(path: str, reason: str) -> DigestError:
     return DigestError(f"invalid digest {path}: {reason}")
 
 
+#: What ``check_header`` calls a file that is not a regular file.
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFDIR: "a directory",
+}
+
+
+def _not_regular(path: str, mode: int) -> DigestError:
+    kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    return fail(path, f"not a regular file ({kind})")
+
+
+def register_functions(conn: sqlite3.Connection) -> None:
+    """Give ``conn`` the SQL functions the checks use (``bad_utf8``)."""
+    conn.create_function("bad_utf8", 1, bad_utf8, deterministic=True)
+
+
 def check_header(path: str) -> None:
-    """Refuse files that are not complete, rollback-mode SQLite databases with our app id."""
+    """Refuse files that are not complete, rollback-mode SQLite databases with our app id.
+
+    The file type is checked with ``stat`` before anything opens it: opening a FIFO for
+    reading blocks until a writer comes, and opening a device may have side effects. The
+    open itself is non-blocking and checked again with ``fstat``, in case the path was
+    replaced in between.
+    """
     try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _not_regular(path, st.st_mode)
+            size = st.st_size
             header = f.read(100)
     except OSError as exc:
         raise DigestError(f"cannot read digest {path}: {exc.strerror or exc}") from exc
@@ -93,11 +140,12 @@ def check_structure(path: str, conn: sqlite3.Connection) -> tuple[dict[str, str]
             raise fail(path, f"meta has no {key!r}")
         if not isinstance(meta[key], str):
             raise fail(path, f"meta {key!r} is not text")
-    if meta["format_version"] != str(FORMAT_VERSION):
+    if meta["format_version"] not in {str(v) for v in READ_VERSIONS}:
+        readable = ", ".join(str(v) for v in READ_VERSIONS)
         raise fail(
             path,
             f"unknown format version {meta['format_version'][:20]!r} "
-            f"(this quiverfs reads version {FORMAT_VERSION})",
+            f"(this quiverfs reads versions {readable}, writes {FORMAT_VERSION})",
         )
     for name in EXPECTED_COLUMNS:
         _check_table(path, conn, tables, name)
@@ -155,12 +203,45 @@ def _check_table(path: str, conn: sqlite3.Connection, tables: set[str], name: st
 _DIR_PROBLEM = f"""coalesce(
     CASE WHEN typeof(parent) != 'integer' OR parent < 1 OR parent >= id
          THEN 'parent ' || quote(parent) || ' is not an earlier directory' END,
+    CASE WHEN {BAD_UTF8_SQL.format(c="name")} THEN 'name is not valid UTF-8' END,
     {NAME_PROBLEM_SQL.format(c="name")})"""
 
-_KEY_PROBLEM = """CASE
+# Byte length of every directory's relative path (the root's is -1 so that its children's
+# are their name's). Validation has already checked 0 < parent < id, so the recursion ends.
+_DIR_PATH_LENGTHS = """WITH RECURSIVE p(id, len) AS (
+    SELECT 1, -1
+    UNION ALL
+    SELECT d.id, p.len + 1 + length(CAST(d.name AS BLOB)) FROM dirs d JOIN p ON d.parent = p.id
+)"""
+
+# The file-row rules that code relies on without calling file_row_problem first (mountd scans
+# every name, hash and size of a digest in SQL; the mount walks directories by id): the hash
+# is a 32-byte BLOB, the name not a BLOB, the directory in range; sizes are integers when
+# their sum() is. Written as comparisons, which SQLite orders by type (numbers < TEXT <
+# BLOB), because typeof() costs twice as much per row. A bad row is then described with the
+# full rules (_FILE_PROBLEM).
+_FILE_TYPES_BAD = """(hash < X'' OR length(hash) != 32 OR name >= X''
+    OR dir NOT BETWEEN 1 AND :dirs)"""
+
+#: Rows per range of the open-time pass over ``files`` (~0.5 MB of names at a time).
+_CHUNK_ROWS = 16384
+
+_FILES_CHUNK = f"""SELECT sum(size), min(CASE WHEN {_FILE_TYPES_BAD} THEN id END),
+    CAST(group_concat(name, '/') AS BLOB),
+    CAST(group_concat(loc_key, '/') AS BLOB)
+    FROM files WHERE id >= :lo AND id < :hi"""
+
+_FIRST_BAD_TEXT = f"""SELECT id, {BAD_UTF8_SQL.format(c="name")} FROM files
+    WHERE id >= :lo AND id < :hi
+    AND ({BAD_UTF8_SQL.format(c="name")} OR {BAD_UTF8_SQL.format(c="loc_key")})
+    ORDER BY id LIMIT 1"""
+
+_KEY_PROBLEM = f"""CASE
     WHEN loc_key IS NULL THEN NULL
     WHEN typeof(loc_key) != 'text' THEN 'location key is not text'
     WHEN instr(CAST(loc_key AS BLOB), X'00') > 0 THEN 'NUL byte in location key'
+    WHEN length(CAST(loc_key AS BLOB)) > {PATH_MAX}
+      THEN 'location key longer than {PATH_MAX} bytes'
     WHEN loc_key = '' OR instr('/' || loc_key || '/', '//') > 0
       OR instr('/' || loc_key || '/', '/./') > 0 OR instr('/' || loc_key || '/', '/../') > 0
       THEN 'location key ' || quote(loc_key) || ' is not a relative path'
@@ -186,7 +267,8 @@ _FILE_PROBLEM = f"""coalesce(
 
 
 def check_tree(path: str, conn: sqlite3.Connection, meta: dict[str, str]) -> None:
-    """Check every directory row, the counts and totals in meta, and the id ranges.
+    """Check every directory row, path lengths, the counts and totals in meta, the id ranges,
+    and the types and text of every file row (what code reads without the per-row check).
 
     Cost grows with the number of directories, plus one cheap aggregate scan of ``files``.
     """
@@ -196,7 +278,11 @@ def check_tree(path: str, conn: sqlite3.Connection, meta: dict[str, str]) -> Non
         raise fail(path, f"meta dir_count {dir_count} but {count} directories")
     if count < 1 or low != ROOT_ID or high != count:
         raise fail(path, f"directory ids are not 1..{count}")
-    if conn.execute("SELECT parent, name FROM dirs WHERE id = ?", (ROOT_ID,)).fetchone() != (0, ""):
+    root = conn.execute(
+        "SELECT parent IS 0 AND typeof(name) = 'text' AND name = '' FROM dirs WHERE id = ?",
+        (ROOT_ID,),
+    ).fetchone()
+    if root != (1,):
         raise fail(path, "directory 1 is not the root (parent 0, name '')")
     row = conn.execute(
         f"SELECT id, p FROM (SELECT id, {_DIR_PROBLEM} AS p FROM dirs WHERE id > 1) "
@@ -210,32 +296,80 @@ def check_tree(path: str, conn: sqlite3.Connection, meta: dict[str, str]) -> Non
     ).fetchone()
     if row:
         raise fail(path, f"{row[1]!r} (directory {row[0]}) is both a file and a directory")
-    row = conn.execute(
-        "SELECT id FROM dirs d WHERE id > 1 AND NOT EXISTS "
-        "(SELECT 1 FROM dirs c WHERE c.parent = d.id) AND NOT EXISTS "
-        "(SELECT 1 FROM files f WHERE f.dir = d.id) LIMIT 1"
-    ).fetchone()
-    if row:
-        raise fail(path, f"directory {row[0]} is empty (directories come only from file paths)")
-
-    # Cheap aggregates (one pass, ~0.25 s for 1.3M files): counts, total, id range. sum() of
-    # a column returns a float as soon as one value is not an integer.
-    try:
-        count, total, low, high = conn.execute(
-            "SELECT count(*), sum(size), min(id), max(id) FROM files"
+    if meta["format_version"] == "1":
+        # Version 1 synthesised directories from file paths only; version 2 keeps empty ones.
+        row = conn.execute(
+            "SELECT id FROM dirs d WHERE id > 1 AND NOT EXISTS "
+            "(SELECT 1 FROM dirs c WHERE c.parent = d.id) AND NOT EXISTS "
+            "(SELECT 1 FROM files f WHERE f.dir = d.id) LIMIT 1"
         ).fetchone()
-    except sqlite3.OperationalError as exc:
-        if "overflow" not in str(exc):
-            raise
-        raise fail(path, "file sizes overflow a 64-bit total") from None
+        if row:
+            raise fail(
+                path, f"directory {row[0]} is empty (format version 1 has no empty directories)"
+            )
+    dir_max, long_dir = conn.execute(
+        f"{_DIR_PATH_LENGTHS} SELECT max(len), min(CASE WHEN len > {PATH_MAX} THEN id END) FROM p"
+    ).fetchone()
+    if long_dir is not None:
+        raise fail(path, f"directory {long_dir}: path longer than {PATH_MAX} bytes")
+
+    # One pass over the files, in id ranges of _CHUNK_ROWS rows (~0.3 µs a row): the total
+    # size, the first row whose types code relies on are wrong, and every name and location
+    # key decoded as UTF-8. SQLite never checks
+    # TEXT, and a per-row SQL function would cost ten times more, so each range's text is
+    # concatenated by SQLite and decoded at once by Python; only a failing range is searched
+    # row by row. The id range is checked first, so the loop covers exactly the rows.
+    count, low, high = conn.execute("SELECT count(*), min(id), max(id) FROM files").fetchone()
     if count != int(meta["file_count"]):
         raise fail(path, f"meta file_count {meta['file_count']} but {count} files")
-    if total is not None and type(total) is not int:
-        raise fail(path, "a file size is not an integer")
-    if (total or 0) != int(meta["total_bytes"]):
-        raise fail(path, f"meta total_bytes {meta['total_bytes']} but files sum to {total or 0}")
     if count and (low != dir_count + 1 or high != dir_count + count):
         raise fail(path, f"file ids are not {dir_count + 1}..{dir_count + count}")
+    total = 0
+    for start in range(dir_count + 1, dir_count + count + 1, _CHUNK_ROWS):
+        window = {"dirs": dir_count, "lo": start, "hi": start + _CHUNK_ROWS}
+        try:
+            part, bad_type, names, keys = conn.execute(_FILES_CHUNK, window).fetchone()
+        except sqlite3.OperationalError as exc:
+            if "overflow" not in str(exc):
+                raise
+            raise fail(path, "file sizes overflow a 64-bit total") from None
+        if type(part) is not int and bad_type is None:  # sum() is a float if a size is not an int
+            (bad_type,) = conn.execute(
+                "SELECT min(id) FROM files WHERE id >= :lo AND id < :hi "
+                "AND typeof(size) != 'integer'",
+                window,
+            ).fetchone()
+        if bad_type is not None:
+            (problem,) = conn.execute(
+                f"SELECT {_FILE_PROBLEM} FROM files WHERE id = :id",
+                {"dirs": dir_count, "id": bad_type},
+            ).fetchone()
+            raise fail(path, f"file {bad_type}: {problem or 'a value has the wrong SQL type'}")
+        try:
+            names.decode("utf-8")
+            if keys is not None:
+                keys.decode("utf-8")
+        except UnicodeDecodeError:
+            row = conn.execute(_FIRST_BAD_TEXT, window).fetchone()
+            if row is None:  # a BLOB key: not text at all
+                raise fail(path, "a location key is not text") from None
+            what = "name" if row[1] else "location key"
+            raise fail(path, f"file {row[0]}: {what} is not valid UTF-8") from None
+        total += part
+    if total >= 1 << 63:
+        raise fail(path, "file sizes overflow a 64-bit total")
+    if total != int(meta["total_bytes"]):
+        raise fail(path, f"meta total_bytes {meta['total_bytes']} but files sum to {total}")
+    if count and dir_max + 1 + NAME_MAX > PATH_MAX:
+        # Only a tree deeper than PATH_MAX - NAME_MAX bytes pays for this join; elsewhere a
+        # file path can only be too long with a name over NAME_MAX, which the per-row check
+        # refuses.
+        row = conn.execute(
+            f"{_DIR_PATH_LENGTHS} SELECT f.id FROM files f JOIN p ON p.id = f.dir "
+            f"WHERE p.len + 1 + length(CAST(f.name AS BLOB)) > {PATH_MAX} LIMIT 1"
+        ).fetchone()
+        if row:
+            raise fail(path, f"file {row[0]}: path longer than {PATH_MAX} bytes")
 
 
 def check_file_rows(path: str, conn: sqlite3.Connection, meta: dict[str, str]) -> None:

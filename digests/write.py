@@ -38,11 +38,14 @@ def write_digest(
     files: Iterable[NewFile | tuple],
     sources: list[str],
     *,
+    dirs: Iterable[str] = (),
     created_at: float | None = None,
 ) -> str:
     """Write a complete digest of ``files`` to ``out`` atomically; return its dataset id.
 
-    ``files`` may come in any order (tuples are taken as :class:`NewFile` fields). Raises
+    ``files`` may come in any order (tuples are taken as :class:`NewFile` fields). ``dirs``
+    names directories that exist even if no file is below them (empty folders, bucket
+    directory markers); naming one that files already imply changes nothing. Raises
     :class:`DigestError` for an invalid path, a duplicate path, or a path that is both a file
     and a directory; ``out`` is then left untouched.
     """
@@ -52,7 +55,7 @@ def write_digest(
         os.unlink(tmp)
     conn = sqlite3.connect(tmp, isolation_level=None)
     try:
-        dataset_id = _fill(conn, files, sources, created_at)
+        dataset_id = _fill(conn, files, sources, dirs, created_at)
         conn.close()
         _fsync_path(tmp)
         os.replace(tmp, out)
@@ -66,7 +69,11 @@ def write_digest(
 
 
 def _fill(
-    conn: sqlite3.Connection, files: Iterable, sources: list[str], created_at: float | None
+    conn: sqlite3.Connection,
+    files: Iterable,
+    sources: list[str],
+    dirs: Iterable[str],
+    created_at: float | None,
 ) -> str:
     # A scratch file: durability comes from the fsync + rename at the end, not the journal.
     conn.execute("PRAGMA journal_mode = OFF")
@@ -93,6 +100,11 @@ def _fill(
             yield parent, name, f.size, f.hash, f.source + 1, f.key, f.offset
 
     conn.executemany("INSERT INTO staging VALUES (?, ?, ?, ?, ?, ?, ?)", rows())
+    for path in dirs:
+        problem = path_problem(path)
+        if problem:
+            raise DigestError(f"cannot write digest: directory {path!r}: {problem}")
+        dir_paths.add(path)
 
     # Every ancestor is a directory; pre-order with sorted children = component order.
     for path in list(dir_paths):

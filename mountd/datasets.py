@@ -138,7 +138,7 @@ async def load_view(dataset: str, digest_path: str | os.PathLike[str]) -> Datase
     Raises :class:`UsageError` (no such file, another dataset) or
     :class:`~digests.errors.DigestError` (invalid digest).
     """
-    digest = Digest.open(digest_path)  # structure check only: ~0.45 s for 1.3M files
+    digest = Digest.open(digest_path)  # structure check only: ~0.9 s for 1.3M files
     try:
         if digest.dataset_id != dataset:
             raise UsageError(

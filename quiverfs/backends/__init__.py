@@ -13,11 +13,22 @@ import importlib
 import os
 from urllib.parse import quote, unquote, urlsplit
 
-from quiverfs.backends.base import Backend, BackendOptions, ObjectInfo, RetryPolicy
+from quiverfs.backends.base import (
+    DIRECTORY,
+    EXTERNAL_LINK,
+    OBJECT,
+    Backend,
+    BackendOptions,
+    ObjectInfo,
+    RetryPolicy,
+)
 from quiverfs.backends.settings import RemoteSettings
 from quiverfs.errors import UsageError
 
 __all__ = [
+    "DIRECTORY",
+    "EXTERNAL_LINK",
+    "OBJECT",
     "Backend",
     "BackendOptions",
     "ObjectInfo",

@@ -21,7 +21,14 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.storage.blob import BlobServiceClient
 from urllib3.util.retry import Retry
 
-from quiverfs.backends.base import Backend, BackendOptions, ObjectInfo, split_root
+from quiverfs.backends.base import (
+    DIRECTORY,
+    OBJECT,
+    Backend,
+    BackendOptions,
+    ObjectInfo,
+    split_root,
+)
 from quiverfs.backends.settings import RemoteSettings
 from quiverfs.errors import AccessDenied, BackendError, NotFound, TemporaryFailure, UsageError
 
@@ -87,6 +94,15 @@ def translate_error(exc: BaseException, url: str, key: str) -> BackendError | No
     return None
 
 
+def _listed(blob, root: str) -> ObjectInfo:
+    """The listing entry of one blob (``BlobProperties``) under ``root``."""
+    key = blob.name[len(root) :]
+    version = str(blob.etag).strip('"')
+    if str((blob.metadata or {}).get("hdi_isfolder", "")).lower() == "true":
+        return ObjectInfo(key.removesuffix("/"), 0, version, DIRECTORY)
+    return ObjectInfo(key, int(blob.size), version, OBJECT)
+
+
 def connection_string_account(connection_string: str) -> str:
     """The ``AccountName=`` of a storage connection string (``""`` when absent)."""
     for part in connection_string.split(";"):
@@ -148,15 +164,13 @@ class AzureBackend(Backend):
 
     def _list_page(self, prefix: str, token: str | None) -> tuple[list[ObjectInfo], str | None]:
         root = f"{self.prefix}/" if self.prefix else ""
+        # Metadata comes with the listing so that folder blobs (hdi_isfolder, written by
+        # hierarchical-namespace accounts and tools such as Storage Explorer) are known as
+        # directories, not zero-byte files.
         pager = self.container_client.list_blobs(
-            name_starts_with=root + prefix, results_per_page=PAGE_SIZE
+            name_starts_with=root + prefix, include=["metadata"], results_per_page=PAGE_SIZE
         ).by_page(continuation_token=token)
-        page = [
-            ObjectInfo(
-                key=blob.name[len(root) :], size=int(blob.size), version=str(blob.etag).strip('"')
-            )
-            for blob in next(pager)
-        ]
+        page = [_listed(blob, root) for blob in next(pager)]
         return page, pager.continuation_token or None
 
     def _stat(self, key: str) -> ObjectInfo:

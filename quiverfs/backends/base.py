@@ -31,9 +31,20 @@ T = TypeVar("T")
 DEFAULT_CHUNK = 8 * 1024 * 1024
 
 
+#: :attr:`ObjectInfo.kind` of an object: bytes to read.
+OBJECT = "object"
+#: :attr:`ObjectInfo.kind` of a directory that exists whether or not objects lie below it: a
+#: bucket's directory marker (a zero-byte key ending in ``/``; Azure's ``hdi_isfolder``
+#: blob), a ``file://`` directory. ``key`` is its path without the trailing ``/``.
+DIRECTORY = "directory"
+#: :attr:`ObjectInfo.kind` of a ``file://`` symbolic link whose target lies outside the root:
+#: listed, so a build can say what it leaves out, and readable like an object.
+EXTERNAL_LINK = "external-link"
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """One object as a listing or stat sees it.
+    """One object (or directory, see :attr:`kind`) as a listing or stat sees it.
 
     ``key`` is relative to the backend root; ``version`` is the store's change tag (S3/Azure
     ETag, GCS generation, file mtime in ns) or ``""`` when the store gives none.
@@ -42,6 +53,19 @@ class ObjectInfo:
     key: str
     size: int
     version: str = ""
+    #: :data:`OBJECT`, :data:`DIRECTORY` or :data:`EXTERNAL_LINK`.
+    kind: str = OBJECT
+
+
+def classify_marker(info: ObjectInfo) -> ObjectInfo:
+    """``info``, or the :data:`DIRECTORY` it stands for when it is a directory marker.
+
+    Every store's consoles and tools (S3, GCS, Azure) create "folders" as zero-byte keys
+    ending in ``/``; they name a directory, never a file's bytes.
+    """
+    if info.kind == OBJECT and info.size == 0 and info.key.endswith("/"):
+        return ObjectInfo(info.key[:-1], 0, info.version, DIRECTORY)
+    return info
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +178,8 @@ class Backend(ABC):
         """Every object whose relative key starts with ``prefix``, page by page.
 
         Each page is one ``LIST`` request, retried on its own, so a long listing survives a
-        transient fault in the middle without starting over.
+        transient fault in the middle without starting over. Directory markers come out as
+        :data:`DIRECTORY` entries (:func:`classify_marker`), whichever backend lists them.
         """
         token: str | None = None
         while True:
@@ -162,7 +187,7 @@ class Backend(ABC):
                 "LIST", prefix, self._list_page, prefix, token, count_bytes=False
             )
             for info in page:
-                yield info
+                yield classify_marker(info)
             if token is None:
                 return
 

@@ -1,8 +1,16 @@
 """``file:///path``: a local or shared (NFS, Lustre) directory tree as an object store.
 
 The test baseline, and the way to front slow shared storage. Keys are POSIX paths relative to
-the root directory; only regular files are objects (symlinks are followed, directories are
-not objects). Listing is a sorted walk, paged so it behaves like the cloud backends.
+the root directory; regular files are objects. Listing is a sorted walk, paged so it behaves
+like the cloud backends, and also names:
+
+* every directory with no subdirectory and no file below it, as a :data:`DIRECTORY` entry
+  (what a bucket's directory marker is), so empty directories reach the digest: the tree's
+  shape is part of the dataset, and a loader may list an empty ``valid/``;
+* symbolic links to files: followed when their target stays inside the root (as if the file
+  were there); listed as :data:`EXTERNAL_LINK` when it leaves the root (``/etc/passwd``,
+  ``../../x``), which a build skips unless asked to follow them. Links to directories are
+  not descended into, like ``find`` without ``-L``.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ import errno
 import os
 from urllib.parse import unquote
 
-from quiverfs.backends.base import Backend, BackendOptions, ObjectInfo
+from quiverfs.backends.base import DIRECTORY, EXTERNAL_LINK, Backend, BackendOptions, ObjectInfo
 from quiverfs.backends.settings import RemoteSettings
 from quiverfs.errors import AccessDenied, BackendError, NotFound, TemporaryFailure
 
@@ -56,9 +64,11 @@ class FileBackend(Backend):
         start = self._path(base) if base else self.root
         if not os.path.isdir(self.root):
             raise FileNotFoundError(errno.ENOENT, "no such directory", self.root)
+        inside = os.path.join(os.path.realpath(self.root), "")
         found: list[ObjectInfo] = []
         for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
             dirnames.sort()
+            objects_here = 0
             for name in filenames:
                 full = os.path.join(dirpath, name)
                 key = os.path.relpath(full, self.root).replace(os.sep, "/")
@@ -67,10 +77,20 @@ class FileBackend(Backend):
                 try:
                     st = os.stat(full)
                 except FileNotFoundError:
-                    continue  # removed while we walked
+                    continue  # removed while we walked, or a dangling link
                 if not os.path.isfile(full):
                     continue
-                found.append(self._info(key, st))
+                info = self._info(key, st)
+                if os.path.islink(full) and not os.path.realpath(full).startswith(inside):
+                    info = ObjectInfo(info.key, info.size, info.version, EXTERNAL_LINK)
+                else:
+                    objects_here += 1
+                found.append(info)
+            # A directory with nothing a digest could hold below it is named on its own, like
+            # a bucket's directory marker; the others are implied by their files' keys.
+            rel_dir = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            if not dirnames and not objects_here and rel_dir != "." and rel_dir.startswith(prefix):
+                found.append(ObjectInfo(rel_dir, 0, "", DIRECTORY))
         found.sort(key=lambda info: info.key)
         return found
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -14,6 +15,7 @@ from digests import build as build_module
 from digests.build import build, hash_object
 from digests.digest import Digest
 from digests.progress import Progress
+from digests.write import NewFile, write_digest
 from quiverfs.backends import BackendOptions, RemoteSettings, open_backend
 from quiverfs.errors import AccessDenied, CorruptObject, UsageError
 
@@ -240,3 +242,126 @@ def test_progress_kinds():
     lines = stream.getvalue().splitlines()
     assert lines[-2] == "build: warning: skipping 'x': empty path component"
     assert lines[-1].startswith("build: 2/3 files, 2.0 KB of 3.0 KB, ")
+
+
+# -- what a tree is: empty directories and symbolic links ---------------------------------------
+
+
+def _v1_id(files: dict[str, bytes]) -> str:
+    """The dataset id as format version 1 defined it (files only), written out here."""
+    hasher = blake3.blake3(b"quiverfs-dataset-v1\n")
+    for path in sorted(files, key=lambda p: p.encode().split(b"/")):
+        data = files[path]
+        hasher.update(path.encode() + b"\0" + len(data).to_bytes(8, "big")
+                      + blake3.blake3(data).digest())
+    return hasher.hexdigest()
+
+
+async def test_empty_directories_are_kept(tmp_path, make_tree):
+    files = {"train/a.jpg": b"a", "train/b.jpg": b"bb", "top.txt": b"top"}
+    plain = make_tree(tmp_path / "plain", files)
+    source = make_tree(tmp_path / "source", files)
+    for empty in ("valid", "nested/deeper/deepest", "train/none"):
+        (source / empty).mkdir(parents=True)
+
+    without = await build(url(plain), tmp_path / "plain.qd")
+    result = await build(url(source), tmp_path / "d.qd")
+    assert result.files == 3 and result.empty_dirs == 3
+    # No empty directory: the id version 1 gave the same files. Empty ones change the id.
+    assert without.dataset_id == _v1_id(files)
+    assert result.dataset_id != without.dataset_id
+    with Digest.open(tmp_path / "d.qd", check="full") as d:
+        assert d.format_version == 2
+        assert d.empty_dirs() == ["nested/deeper/deepest", "train/none", "valid"]
+        valid = d.lookup_path("valid")
+        assert valid.is_dir and d.listdir(valid.id) == []
+        assert [e.name for e in d.listdir(d.lookup_path("nested").id)] == ["deeper"]
+        assert [e.name for e in d.listdir(d.lookup_path("train").id)] == [
+            "none", "a.jpg", "b.jpg"]
+        assert d.file_count == 3 and d.dir_count == 7  # root, nested, deeper, deepest, train,
+        # train/none, valid
+    with Digest.open(tmp_path / "plain.qd") as d:
+        assert d.empty_dirs() == []
+
+
+async def test_markers_become_directories_never_files(tmp_path, memory_backend):
+    mem = memory_backend({
+        "train/a.jpg": b"a",
+        "train/": b"",          # marker of a directory that has files: changes nothing
+        "valid/": b"",          # marker of an empty directory: kept
+        "deep/er/": b"",        # nested empty
+        "clash": b"file",       # an object and a marker of the same name: the directory wins
+        "clash/": b"",
+        "..//": b"",            # an invalid marker is skipped like an invalid key
+    })
+    progress = Progress()
+    result = await build(mem, tmp_path / "m.qd", progress=progress)
+    assert result.markers == 5 and result.empty_dirs == 3
+    assert {k for k, _ in result.skipped} == {"clash", "..//"}
+    with Digest.open(tmp_path / "m.qd", check="full") as d:
+        assert [f.path for f in d.iter_files()] == ["train/a.jpg"]
+        assert d.empty_dirs() == ["clash", "deep/er", "valid"]
+        assert d.lookup_path("valid").is_dir
+
+
+def _linked_tree(tmp_path: Path, make_tree) -> Path:
+    outside = make_tree(tmp_path / "outside", {"secret.txt": b"not part of the dataset"})
+    source = make_tree(tmp_path / "source", {"real.txt": b"real", "sub/x.bin": b"x"})
+    os.symlink("real.txt", source / "relative_inside")
+    os.symlink(source / "sub" / "x.bin", source / "absolute_inside")
+    os.symlink(outside / "secret.txt", source / "absolute_out")
+    os.symlink("../../outside/secret.txt", source / "sub" / "dotdot_out")
+    os.symlink("/etc/hostname", source / "etc_link")
+    os.symlink(outside, source / "dir_link")  # links to directories are not descended into
+    return source
+
+
+async def test_links_out_of_the_root_are_skipped(tmp_path, make_tree):
+    source = _linked_tree(tmp_path, make_tree)
+    result = await build(url(source), tmp_path / "d.qd")
+    assert result.external_links == 3 and result.skipped_count == 3
+    assert {k for k, _ in result.skipped} == {"absolute_out", "sub/dotdot_out", "etc_link"}
+    assert all("outside the source root" in reason for _, reason in result.skipped)
+    with Digest.open(tmp_path / "d.qd") as d:
+        # Links inside the root are followed, as before.
+        assert sorted(f.path for f in d.iter_files()) == [
+            "absolute_inside", "real.txt", "relative_inside", "sub/x.bin"]
+        assert d.lookup_path("relative_inside").hash == blake3.blake3(b"real").digest()
+        assert d.empty_dirs() == []  # dir_link is neither a directory nor a file here
+
+
+def test_links_out_of_the_root_on_request(tmp_path, make_tree, digest_cli):
+    source = _linked_tree(tmp_path, make_tree)
+    code, _, err = digest_cli("build", url(source), "-o", tmp_path / "w.qd", "--quiet")
+    assert code == 0, err
+    assert "skipped 3 symbolic links to targets outside the source" in err
+    code, out, err = digest_cli("build", url(source), "-o", tmp_path / "f.qd", "--quiet",
+                                "--follow-external-links", "--json")
+    assert code == 0, err
+    assert json.loads(out)["external_links_skipped"] == 0 and json.loads(out)["files"] == 7
+    with Digest.open(tmp_path / "f.qd") as d:
+        secret = blake3.blake3(b"not part of the dataset").digest()
+        assert d.lookup_path("absolute_out").hash == secret
+        assert d.lookup_path("sub/dotdot_out").hash == secret
+        assert d.lookup_path("etc_link").size == os.path.getsize("/etc/hostname")
+
+
+def test_version_1_digest_still_opens(tmp_path, tamper):
+    """A digest as version 1 wrote it (same tables, version '1', no empty directory)."""
+    files = [NewFile("a/x", 1, blake3.blake3(b"x").digest()), NewFile("b", 1, blake3.blake3(b"b").digest())]
+    dataset_id = write_digest(tmp_path / "v1.qd", files, ["file:///data"])
+    tamper(tmp_path / "v1.qd", "UPDATE meta SET value = '1' WHERE key = 'format_version'")
+    with Digest.open(tmp_path / "v1.qd", check="full") as d:
+        assert d.format_version == 1 and d.dataset_id == dataset_id
+        assert d.dataset_id == _v1_id({"a/x": b"x", "b": b"b"})
+        assert d.empty_dirs() == []
+
+
+async def test_diff_lists_empty_directories(tmp_path, make_tree, digest_cli):
+    a = make_tree(tmp_path / "a", {"f": b"f"})
+    b = make_tree(tmp_path / "b", {"f": b"f"})
+    (b / "valid").mkdir()
+    await build(url(a), tmp_path / "a.qd")
+    await build(url(b), tmp_path / "b.qd")
+    code, out, _ = digest_cli("diff", tmp_path / "a.qd", tmp_path / "b.qd")
+    assert code == 1 and out.split() == ["+", "valid/"]

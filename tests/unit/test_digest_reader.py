@@ -39,7 +39,7 @@ def small(tmp_path):
 
 
 def test_meta_and_counts(small):
-    assert small.format_version == 1
+    assert small.format_version == 2
     assert small.file_count == len(FILES)
     assert small.total_bytes == sum(len(d) for d in FILES.values())
     # root, train, train/n01, train/n02, train/n02/deep, val

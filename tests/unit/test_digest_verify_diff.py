@@ -115,7 +115,7 @@ def test_inspect_cli(built, digest_cli):
     code, stdout, _ = digest_cli("inspect", out, "--json", "--check", "--top", "2")
     info = json.loads(stdout)
     assert code == 0
-    assert info["files"] == 20 and info["directories"] == 4 and info["format_version"] == 1
+    assert info["files"] == 20 and info["directories"] == 4 and info["format_version"] == 2
     assert info["dataset_id_checked"] is True
     assert [f["path"] for f in info["largest_files"]] == ["d1/f19", "d0/f18"]
     assert info["largest_directories"][0] == {"path": "d0", "files": 7}
