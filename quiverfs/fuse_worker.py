@@ -63,14 +63,24 @@ HIT_RECORD = struct.Struct("<32sQ")
 COUNTERS = ("opens", "reads", "hits", "misses", "bytes", "errors")
 OPENS, READS, HITS_N, MISSES, BYTES, ERRORS = range(len(COUNTERS))
 
+_UNIQUE = struct.Struct("<Q")  # a request's unique id, at offset 8 of its header
+
 
 class SharedCounters:
-    """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork."""
+    """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork,
+    then one u64 per slot: the unique id of the request that slot's worker is handling (0:
+    none), which the main process answers if the worker dies (quiverfs/worker_pool.py)."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
         self._width = 8 * len(COUNTERS)
-        self._map = mmap.mmap(-1, self._width * slots)
+        self._map = mmap.mmap(-1, (self._width + 8) * slots)
+
+    def in_flight(self, index: int) -> memoryview:
+        """Slot ``index``'s request in hand, as a writable array of one u64 (its worker writes
+        it; the main process only after that worker died)."""
+        start = self._width * self.slots + 8 * index
+        return memoryview(self._map)[start:start + 8].cast("Q")
 
     def slot(self, index: int) -> memoryview:
         """Row ``index`` as a writable array of u64 (only its owner writes it)."""
@@ -88,11 +98,13 @@ class SharedCounters:
 class Worker:
     """One serving process: reads requests from ``fuse_fd`` and answers or forwards them."""
 
-    def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview) -> None:
+    def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview,
+                 in_flight: memoryview | None = None) -> None:
         self.fd = fuse_fd
         self.tree = tree
         self.main = main
         self.counters = counters
+        self.in_flight = in_flight  # see SharedCounters.in_flight
         self._files: dict[int, int] = {}
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -106,6 +118,8 @@ class Worker:
         signal.signal(signal.SIGALRM, self._on_timer)
         signal.setitimer(signal.ITIMER_REAL, FLUSH_INTERVAL, FLUSH_INTERVAL)
         fd, read, handle = self.fd, os.read, self.handle
+        in_flight = self.in_flight if self.in_flight is not None else [0]
+        unique_of = _UNIQUE.unpack_from
         try:
             while True:
                 self._in_read = True
@@ -118,10 +132,13 @@ class Worker:
                     if exc.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
                         continue  # ENOENT: the request was interrupted before we read it
                     raise
+                # Published first, so that the main process can answer it if we die.
+                in_flight[0] = unique_of(request, 8)[0]
                 self._in_read = False
                 out = handle(request)
                 if out is not None:
                     self._send(out)
+                in_flight[0] = 0
                 if self._flush_due:
                     self.flush()
         finally:
@@ -272,34 +289,37 @@ def _die_with_parent() -> None:
 
 
 def fork_workers(count: int, target: Callable[[int], None]) -> list[int]:
-    """Fork ``count`` processes running ``target(slot)`` (slots 1..count); their pids.
+    """Fork ``count`` processes running ``target(slot)`` (slots 1..count); their pids."""
+    return [fork_worker(slot, target) for slot in range(1, count + 1)]
 
-    The children leave the parent's trio run behind: no wakeup fd, default SIGTERM (the
-    parent stops them with it), SIGINT/SIGHUP ignored (a terminal's ^C goes to the whole
-    process group; the parent decides what happens), and they exit when the parent dies.
+
+def fork_worker(slot: int, target: Callable[[int], None]) -> int:
+    """Fork one process running ``target(slot)``; its pid.
+
+    The child leaves the parent's trio run behind: no wakeup fd, default SIGTERM (the
+    parent stops it with it), SIGINT/SIGHUP ignored (a terminal's ^C goes to the whole
+    process group; the parent decides what happens), and it exits when the parent dies:
+    0 once the mount is gone, 1 after an error.
     """
     parent = os.getpid()
-    pids = []
-    for slot in range(1, count + 1):
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            code = 0
-            try:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                _die_with_parent()
-                if os.getppid() == parent:
-                    target(slot)
-            except BaseException:
-                log.exception("FUSE worker %d failed", slot)
-                code = 1
-            finally:
-                logging.shutdown()
-                os._exit(code)
-        pids.append(pid)
-    return pids
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            _die_with_parent()
+            if os.getppid() == parent:
+                target(slot)
+        except BaseException:
+            log.exception("FUSE worker %d failed", slot)
+            code = 1
+        finally:
+            logging.shutdown()
+            os._exit(code)
+    return pid
 
 
 def default_workers() -> int:

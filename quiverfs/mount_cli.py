@@ -39,6 +39,7 @@ def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
 def mount(
     digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
     foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
+    nonempty: bool = False,
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
@@ -50,7 +51,8 @@ def mount(
     _check_size(cache_size, cache_dir)
     if not 0 <= workers <= MAX_WORKERS:
         raise UsageError(f"--workers must be between 1 and {MAX_WORKERS} (0: one per core), not {workers}")
-    options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers)
+    options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
+                           nonempty=nonempty)
     if foreground:
         setup_logging(debug)
         run_foreground(options)
@@ -112,7 +114,7 @@ def register(app: typer.Typer) -> None:
     @app.command("mount")
     def mount_command(
         digest: Path = typer.Argument(..., help="The dataset's digest file (from `digests build`)."),
-        mountpoint: Path = typer.Argument(..., help="An existing empty directory."),
+        mountpoint: Path = typer.Argument(..., help="An existing empty directory (see --nonempty)."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
         cache_size: str | None = typer.Option(
             None, "--cache-size",
@@ -127,6 +129,9 @@ def register(app: typer.Typer) -> None:
         workers: int = typer.Option(
             0, "--workers", help="Processes serving the mount's requests (default 0: one per core, 2 to 4).",
         ),
+        nonempty: bool = typer.Option(
+            False, "--nonempty", help="Mount over a directory that is not empty (its entries are hidden meanwhile).",
+        ),
     ) -> None:
         """Mount a dataset read-only: its files are read through the machine's shared cache.
 
@@ -137,7 +142,8 @@ def register(app: typer.Typer) -> None:
         """
         debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
-                     foreground=foreground, allow_other=allow_other, debug=debug, workers=workers)
+                     foreground=foreground, allow_other=allow_other, debug=debug, workers=workers,
+                     nonempty=nonempty)
         if not foreground:
             typer.echo(line)
 
@@ -188,7 +194,7 @@ IGNORED_OPTIONS = frozenset({
 
 HELPER = "mount.fuse.quiverfs"
 HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
-                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,allow_other,foreground,debug]")
+                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,allow_other,nonempty,foreground,debug]")
 
 
 def parse_helper_args(argv: list[str]) -> dict[str, Any]:
@@ -219,7 +225,8 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
         raise UsageError(HELPER_USAGE)
     result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
                               "cache_dir": None, "cache_size": None, "allow_other": False,
-                              "foreground": False, "debug": False, "workers": 0, "fake": fake}
+                              "foreground": False, "debug": False, "workers": 0, "nonempty": False,
+                              "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
         if key in ("cache_dir", "cache_size"):
@@ -230,7 +237,7 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
             if not eq or not value.isdigit():
                 raise UsageError(f"option workers needs a number (workers=N), not {opt!r}")
             result[key] = int(value)
-        elif key in ("allow_other", "foreground", "debug") and not eq:
+        elif key in ("allow_other", "nonempty", "foreground", "debug") and not eq:
             result[key] = True
         elif key in IGNORED_OPTIONS or key.startswith("x-") or key == "comment":
             continue
