@@ -1,12 +1,12 @@
 """The processes that serve a mount's FUSE requests: the hot path, in parallel.
 
 A mount's process (quiverfs/mount.py) answers the kernel's INIT and then forks a few workers
-that all read requests from the same ``/dev/fuse`` descriptor; the kernel hands each request
-to exactly one blocked reader. A worker answers everything that needs only the digest and the
+that all read requests from the same connection, each through a descriptor of its own
+(quiverfs/worker_pool.py); the kernel hands each request to exactly one blocked reader. A worker answers everything that needs only the digest and the
 store, synchronously and inline: LOOKUP, GETATTR, READDIR(PLUS), STATFS and every READ of a
 file whose store file exists (one ``os.pread``, no RPC, no thread hop). The rest goes to the
 mount's main process over a ``SOCK_SEQPACKET`` socket, as the raw request, and the main
-process answers it on the same descriptor: READs of files not in the store (a miss: mountd's
+process answers it on that worker's descriptor: READs of files not in the store (a miss: mountd's
 ``ensure``), and the extended attributes (the control channel keeps its state there).
 
 Why several processes: one Python process serving FUSE tops out far below what the kernel can
@@ -286,11 +286,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-
-
-def fork_workers(count: int, target: Callable[[int], None]) -> list[int]:
-    """Fork ``count`` processes running ``target(slot)`` (slots 1..count); their pids."""
-    return [fork_worker(slot, target) for slot in range(1, count + 1)]
 
 
 def fork_worker(slot: int, target: Callable[[int], None]) -> int:

@@ -40,6 +40,7 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -99,14 +100,15 @@ class MountOptions:
     nonempty: bool = False  #: mount over a directory that has entries (hiding them)
 
     def resolved(self) -> MountOptions:
-        """The same options with absolute paths (a detached child runs in ``/``)."""
+        """The same options with absolute paths (a detached child runs in ``/``); the mount
+        point without symbolic links, as the kernel lists it in ``/proc/mounts``."""
         from mountd.client import resolve_socket
 
         cache_dir, _ = resolve_socket(self.cache_dir)
         return dataclasses.replace(
             self,
             digest=Path(os.path.abspath(os.path.expanduser(self.digest))),
-            mountpoint=Path(os.path.abspath(os.path.expanduser(self.mountpoint))),
+            mountpoint=Path(os.path.realpath(os.path.expanduser(self.mountpoint))),
             cache_dir=cache_dir,
         )
 
@@ -393,11 +395,15 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
                 except QuiverError as exc:
                     raise MountError(str(exc)) from None
                 mine = mount_identity(mountpoint)
+                if mine is None:
+                    log.warning("%s is not in /proc/self/mountinfo after mounting: it will not be "
+                                "unmounted by this process", mountpoint)
         except BaseException:
             ops.close()
             raise
         status.mounted(mine)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # who forwarded: see _sender
         try:
             fuse_channel.handshake(fuse_fd)
             # Everything allocated so far lives as long as the mount: keep it out of the
@@ -406,7 +412,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             gc.freeze()
             # The main process keeps ``theirs`` for the replacements of workers that die, so
             # the end of the mount is the pool's last worker leaving, not the socket's EOF.
-            target = partial(_worker_main, fuse_fd, digest, cache_dir, counters, ours, theirs)
+            target = partial(_worker_main, digest, cache_dir, counters, ours, theirs)
             pool = WorkerPool(workers, target, counters, fuse_fd)
             pool.start()
             stop = partial(_stop_serving, mountpoint, mine, pool)
@@ -415,7 +421,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
                 nursery.start_soon(_forget_evicted, ops, client, fuse_fd)
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
-                nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), fuse_fd)
+                nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool)
                 await pool.watch()
                 if pool.gave_up and not pool.stopping:
                     log.error("no FUSE worker left (they keep dying): unmounting %s", mountpoint)
@@ -426,7 +432,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             # advisory, and sending them could mean waiting for a mountd to start.
             unmount_own(mountpoint, mine)
             if pool is not None:
-                pool.reap()
+                pool.close()
             ours.close()
             theirs.close()
             os.close(fuse_fd)
@@ -434,9 +440,10 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             log.info("unmounted %s", mountpoint)
 
 
-def _worker_main(fuse_fd: int, digest, cache_dir: Path, counters, ours: socket.socket,
-                 theirs: socket.socket, slot: int) -> None:
-    """A forked worker (quiverfs/fuse_worker.py): its own digest connection, then serve."""
+def _worker_main(digest, cache_dir: Path, counters, ours: socket.socket, theirs: socket.socket,
+                 slot: int, fuse_fd: int) -> None:
+    """A forked worker (quiverfs/fuse_worker.py) serving on its channel ``fuse_fd``: its own
+    digest connection, then serve."""
     from quiverfs.tree import Tree
 
     ours.close()
@@ -446,31 +453,36 @@ def _worker_main(fuse_fd: int, digest, cache_dir: Path, counters, ours: socket.s
         fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot), counters.in_flight(slot)).run()
 
 
-async def _serve_forwarded(ops, sock, fuse_fd: int) -> None:
-    """Answer what the workers forward until the last of them is gone (the mount ended)."""
+#: Ancillary space for the sender's credentials (SO_PASSCRED: pid, uid, gid).
+_CREDENTIALS = socket.CMSG_SPACE(struct.calcsize("3i"))
+
+
+async def _serve_forwarded(ops, sock, pool: WorkerPool) -> None:
+    """Answer what the workers forward, each through the sender's channel (a request must be
+    answered through the descriptor it was read from; the kernel names the sender)."""
     async with trio.open_nursery() as nursery:
         while True:
-            message = await sock.recv(fuse_wire.REQUEST_BUFFER + 64)
+            message, ancillary, _, _ = await sock.recvmsg(fuse_wire.REQUEST_BUFFER + 64, _CREDENTIALS)
             if not message:
                 return
             kind, body = message[:1], message[1:]
             if kind == fuse_worker.HITS:
                 ops.add_hits(body)
             elif kind == fuse_worker.FORWARD:
-                nursery.start_soon(_answer, ops, body, fuse_fd)
+                channel = pool.channel_of(_sender(ancillary))
+                if channel is not None:  # else its worker died, and the request with it
+                    nursery.start_soon(_answer, ops, body, channel)
 
 
-async def _answer(ops, request: bytes, fuse_fd: int) -> None:
-    out = await ops.answer(request)
-    try:
-        if isinstance(out, list):
-            os.writev(fuse_fd, out)
-        else:
-            os.write(fuse_fd, out)
-    except OSError as exc:
-        # ENOENT: the kernel gave up on the request (interrupted); ENODEV: unmounted.
-        if exc.errno not in (errno.ENOENT, errno.ENODEV):
-            log.warning("cannot answer a FUSE request: %s", exc)
+def _sender(ancillary: list[tuple[int, int, bytes]]) -> int:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return struct.unpack_from("3i", data)[0]
+    return 0
+
+
+async def _answer(ops, request: bytes, channel) -> None:
+    channel.send(await ops.answer(request))
 
 
 def _stop_serving(mountpoint: Path, mine: MountIdentity | None, pool: WorkerPool) -> None:
