@@ -56,7 +56,7 @@ import trio
 from quiverfs import fuse_channel, fuse_wire, fuse_worker
 from quiverfs.errors import QuiverError, UsageError, first_error
 from quiverfs.snapshot import Snapshot
-from quiverfs.worker_pool import WorkerPool
+from quiverfs.worker_pool import MAX_RESTARTS, RESTART_WINDOW, WorkerPool
 
 log = logging.getLogger("quiverfs.mount")
 
@@ -423,9 +423,10 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
                 nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool)
                 await pool.watch()
-                if pool.gave_up and not pool.stopping:
-                    log.error("no FUSE worker left (they keep dying): unmounting %s", mountpoint)
                 nursery.cancel_scope.cancel()
+            if pool.gave_up and not pool.stopping:
+                raise MountError(f"the FUSE workers kept dying ({MAX_RESTARTS} replaced within "
+                                 f"{RESTART_WINDOW:g}s, see the log): unmounted {mountpoint}")
         finally:
             # Unmounts if we are leaving for any reason other than an external unmount (and
             # only the mount we made). The last second of hit reports is dropped: they are

@@ -70,13 +70,17 @@ def digest(world, request) -> Path:
 
 
 def _workers(mount_pid: int) -> set[int]:
-    """The mount's worker processes (its children running the same program)."""
-    with open(f"/proc/{mount_pid}/cmdline", "rb") as f:
-        program = f.read()
+    """The mount's worker processes (its children running the same program); none once the
+    mount process is gone."""
     kids: set[int] = set()
-    for task in os.listdir(f"/proc/{mount_pid}/task"):
-        with open(f"/proc/{mount_pid}/task/{task}/children") as f:
-            kids.update(int(pid) for pid in f.read().split())
+    try:
+        with open(f"/proc/{mount_pid}/cmdline", "rb") as f:
+            program = f.read()
+        for task in os.listdir(f"/proc/{mount_pid}/task"):
+            with open(f"/proc/{mount_pid}/task/{task}/children") as f:
+                kids.update(int(pid) for pid in f.read().split())
+    except OSError:
+        return set()
     out = set()
     for pid in kids:
         try:
@@ -284,3 +288,29 @@ def test_workers_killed_under_load(world, digest) -> None:
         lines = [ln for ln in mount.log.read_text().splitlines() if "died" in ln]
         assert len(lines) == 3, lines
         assert "SIGBUS" in lines[1]
+
+
+def test_workers_that_keep_dying_end_the_mount(world, digest) -> None:
+    from quiverfs.worker_pool import MAX_RESTARTS
+
+    mountpoint = world["tmp"] / "mnt-doomed"
+    with MountProcess(digest, mountpoint, world["cache"], "--workers", "2") as mount:
+        pid = mount.proc.pid
+        kills = 0
+        while mount.proc.poll() is None:
+            assert kills <= MAX_RESTARTS + 2, "the mount outlived its restart budget"
+            workers = _workers(pid)
+            if not workers:
+                wait_for(lambda: mount.proc.poll() is not None or _workers(pid), "a worker or the end",
+                         timeout=15)
+                continue
+            victim = min(workers)
+            os.kill(victim, signal.SIGKILL)
+            kills += 1
+            wait_for(lambda v=victim: mount.proc.poll() is not None or v not in _workers(pid),
+                     "the worker to be gone", timeout=15)
+        assert mount.proc.wait(30) == 1
+        assert kills == MAX_RESTARTS + 2  # the replaced ones, then both slots retired
+        assert not os.path.ismount(mountpoint)
+        log = mount.log.read_text()
+        assert log.count("not replaced") == 2 and "the FUSE workers kept dying" in log
