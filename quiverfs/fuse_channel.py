@@ -4,14 +4,17 @@
 it opens ``/dev/fuse``, mounts it with our options and hands the descriptor back over a
 unix socket (the ``_FUSE_COMMFD`` protocol libfuse uses). The kernel's first request on the
 new connection is INIT, which :func:`handshake` answers before anything else is served.
+:func:`clone` gives each serving process a descriptor of its own on the same connection.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import socket
+import struct
 import subprocess
 from collections.abc import Iterable
 
@@ -21,6 +24,9 @@ from quiverfs.errors import QuiverError
 log = logging.getLogger("quiverfs.fuse")
 
 FUSERMOUNT = "fusermount3"
+
+#: ``_IOR(229, 0, uint32_t)``: attach a fresh ``/dev/fuse`` descriptor to a connection.
+FUSE_DEV_IOC_CLONE = 0x8004E500
 
 
 class FuseMountError(QuiverError):
@@ -103,6 +109,24 @@ def handshake(fd: int) -> tuple[int, int]:
     agreed_minor = min(minor, fuse_wire.KERNEL_MINOR)
     log.debug("FUSE %d.%d, flags %#x", major, agreed_minor, flags & fuse_wire.WANTED_FLAGS)
     return agreed_minor, flags & fuse_wire.WANTED_FLAGS
+
+
+def clone(session_fd: int) -> int:
+    """A new ``/dev/fuse`` descriptor on the connection of ``session_fd`` (Linux >= 4.5).
+
+    Requests are handed to readers of any descriptor of the connection, but each request
+    read is answered through the descriptor it was read from, and closing the last copy of
+    a descriptor ends the requests read from it and not yet answered (the reader gets
+    ECONNABORTED). That is why every worker has one: when a worker dies, closing its
+    descriptor answers whatever it took with it (quiverfs/worker_pool.py).
+    """
+    fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, FUSE_DEV_IOC_CLONE, struct.pack("I", session_fd))
+    except OSError as exc:
+        os.close(fd)
+        raise FuseMountError(f"cannot clone the FUSE connection: {os.strerror(exc.errno or errno.EIO)}") from None
+    return fd
 
 
 def unmount(mountpoint: str | os.PathLike[str], *, lazy: bool = True) -> bool:

@@ -1,13 +1,13 @@
 """The processes that serve a mount's FUSE requests: the hot path, in parallel.
 
 A mount's process (quiverfs/mount.py) answers the kernel's INIT and then forks a few workers
-that all read requests from the same ``/dev/fuse`` descriptor; the kernel hands each request
-to exactly one blocked reader. A worker answers everything that needs only the digest and the
+that all read requests from the same connection, each through a descriptor of its own
+(quiverfs/worker_pool.py); the kernel hands each request to exactly one blocked reader. A worker answers everything that needs only the digest and the
 store, synchronously and inline: LOOKUP, GETATTR, READDIR(PLUS), STATFS and every READ of a
 file whose store file exists (one ``os.pread``, no RPC, no thread hop; the store files are
 read through quiverfs/reads.py, the READ path it shares with the main process). The rest goes to the
 mount's main process over a ``SOCK_SEQPACKET`` socket, as the raw request, and the main
-process answers it on the same descriptor: READs of files not in the store (a miss: mountd's
+process answers it on that worker's descriptor: READs of files not in the store (a miss: mountd's
 ``ensure``), and the extended attributes (the control channel keeps its state there).
 
 Why several processes: one Python process serving FUSE tops out far below what the kernel can
@@ -62,16 +62,20 @@ FORWARD = b"Q"  # a raw request for the main process to answer
 HITS = b"H"  # u64 bytes, then one record per file read from the store: 32-byte hash, u64 inode
 HIT_RECORD = struct.Struct("<32sQ")
 
+_UNIQUE = struct.Struct("<Q")  # a request's unique id, at offset 8 of its header
+
 
 class Worker:
     """One serving process: reads requests from ``fuse_fd`` and answers or forwards them."""
 
-    def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview) -> None:
+    def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview,
+                 in_flight: memoryview | None = None) -> None:
         self.fd = fuse_fd
         self.tree = tree
         self.main = main
         self.counters = counters
         self.reads = StoreReads(tree, counters)
+        self.in_flight = in_flight  # see SharedCounters.in_flight (quiverfs/reads.py)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._in_read = False
@@ -84,6 +88,8 @@ class Worker:
         signal.signal(signal.SIGALRM, self._on_timer)
         signal.setitimer(signal.ITIMER_REAL, FLUSH_INTERVAL, FLUSH_INTERVAL)
         fd, read, handle, send = self.fd, os.read, self.handle, fuse_channel.send
+        in_flight = self.in_flight if self.in_flight is not None else [0]
+        unique_of = _UNIQUE.unpack_from
         try:
             while True:
                 self._in_read = True
@@ -96,10 +102,13 @@ class Worker:
                     if exc.errno in (errno.EINTR, errno.EAGAIN, errno.ENOENT):
                         continue  # ENOENT: the request was interrupted before we read it
                     raise
+                # Published first, so that the main process can answer it if we die.
+                in_flight[0] = unique_of(request, 8)[0]
                 self._in_read = False
                 out = handle(request)
                 if out is not None and not send(fd, out):
                     return  # unmounted
+                in_flight[0] = 0
                 if self._tick_due:
                     self.tick()
         finally:
@@ -227,35 +236,33 @@ def _die_with_parent() -> None:
         pass
 
 
-def fork_workers(count: int, target: Callable[[int], None]) -> list[int]:
-    """Fork ``count`` processes running ``target(slot)`` (slots 1..count); their pids.
+def fork_worker(slot: int, target: Callable[[int], None]) -> int:
+    """Fork one process running ``target(slot)``; its pid.
 
-    The children leave the parent's trio run behind: no wakeup fd, default SIGTERM (the
-    parent stops them with it), SIGINT/SIGHUP ignored (a terminal's ^C goes to the whole
-    process group; the parent decides what happens), and they exit when the parent dies.
+    The child leaves the parent's trio run behind: no wakeup fd, default SIGTERM (the
+    parent stops it with it), SIGINT/SIGHUP ignored (a terminal's ^C goes to the whole
+    process group; the parent decides what happens), and it exits when the parent dies:
+    0 once the mount is gone, 1 after an error.
     """
     parent = os.getpid()
-    pids = []
-    for slot in range(1, count + 1):
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            code = 0
-            try:
-                signal.set_wakeup_fd(-1)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)
-                _die_with_parent()
-                if os.getppid() == parent:
-                    target(slot)
-            except BaseException:
-                log.exception("FUSE worker %d failed", slot)
-                code = 1
-            finally:
-                logging.shutdown()
-                os._exit(code)
-        pids.append(pid)
-    return pids
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 0
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+            _die_with_parent()
+            if os.getppid() == parent:
+                target(slot)
+        except BaseException:
+            log.exception("FUSE worker %d failed", slot)
+            code = 1
+        finally:
+            logging.shutdown()
+            os._exit(code)
+    return pid
 
 
 def default_workers() -> int:

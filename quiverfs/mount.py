@@ -9,10 +9,18 @@
   of the root itself, and returns. A child that fails reports its one-line error through a
   status pipe; the parent raises it.
 
-The serving process owns, in order (teardown in reverse): the digest (opened and validated
-first, so a bad digest fails before anything is mounted), a mountd client (a mountd is started
+The serving process owns, in order (teardown in reverse): a private copy of the digest
+(quiverfs/snapshot.py: the user may change the file under the mount), opened and validated
+first, so a bad digest fails before anything is mounted; a mountd client (a mountd is started
 on demand when none answers), the registration of the dataset with mountd, the FUSE session,
-and a nursery with the hit reporter and the signal watcher.
+the worker pool (quiverfs/worker_pool.py: a worker that dies is replaced and its request
+answered), and a nursery with the hit reporter and the signal watcher.
+
+One mount per mount point: the check that nothing is mounted there and the mount itself
+happen under an exclusive ``flock`` of the mount point directory (:func:`claim_mountpoint`),
+so of two ``quiverfs mount`` racing for one directory exactly one mounts; the other gets one
+line. A mount remembers which mount it made (its id in ``/proc/self/mountinfo``) and, when it
+fails or stops, unmounts that one only, never a mount someone else made at the same place.
 
 mountd going away does not stop the mount: hits need no mountd, misses fail with EIO while
 it is away, and the client reconnects (and registers again) on the next request. A mountd
@@ -22,7 +30,9 @@ that this mount started on demand is started again on demand; one that was alrea
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import fcntl
 import gc
 import logging
 import os
@@ -30,12 +40,13 @@ import select
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,6 +55,8 @@ import trio
 
 from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads
 from quiverfs.errors import QuiverError, UsageError, first_error
+from quiverfs.snapshot import Snapshot
+from quiverfs.worker_pool import MAX_RESTARTS, RESTART_WINDOW, WorkerPool
 
 log = logging.getLogger("quiverfs.mount")
 
@@ -89,17 +102,19 @@ class MountOptions:
     debug: bool = False  #: log every failure with details
     workers: int = 0  #: processes serving FUSE requests; 0: one per core, 2 to 4
     frontend: str = NATIVE  #: who speaks FUSE, one of FRONTENDS
+    nonempty: bool = False  #: mount over a directory that has entries (hiding them)
 
     def resolved(self) -> MountOptions:
-        """The same options with absolute paths (a detached child runs in ``/``)."""
+        """The same options with absolute paths (a detached child runs in ``/``); the mount
+        point without symbolic links, as the kernel lists it in ``/proc/mounts``."""
         from mountd.client import resolve_socket
 
         cache_dir, _ = resolve_socket(self.cache_dir)
-        return MountOptions(
-            Path(os.path.abspath(os.path.expanduser(self.digest))),
-            Path(os.path.abspath(os.path.expanduser(self.mountpoint))),
-            cache_dir, self.cache_size, self.allow_other, self.debug, self.workers,
-            self.frontend,
+        return dataclasses.replace(
+            self,
+            digest=Path(os.path.abspath(os.path.expanduser(self.digest))),
+            mountpoint=Path(os.path.realpath(os.path.expanduser(self.mountpoint))),
+            cache_dir=cache_dir,
         )
 
 
@@ -134,6 +149,33 @@ def mounted_fstype(mountpoint: str | os.PathLike[str]) -> str | None:
     return found
 
 
+#: Which mount: its id in /proc/self/mountinfo and its device (``major:minor``). Ids are
+#: reused only after an unmount; the pair tells our mount from a later one at the same place.
+MountIdentity = tuple[int, str]
+
+
+def mount_identity(mountpoint: str | os.PathLike[str]) -> MountIdentity | None:
+    """The topmost mount at ``mountpoint`` per ``/proc/self/mountinfo`` (last wins), or None."""
+    target = os.path.abspath(os.fspath(mountpoint))
+    found = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            for line in f:
+                # id, parent id, major:minor, root, mount point, ...
+                parts = line.split(" ")
+                if len(parts) >= 5 and _unescape(parts[4]) == target:
+                    found = (int(parts[0]), parts[2])
+    except (OSError, ValueError):
+        return None
+    return found
+
+
+def unmount_own(mountpoint: Path, mine: MountIdentity | None) -> None:
+    """Unmount ``mountpoint`` lazily if the mount there is still ``mine``; else touch nothing."""
+    if mine is not None and mount_identity(mountpoint) == mine:
+        fuse_channel.unmount(mountpoint, lazy=True)
+
+
 def fuse_unavailable() -> str | None:
     """Why FUSE cannot be used here (a one-line reason), or None when it can."""
     if not os.path.exists("/dev/fuse"):
@@ -151,13 +193,48 @@ def check_cache_dir(cache_dir: Path) -> None:
         raise UsageError(f"cache directory {cache_dir} is not a directory")
 
 
-def check_mountpoint(mountpoint: Path) -> None:
-    """Raise :class:`UsageError` unless ``mountpoint`` is an existing, unmounted directory."""
+def check_mountpoint(mountpoint: Path, nonempty: bool = False) -> None:
+    """Raise :class:`UsageError` unless ``mountpoint`` is an existing, unmounted directory,
+    and an empty one unless ``nonempty``."""
     if mounted_fstype(mountpoint) is not None:
         raise UsageError(f"{mountpoint} is already a mount point (quiverfs umount {mountpoint} first)")
     if not mountpoint.is_dir():
         what = "does not exist" if not mountpoint.exists() else "is not a directory"
         raise UsageError(f"mount point {mountpoint} {what}")
+    if nonempty:
+        return
+    try:
+        with os.scandir(mountpoint) as entries:
+            occupied = next(entries, None) is not None
+    except OSError as exc:
+        raise UsageError(f"cannot read mount point {mountpoint}: {os.strerror(exc.errno or errno.EIO)}") from None
+    if occupied:
+        raise UsageError(f"mount point {mountpoint} is not empty (--nonempty mounts over its entries, hiding them)")
+
+
+@contextmanager
+def claim_mountpoint(mountpoint: Path, nonempty: bool = False) -> Iterator[None]:
+    """Hold ``mountpoint`` for our mount: check it and mount inside the ``with``.
+
+    The lock is an exclusive ``flock`` of the directory, taken without waiting: a second
+    mount racing for it gets :class:`UsageError` at once. One that comes after the mount
+    opens the mounted root instead (another inode: its lock succeeds), and the check under
+    the lock then finds the mount in ``/proc/mounts``. So at most one mount is ever made.
+    """
+    check_mountpoint(mountpoint, nonempty)  # the common refusals, before opening anything
+    try:
+        fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"cannot open mount point {mountpoint}: {os.strerror(exc.errno or errno.EIO)}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(f"{mountpoint} is being mounted by another process") from None
+        check_mountpoint(mountpoint, nonempty)
+        yield
+    finally:
+        os.close(fd)
 
 
 # -- serving ---------------------------------------------------------------------------------
@@ -175,10 +252,17 @@ class MountdFetcher:
 
 
 class _Status:
-    """The write end of a detached mount's status pipe: one line, then closed."""
+    """The write end of a detached mount's status pipe: ``mounted ID DEV`` once the mount
+    exists, then ``ready`` or ``error: MESSAGE``, then closed."""
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
+
+    def mounted(self, mine: MountIdentity | None) -> None:
+        """Tell the parent which mount is ours, so that it never removes another one."""
+        if self.fd is not None and mine is not None:
+            with suppress(OSError):
+                os.write(self.fd, f"mounted {mine[0]} {mine[1]}\n".encode())
 
     def send(self, line: str) -> None:
         if self.fd is None:
@@ -289,8 +373,8 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         )
 
         def extra_stats() -> dict:
-            return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint), "workers": len(pids),
-                    "frontend": options.frontend}
+            return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint),
+                    "workers": len(pool.workers) if pool else 0, "frontend": options.frontend}
 
         workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())
@@ -301,40 +385,56 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
                         f"fsname=quiverfs:{dataset[:16]}", "subtype=quiverfs"}
         if options.allow_other:
             fuse_options.add("allow_other")
-        pids: list[int] = []
+        pool: WorkerPool | None = None
         if options.frontend == PYFUSE3:
-            await _serve_pyfuse3(ops, client, dataset, mountpoint, fuse_options, status)
+            await _serve_pyfuse3(ops, client, dataset, options, fuse_options, status)
             return
         try:
-            fuse_fd = fuse_channel.mount(mountpoint, fuse_options)
-        except QuiverError as exc:
+            with claim_mountpoint(mountpoint, options.nonempty):
+                try:
+                    fuse_fd = fuse_channel.mount(mountpoint, fuse_options)
+                except QuiverError as exc:
+                    raise MountError(str(exc)) from None
+                mine = mount_identity(mountpoint)
+                if mine is None:
+                    log.warning("%s is not in /proc/self/mountinfo after mounting: it will not be "
+                                "unmounted by this process", mountpoint)
+        except BaseException:
             ops.close()
-            raise MountError(str(exc)) from None
+            raise
+        status.mounted(mine)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # who forwarded: see _sender
         try:
             fuse_channel.handshake(fuse_fd)
             # Everything allocated so far lives as long as the mount: keep it out of the
             # collector's scans (and out of copy-on-write faults in the workers).
             gc.collect()
             gc.freeze()
-            pids = fuse_worker.fork_workers(
-                workers, partial(_worker_main, fuse_fd, digest, cache_dir, counters, ours, theirs))
-            theirs.close()
-            stop = partial(_stop_serving, mountpoint, pids)
+            # The main process keeps ``theirs`` for the replacements of workers that die, so
+            # the end of the mount is the pool's last worker leaving, not the socket's EOF.
+            target = partial(_worker_main, digest, cache_dir, counters, ours, theirs)
+            pool = WorkerPool(workers, target, counters, fuse_fd)
+            pool.start()
+            stop = partial(_stop_serving, mountpoint, mine, pool)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
                 nursery.start_soon(_forget_evicted, ops, client, partial(_invalidate, fuse_fd))
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
-                await _serve_forwarded(ops, trio.socket.from_stdlib_socket(ours), fuse_fd)
+                nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool)
+                await pool.watch()
                 nursery.cancel_scope.cancel()
+            if pool.gave_up and not pool.stopping:
+                raise MountError(f"the FUSE workers kept dying ({MAX_RESTARTS} replaced within "
+                                 f"{RESTART_WINDOW:g}s, see the log): unmounted {mountpoint}")
         finally:
-            # Unmounts if we are leaving for any reason other than an external unmount. The
-            # last second of hit reports is dropped: they are advisory, and sending them could
-            # mean waiting for a mountd to start.
-            if mounted_fstype(mountpoint) is not None:
-                fuse_channel.unmount(mountpoint, lazy=True)
-            _reap(pids)
+            # Unmounts if we are leaving for any reason other than an external unmount (and
+            # only the mount we made). The last second of hit reports is dropped: they are
+            # advisory, and sending them could mean waiting for a mountd to start.
+            unmount_own(mountpoint, mine)
+            if pool is not None:
+                pool.close()
             ours.close()
             theirs.close()
             os.close(fuse_fd)
@@ -342,98 +442,88 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             log.info("unmounted %s", mountpoint)
 
 
-async def _serve_pyfuse3(ops, client, dataset: str, mountpoint: Path, fuse_options: set[str],
+async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_options: set[str],
                          status: _Status) -> None:
     """The pyfuse3 front end (quiverfs/frontend_pyfuse3.py): the same operations, served by
-    libfuse in this process; hit reports, evictions, signals and readiness as below."""
+    libfuse in this process; the mount point claimed, hit reports, evictions, signals and
+    readiness as below."""
     # Imported here, not at the top: an optional extra, and ~80 ms that umount does not need.
     from quiverfs.frontend_pyfuse3 import Session
 
+    mountpoint = options.mountpoint
     session = Session(ops)
+    mine: MountIdentity | None = None
     try:
-        try:
-            session.open(mountpoint, fuse_options)
-        except RuntimeError as exc:  # pyfuse3's word for "libfuse could not mount"
-            raise MountError(f"cannot mount at {mountpoint} with pyfuse3: {exc}") from None
+        with claim_mountpoint(mountpoint, options.nonempty):
+            try:
+                session.open(mountpoint, fuse_options)
+            except RuntimeError as exc:  # pyfuse3's word for "libfuse could not mount"
+                raise MountError(f"cannot mount at {mountpoint} with pyfuse3: {exc}") from None
+            mine = mount_identity(mountpoint)
+        status.mounted(mine)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_report_hits, ops, client, dataset)
             nursery.start_soon(_forget_evicted, ops, client, session.invalidate)
-            nursery.start_soon(_watch_signals, partial(_stop_serving, mountpoint, []))
+            nursery.start_soon(_watch_signals, partial(unmount_own, mountpoint, mine))
             nursery.start_soon(_announce_ready, mountpoint, status, dataset)
             await session.serve()
             nursery.cancel_scope.cancel()
     finally:
-        if mounted_fstype(mountpoint) is not None:
-            fuse_channel.unmount(mountpoint, lazy=True)
+        unmount_own(mountpoint, mine)
         session.close()
         ops.close()
         log.info("unmounted %s", mountpoint)
 
 
-def _worker_main(fuse_fd: int, digest, cache_dir: Path, counters, ours: socket.socket,
-                 theirs: socket.socket, slot: int) -> None:
-    """A forked worker (quiverfs/fuse_worker.py): its own digest connection, then serve."""
+def _worker_main(digest, cache_dir: Path, counters, ours: socket.socket, theirs: socket.socket,
+                 slot: int, fuse_fd: int) -> None:
+    """A forked worker (quiverfs/fuse_worker.py) serving on its channel ``fuse_fd``: its own
+    digest connection, then serve."""
     from quiverfs.tree import Tree
 
     ours.close()
     # The parent's connection must not be used here (nor closed: it is the parent's).
     with digest.reopen() as own:
         tree = Tree(own, cache_dir)
-        fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot)).run()
+        fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot), counters.in_flight(slot)).run()
 
 
-async def _serve_forwarded(ops, sock, fuse_fd: int) -> None:
-    """Answer what the workers forward until the last of them is gone (the mount ended)."""
+#: Ancillary space for the sender's credentials (SO_PASSCRED: pid, uid, gid).
+_CREDENTIALS = socket.CMSG_SPACE(struct.calcsize("3i"))
+
+
+async def _serve_forwarded(ops, sock, pool: WorkerPool) -> None:
+    """Answer what the workers forward, each through the sender's channel (a request must be
+    answered through the descriptor it was read from; the kernel names the sender)."""
     async with trio.open_nursery() as nursery:
         while True:
-            message = await sock.recv(fuse_wire.REQUEST_BUFFER + 64)
+            message, ancillary, _, _ = await sock.recvmsg(fuse_wire.REQUEST_BUFFER + 64, _CREDENTIALS)
             if not message:
                 return
             kind, body = message[:1], message[1:]
             if kind == fuse_worker.HITS:
                 ops.add_hits(body)
             elif kind == fuse_worker.FORWARD:
-                nursery.start_soon(_answer, ops, body, fuse_fd)
+                channel = pool.channel_of(_sender(ancillary))
+                if channel is not None:  # else its worker died, and the request with it
+                    nursery.start_soon(_answer, ops, body, channel)
 
 
-async def _answer(ops, request: bytes, fuse_fd: int) -> None:
-    fuse_channel.send(fuse_fd, await ops.answer(request))
+def _sender(ancillary: list[tuple[int, int, bytes]]) -> int:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            return struct.unpack_from("3i", data)[0]
+    return 0
 
 
-def _stop_serving(mountpoint: Path, pids: list[int]) -> None:
-    """Unmount (lazily: open files do not block it) and stop the workers."""
-    fuse_channel.unmount(mountpoint, lazy=True)
-    for pid in pids:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+async def _answer(ops, request: bytes, channel) -> None:
+    channel.send(await ops.answer(request))
 
 
-def _reap(pids: list[int], timeout: float = 5.0) -> None:
-    """Wait for the workers to exit (SIGTERM after ``timeout``/2, SIGKILL after ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    alive = set(pids)
-    signalled = killed = False
-    while alive:
-        for pid in list(alive):
-            with suppress(ChildProcessError):
-                done, _ = os.waitpid(pid, os.WNOHANG)
-                if not done:
-                    continue
-            alive.discard(pid)
-        if not alive:
-            return
-        left = deadline - time.monotonic()
-        if left < timeout / 2 and not signalled:
-            signalled = True
-            for pid in alive:
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGTERM)
-        if left < 0 and not killed:
-            killed = True
-            for pid in alive:
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
+def _stop_serving(mountpoint: Path, mine: MountIdentity | None, pool: WorkerPool) -> None:
+    """Unmount our mount (lazily: open files do not block it) and stop the workers."""
+    unmount_own(mountpoint, mine)
+    pool.stop()
 
 
 def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
@@ -442,24 +532,29 @@ def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
     With ``status_fd`` (set by :func:`mount_detached`), writes ``ready`` or ``error: ...``
     on it. Raises :class:`~quiverfs.errors.QuiverError` subclasses with one-line messages.
     """
-    from digests.digest import Digest
-
     status = _Status(status_fd)
     try:
         options = options.resolved()
         reason = fuse_unavailable()
         if reason:
             raise MountError(f"FUSE is not available: {reason}")
-        check_mountpoint(options.mountpoint)
+        check_mountpoint(options.mountpoint, options.nonempty)
+        assert options.cache_dir is not None
         check_cache_dir(options.cache_dir)
-        digest = Digest.open(options.digest)
+        options.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Serve a private copy: the user's file may be changed or truncated under the mount.
+        snapshot = Snapshot.take(options.digest, options.cache_dir)
         try:
-            trio.run(serve, options, digest, status)
-        except BaseExceptionGroup as group:
-            # Nurseries wrap what their tasks raise; a user wants the one error, not a group.
-            raise first_error(group) from None
+            digest = snapshot.open()
+            try:
+                trio.run(serve, options, digest, status)
+            except BaseExceptionGroup as group:
+                # Nurseries wrap what their tasks raise; a user wants the one error, not a group.
+                raise first_error(group) from None
+            finally:
+                digest.close()
         finally:
-            digest.close()
+            snapshot.remove()
     except QuiverError as exc:
         status.send(f"error: {exc}")
         raise
@@ -560,7 +655,7 @@ def mount_detached(options: MountOptions, timeout: float = READY_TIMEOUT) -> int
     reason = fuse_unavailable()
     if reason:
         raise MountError(f"FUSE is not available: {reason}")
-    check_mountpoint(options.mountpoint)
+    check_mountpoint(options.mountpoint, options.nonempty)
     assert options.cache_dir is not None
     check_cache_dir(options.cache_dir)
     options.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -579,7 +674,7 @@ def mount_detached(options: MountOptions, timeout: float = READY_TIMEOUT) -> int
     proc = _Child(pid)
     deadline = time.monotonic() + timeout
     try:
-        line = _read_status(read_fd, proc, deadline)
+        line, mine = _read_status(read_fd, proc, deadline)
     finally:
         os.close(read_fd)
     try:
@@ -603,12 +698,14 @@ def mount_detached(options: MountOptions, timeout: float = READY_TIMEOUT) -> int
         if problem is not None:
             raise MountError(f"the mount at {options.mountpoint} does not answer: {problem}")
     except BaseException:
-        _stop_child(proc, options.mountpoint)
+        _stop_child(proc, options.mountpoint, mine)
         raise
     return proc.pid
 
 
-def _read_status(fd: int, proc: _Child, deadline: float) -> str:
+def _read_status(fd: int, proc: _Child, deadline: float) -> tuple[str, MountIdentity | None]:
+    """The child's last word (``ready``, ``error: ...`` or "" when none came) and the mount
+    it said it made (None: it made none, or died before saying)."""
     data = b""
     while time.monotonic() < deadline:
         ready, _, _ = select.select([fd], [], [], 0.05)
@@ -617,17 +714,25 @@ def _read_status(fd: int, proc: _Child, deadline: float) -> str:
             if not chunk:  # the child closed the pipe: it exited (or said all it had to say)
                 break
             data += chunk
-            if data.endswith(b"\n"):
+            if data.endswith(b"\n") and not data.splitlines()[-1].startswith(b"mounted "):
                 break
-        elif proc.poll() is not None and not data:
-            # Dead without a word; drain anything that raced with its exit.
+        elif proc.poll() is not None:
+            # Dead; drain anything that raced with its exit.
             ready, _, _ = select.select([fd], [], [], 0)
             if not ready:
                 break
-    return data.decode(errors="replace").strip()
+    mine, last = None, ""
+    for line in data.decode(errors="replace").splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "mounted" and words[1].isdigit():
+            mine = (int(words[1]), words[2])
+        elif line.strip():
+            last = line.strip()
+    return last, mine
 
 
-def _stop_child(proc: _Child, mountpoint: Path) -> None:
+def _stop_child(proc: _Child, mountpoint: Path, mine: MountIdentity | None) -> None:
+    """Stop the child and remove its mount if it left one: never another process's."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -635,9 +740,7 @@ def _stop_child(proc: _Child, mountpoint: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-    if mounted_fstype(mountpoint) is not None:
-        with suppress(QuiverError):
-            unmount(mountpoint, lazy=True)
+    unmount_own(mountpoint, mine)
 
 
 # -- unmounting -------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ def mount(
     digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
     foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
     frontend: str = "native",
+    nonempty: bool = False,
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
@@ -65,7 +66,7 @@ def mount(
 
         frontend_pyfuse3.require()
     options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
-                           frontend)
+                           frontend, nonempty=nonempty)
     if foreground:
         setup_logging(debug)
         run_foreground(options)
@@ -127,7 +128,7 @@ def register(app: typer.Typer) -> None:
     @app.command("mount")
     def mount_command(
         digest: Path = typer.Argument(..., help="The dataset's digest file (from `digests build`)."),
-        mountpoint: Path = typer.Argument(..., help="An existing empty directory."),
+        mountpoint: Path = typer.Argument(..., help="An existing empty directory (see --nonempty)."),
         cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
         cache_size: str | None = typer.Option(
             None, "--cache-size",
@@ -147,6 +148,9 @@ def register(app: typer.Typer) -> None:
             help="Who speaks FUSE: native (fast, Linux >= 5.1) or pyfuse3 (portable, one process; "
                  "needs the pyfuse3 extra).",
         ),
+        nonempty: bool = typer.Option(
+            False, "--nonempty", help="Mount over a directory that is not empty (its entries are hidden meanwhile).",
+        ),
     ) -> None:
         """Mount a dataset read-only: its files are read through the machine's shared cache.
 
@@ -158,7 +162,7 @@ def register(app: typer.Typer) -> None:
         debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
                      foreground=foreground, allow_other=allow_other, debug=debug, workers=workers,
-                     frontend=frontend)
+                     frontend=frontend, nonempty=nonempty)
         if not foreground:
             typer.echo(line)
 
@@ -209,7 +213,7 @@ IGNORED_OPTIONS = frozenset({
 
 HELPER = "mount.fuse.quiverfs"
 HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
-                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,frontend=native|pyfuse3,allow_other,foreground,debug]")
+                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,frontend=native|pyfuse3,allow_other,nonempty,foreground,debug]")
 
 
 def parse_helper_args(argv: list[str]) -> dict[str, Any]:
@@ -241,6 +245,7 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
                               "cache_dir": None, "cache_size": None, "allow_other": False,
                               "foreground": False, "debug": False, "workers": 0, "frontend": "native",
+                              "nonempty": False,
                               "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
@@ -258,7 +263,7 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
             if not eq or not value.isdigit():
                 raise UsageError(f"option workers needs a number (workers=N), not {opt!r}")
             result[key] = int(value)
-        elif key in ("allow_other", "foreground", "debug") and not eq:
+        elif key in ("allow_other", "nonempty", "foreground", "debug") and not eq:
             result[key] = True
         elif key in IGNORED_OPTIONS or key.startswith("x-") or key == "comment":
             continue

@@ -52,12 +52,20 @@ OPENS, READS, HITS, MISSES, BYTES, ERRORS = range(len(COUNTERS))
 
 
 class SharedCounters:
-    """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork."""
+    """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork,
+    then one u64 per slot: the unique id of the request that slot's worker is handling (0:
+    none), which the main process answers if the worker dies (quiverfs/worker_pool.py)."""
 
     def __init__(self, slots: int) -> None:
         self.slots = slots
         self._width = 8 * len(COUNTERS)
-        self._map = mmap.mmap(-1, self._width * slots)
+        self._map = mmap.mmap(-1, (self._width + 8) * slots)
+
+    def in_flight(self, index: int) -> memoryview:
+        """Slot ``index``'s request in hand, as a writable array of one u64 (its worker writes
+        it; the main process only after that worker died)."""
+        start = self._width * self.slots + 8 * index
+        return memoryview(self._map)[start:start + 8].cast("Q")
 
     def slot(self, index: int) -> memoryview:
         """Row ``index`` as a writable array of u64 (only its owner writes it)."""

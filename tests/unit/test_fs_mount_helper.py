@@ -20,9 +20,11 @@ def test_fstab_style_options() -> None:
     assert args == {
         "digest": Path("/data/imagenet.qd"), "mountpoint": Path("/mnt/imagenet"),
         "cache_dir": Path("/var/cache/quiverfs"), "cache_size": "200G", "allow_other": True,
-        "foreground": False, "debug": False, "workers": 3, "frontend": "pyfuse3", "fake": False,
+        "foreground": False, "debug": False, "workers": 3, "frontend": "pyfuse3", "nonempty": False,
+        "fake": False,
     }
     assert parse_helper_args(["d.qd", "/m"])["frontend"] == "native"
+    assert parse_helper_args(["d.qd", "/m", "-o", "nonempty"])["nonempty"] is True
 
 
 def test_flags_and_joined_options() -> None:
@@ -36,7 +38,7 @@ def test_flags_and_joined_options() -> None:
     [[], ["only-one"], ["a", "b", "c"], ["a", "b", "-o"], ["a", "b", "-o", "cache_size"],
      ["a", "b", "-o", "bogus=1"], ["a", "b", "-o", "allow_other=yes"], ["a", "b", "-o", "workers"],
      ["a", "b", "-o", "workers=two"], ["a", "b", "-o", "workers=-1"], ["a", "b", "-o", "frontend"],
-     ["a", "b", "-o", "frontend=fuse2"]],
+     ["a", "b", "-o", "frontend=fuse2"], ["a", "b", "-o", "nonempty=1"]],
 )
 def test_bad_command_lines(argv) -> None:
     with pytest.raises(UsageError):
@@ -63,7 +65,54 @@ def test_mountpoint_checks(tmp_path) -> None:
         mount.check_mountpoint(tmp_path / "file")
     with pytest.raises(UsageError, match="already a mount point"):
         mount.check_mountpoint(Path("/proc"))
-    mount.check_mountpoint(tmp_path)
+    with pytest.raises(UsageError, match="is not empty"):
+        mount.check_mountpoint(tmp_path)
+    mount.check_mountpoint(tmp_path, nonempty=True)
+    (tmp_path / "empty").mkdir()
+    mount.check_mountpoint(tmp_path / "empty")
+
+
+def test_mountpoint_claim_is_exclusive(tmp_path) -> None:
+    first = mount.claim_mountpoint(tmp_path)
+    first.__enter__()
+    try:
+        with pytest.raises(UsageError, match="is being mounted by another process"):
+            mount.claim_mountpoint(tmp_path).__enter__()
+    finally:
+        first.__exit__(None, None, None)
+    with mount.claim_mountpoint(tmp_path):  # released on the way out
+        pass
+
+
+def test_mount_identity_and_unmount_own(tmp_path, monkeypatch) -> None:
+    proc_id = mount.mount_identity("/proc")
+    assert proc_id is not None and proc_id[0] > 0 and ":" in proc_id[1]
+    assert mount.mount_identity(tmp_path) is None
+    calls = []
+    monkeypatch.setattr(mount.fuse_channel, "unmount", lambda path, lazy: calls.append(path))
+    mount.unmount_own(Path("/proc"), (proc_id[0] + 1, proc_id[1]))  # not ours: untouched
+    mount.unmount_own(Path("/proc"), None)
+    assert calls == []
+    mount.unmount_own(Path("/proc"), proc_id)
+    assert calls == [Path("/proc")]
+
+
+def test_status_lines_name_the_mount_made(tmp_path) -> None:
+    import os
+
+    read_fd, write_fd = os.pipe()
+    status = mount._Status(write_fd)
+    status.mounted((123, "0:77"))
+    status.send("error: something failed")
+
+    class Gone:
+        def poll(self):
+            return 1
+
+    try:
+        assert mount._read_status(read_fd, Gone(), float("inf")) == ("error: something failed", (123, "0:77"))
+    finally:
+        os.close(read_fd)
 
 
 def test_one_error_comes_out_of_nested_exception_groups() -> None:
