@@ -382,7 +382,7 @@ class Cache:
                     self.entries += 1
                     assert self._policy is not None
                     self._policy.on_insert(flight.hash, flight.size)
-                    self._tell("filled", flight.hash)
+                    self._tell("filled", lambda listener: listener.filled(flight.hash))
                 finally:
                     self.reserved -= flight.size
                     self._notify_space()
@@ -395,19 +395,19 @@ class Cache:
             counters.add_verify_failure(flight.dataset)
             log.warning("verify failure: %s", exc)  # once per event, with the location
             flight.error = exc
-            self._tell("fill_failed", flight.hash)
+            self._tell("fill_failed", lambda listener: listener.fill_failed(flight.hash))
         except QuiverError as exc:
             counters.add_fill_error(flight.dataset)
             log.warning("fill of %s failed: %s", flight.hash.hex(), exc)
             flight.error = exc
-            self._tell("fill_failed", flight.hash)
+            self._tell("fill_failed", lambda listener: listener.fill_failed(flight.hash))
         except Exception as exc:
             counters.add_fill_error(flight.dataset)
             log.exception("fill of %s failed unexpectedly", flight.hash.hex())
             error = CacheError(f"fill of {flight.hash.hex()} failed: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             flight.error = error
-            self._tell("fill_failed", flight.hash)
+            self._tell("fill_failed", lambda listener: listener.fill_failed(flight.hash))
         finally:
             counters.fills_in_flight -= 1
             if self._flights.get(flight.hash) is flight:
@@ -502,7 +502,7 @@ class Cache:
         assert self._policy is not None
         self._policy.on_remove(hashes)
         self._notify_space()
-        self._tell("removed", hashes)
+        self._tell("removed", lambda listener: listener.removed(hashes))
         try:
             index.delete(hashes)
         except sqlite3.Error:
@@ -581,10 +581,11 @@ class Cache:
         with contextlib.suppress(ValueError):
             self._listeners.remove(listener)
 
-    def _tell(self, event: str, arg: object) -> None:
+    def _tell(self, event: str, call: Callable[[CacheListener], object]) -> None:
+        """``call(listener)`` for every listener (``event`` names it in the log)."""
         for listener in self._listeners:
             try:
-                getattr(listener, event)(arg)
+                call(listener)
             except Exception:  # a listener bug must not break a fill or an eviction
                 log.exception("cache listener %r failed on %s", listener, event)
 
