@@ -28,14 +28,14 @@ from pathlib import Path
 
 import trio
 
-from mountd import layout
-from mountd.cache import Cache, CacheConfig
-from mountd.chunks import DEFAULT_GRACE
-from mountd.coop import CoopService
+from mountd.coop.chunks import DEFAULT_GRACE
+from mountd.coop.service import CoopService
+from mountd.coop.sessions import SessionRegistry
 from mountd.errors import AlreadyRunning, CacheLocked
-from mountd.metrics import serve_metrics
-from mountd.server import Server, bind_socket, check_socket_path
-from mountd.sessions import SessionRegistry
+from mountd.rpc.server import Server, bind_socket, check_socket_path
+from mountd.stats.metrics import serve_metrics
+from mountd.store import layout
+from mountd.store.cache import Cache, CacheConfig
 from quiverfs.errors import UsageError
 
 log = logging.getLogger("mountd")

@@ -3,7 +3,7 @@
 One module for the package's errors (STYLE.md): the cache's, the protocol's and the session
 layer's. Each ``str()`` is one clear line; ``exit_code`` and ``errno`` are class attributes
 (see :mod:`quiverfs.errors`), because mountd's error transport rebuilds a class by name without
-calling ``__init__`` (:func:`mountd.protocol.exception_from_payload`).
+calling ``__init__`` (:func:`mountd.rpc.protocol.exception_from_payload`).
 
 :data:`WIRE_ERRORS` lists, explicitly, every class a response may name. A client rebuilds the
 class from it, whatever it has imported so far (a registry discovered through

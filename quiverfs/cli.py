@@ -33,7 +33,7 @@ def version() -> None:
 
 # -- mountd and its admin commands -------------------------------------------------------------
 #
-# Thin wrappers over mountd.client (sync) and mountd.daemon; heavy imports happen inside the
+# Thin wrappers over mountd.rpc.client (sync) and mountd.daemon; heavy imports happen inside the
 # commands so `quiverfs --help` stays fast.
 
 #: Cache size used when --cache-size is not given: a share of the cache directory's filesystem.
@@ -43,7 +43,7 @@ _CACHE_DIR_HELP = "Cache directory (default: $XDG_CACHE_HOME/quiverfs or ~/.cach
 
 
 def _cache_dir(value: Path | None) -> Path:
-    from mountd import layout
+    from mountd.store import layout
 
     return (value or layout.default_cache_dir()).expanduser().absolute()
 
@@ -53,7 +53,7 @@ def _print_json(value: object) -> None:
 
 
 def _rate(text: str | None, what: str) -> float | None:
-    from mountd import layout
+    from mountd.store import layout
 
     if text is None:
         return None
@@ -102,9 +102,9 @@ def mountd_command(
 
     Example: quiverfs mountd --cache-dir /var/cache/quiverfs --cache-size 200G --remote-bandwidth 500M
     """
-    from mountd import layout
-    from mountd.cache import CacheConfig
     from mountd.daemon import DaemonConfig, main
+    from mountd.store import layout
+    from mountd.store.cache import CacheConfig
 
     directory = _cache_dir(cache_dir)
     config = CacheConfig(
@@ -116,7 +116,7 @@ def mountd_command(
     )
     if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):
         raise UsageError(f"--dataset-mode must be full, chunked, off or lru, not {dataset_mode!r}")
-    from mountd.chunks import DEFAULT_GRACE
+    from mountd.coop.chunks import DEFAULT_GRACE
 
     grace = DEFAULT_GRACE if chunk_grace is None else chunk_grace
     if not 0 <= grace <= 3600:  # also refuses NaN and inf
@@ -136,12 +136,12 @@ def stats(
 ) -> None:
     """Show mountd's counters, hit ratio and what the cache saved in requests, bytes and money.
 
-    Costs follow DELI's model (requests x price + bytes x egress) with the list prices in mountd/costs.py (docs/operations.md names the date and sources).
+    Costs follow DELI's model (requests x price + bytes x egress) with the list prices in mountd/stats/costs.py (docs/operations.md names the date and sources).
 
     Example: quiverfs stats --cache-dir /var/cache/quiverfs --json
     """
-    from mountd.client import SyncClient
-    from mountd.costs import stats_report
+    from mountd.rpc.client import SyncClient
+    from mountd.stats.costs import stats_report
     from quiverfs.mount_cli import mount_stats
 
     with SyncClient.connect(_cache_dir(cache_dir)) as client:
@@ -168,7 +168,7 @@ def ls_command(
 
     Example: quiverfs ls --json
     """
-    from mountd.client import SyncClient
+    from mountd.rpc.client import SyncClient
 
     with SyncClient.connect(_cache_dir(cache_dir)) as client:
         listing = client.ls()
@@ -191,7 +191,7 @@ def evict(
 
     Example: quiverfs evict 3f9a0c...e1   |   quiverfs evict --all
     """
-    from mountd.client import SyncClient
+    from mountd.rpc.client import SyncClient
 
     if everything == (dataset is not None):
         raise UsageError("give a DATASET or --all (not both)")
@@ -216,7 +216,7 @@ def scrub(
 
     Example: quiverfs scrub --cache-dir /var/cache/quiverfs
     """
-    from mountd.client import SyncClient
+    from mountd.rpc.client import SyncClient
     from quiverfs.mountd_views import print_scrub, scrub_progress
 
     with SyncClient.connect(_cache_dir(cache_dir)) as client:

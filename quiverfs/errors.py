@@ -11,7 +11,7 @@ attributes, what it means to the two kinds of callers:
   request); :func:`errno_for` is the one mapping.
 
 Class attributes (not ``__init__`` arguments) are what survive mountd's error transport, which
-rebuilds a class by name without calling its ``__init__`` (mountd/protocol.py).
+rebuilds a class by name without calling its ``__init__`` (mountd/rpc/protocol.py).
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ class QuiverOperations:
         self._failed: dict[int, tuple[float, int]] = {}
         self._pending_hashes: list[bytes] = []
         self._pending_bytes = 0
-        #: hash → inodes read from the mount with that content (see mountd/evictions.py)
+        #: hash → inodes read from the mount with that content (see mountd/store/evictions.py)
         self._served: dict[bytes, tuple[int, ...]] = {}
 
     def close(self) -> None:

@@ -66,7 +66,7 @@ HITS_INTERVAL = 1.0
 #: Seconds between two questions to mountd's eviction journal.
 EVICTIONS_INTERVAL = 0.5
 
-#: Most hashes mountd answers at once (mountd.evictions.MAX_ANSWER): a full page asks again.
+#: Most hashes mountd answers at once (mountd.store.evictions.MAX_ANSWER): a full page asks again.
 EVICTIONS_PAGE = 20_000
 
 #: Hashes per ``hits`` notification (well under the protocol's MAX_ITEMS).
@@ -107,7 +107,7 @@ class MountOptions:
     def resolved(self) -> MountOptions:
         """The same options with absolute paths (a detached child runs in ``/``); the mount
         point without symbolic links, as the kernel lists it in ``/proc/mounts``."""
-        from mountd.client import resolve_socket
+        from mountd.rpc.client import resolve_socket
 
         cache_dir, _ = resolve_socket(self.cache_dir)
         return dataclasses.replace(
@@ -298,7 +298,7 @@ async def _forget_evicted(ops, client, invalidate: Callable[[list[int]], None]) 
 
     The kernel keeps every file's pages (zero-message opens); without this, a file evicted
     from the store would go on being read from RAM, and the mount would cache more than the
-    budget says (mountd/evictions.py). Advisory: while mountd is away nothing is evicted.
+    budget says (mountd/store/evictions.py). Advisory: while mountd is away nothing is evicted.
     """
     from mountd.errors import MountdUnavailable
 
@@ -354,7 +354,7 @@ async def _announce_ready(mountpoint: Path, status: _Status, dataset: str) -> No
 
 async def serve(options: MountOptions, digest, status: _Status | None = None) -> None:
     """Mount ``digest`` at ``options.mountpoint`` and serve until unmounted or signalled."""
-    from mountd.client import open_client, probe
+    from mountd.rpc.client import open_client, probe
     from quiverfs.fs import QuiverOperations
 
     status = status or _Status(None)

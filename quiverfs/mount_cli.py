@@ -31,7 +31,7 @@ MAX_WORKERS = 32
 
 def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
     if cache_size is not None:
-        from mountd import layout
+        from mountd.store import layout
 
         layout.parse_size(cache_size, cache_dir or layout.default_cache_dir())
 
@@ -189,7 +189,7 @@ def register(app: typer.Typer) -> None:
 
         Example: quiverfs mounts --json
         """
-        from mountd.client import SyncClient, resolve_socket
+        from mountd.rpc.client import SyncClient, resolve_socket
 
         with SyncClient.connect(resolve_socket(cache_dir)[0]) as client:
             rows = mount_stats(client.ls()["mounts"])

@@ -1,6 +1,6 @@
 """How the mountd admin commands look in a terminal: rich tables and the scrub progress bar.
 
-Pure presentation of the dicts that :mod:`mountd.client` and :func:`mountd.costs.stats_report`
+Pure presentation of the dicts that :mod:`mountd.rpc.client` and :func:`mountd.stats.costs.stats_report`
 return; ``--json`` prints those dicts instead. Kept apart from :mod:`quiverfs.cli` so the
 command definitions stay short.
 """

@@ -26,7 +26,7 @@ import time
 
 from digests.digest import ROOT_ID, Digest, Entry, FileEntry
 from digests.errors import DigestError
-from mountd import layout
+from mountd.store import layout
 from quiverfs import fuse_wire
 from quiverfs.errors import FsError
 from quiverfs.fuse_wire import Attributes
@@ -93,10 +93,10 @@ class Tree:
         self._store_prefix = os.path.join(self.cache_dir, layout.STORE, "")
         probe = bytes(range(layout.HASH_BYTES))
         if self.store_path(probe) != os.fspath(layout.store_path(self.cache_dir, probe)):
-            raise AssertionError("quiverfs.tree and mountd.layout disagree on store paths")
+            raise AssertionError("quiverfs.tree and mountd.store.layout disagree on store paths")
 
     def store_path(self, content_hash: bytes) -> str:
-        """Where the store keeps ``content_hash`` (mountd.layout.store_path, fast)."""
+        """Where the store keeps ``content_hash`` (mountd.store.layout.store_path, fast)."""
         name = content_hash.hex()
         return f"{self._store_prefix}{name[0:2]}/{name[2:4]}/{name}"
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import blake3
 
-from mountd import layout
-from mountd.client import probe
+from mountd.rpc.client import probe
+from mountd.store import layout
 
 
 @dataclass

@@ -4,7 +4,7 @@
 4,000 files of 110 KiB (all already in the store), 4 reader processes, each reading a
 disjoint quarter with ``open()+read()+close()``. Measured in one run:
 
-* direct: the readers open the store files themselves (``mountd.layout.store_path``);
+* direct: the readers open the store files themselves (``mountd.store.layout.store_path``);
 * mount, first pass: right after a fresh mount (no dentry or page of the mount cached; the
   store files stay warm), so every file costs LOOKUP + OPEN + READ + RELEASE;
 * mount, second pass: the same files again (``keep_cache``: the kernel keeps their pages, so
@@ -255,7 +255,7 @@ def serve_passthrough(mountpoint: str, digest_path: str, cache: str) -> None:
     import pyfuse3
 
     from digests.digest import Digest
-    from mountd import layout
+    from mountd.store import layout
 
     with Digest.open(digest_path) as digest:
         files = [(f.path.replace("/", "__").encode(), f.size, str(layout.store_path(cache, f.hash)))
@@ -324,13 +324,13 @@ def main() -> None:
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         raise SystemExit("needs root and /dev/fuse")
 
-    from mountd import layout
-    from mountd.client import SyncClient
+    from mountd.rpc.client import SyncClient
+    from mountd.store import layout
 
     os.makedirs(WORK, exist_ok=True)
     source, digest, rels = prepare(args.files)
     cache = os.path.join(WORK, "cache")
-    from mountd.client import probe
+    from mountd.rpc.client import probe
 
     if probe(cache, timeout=1.0) is not None:
         raise SystemExit(f"a mountd is running on {cache}: stop it first (the benchmark starts its own)")

@@ -115,7 +115,7 @@ def main() -> None:
     if not args.no_flat:
         scale.ensure(scale.FLAT, scale.flat_rows, False)
 
-    from mountd.client import probe
+    from mountd.rpc.client import probe
 
     cache = os.path.join(WORK, "cache")
     if probe(cache, timeout=1.0) is not None:

@@ -34,10 +34,10 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from mountd import layout  # noqa: E402
-from mountd.cache import Cache, CacheConfig  # noqa: E402
-from mountd.index import Index  # noqa: E402
-from mountd.store import prepare  # noqa: E402
+from mountd.store import layout  # noqa: E402
+from mountd.store.cache import Cache, CacheConfig  # noqa: E402
+from mountd.store.disk import prepare  # noqa: E402
+from mountd.store.index import Index  # noqa: E402
 
 
 def fake_hash(i: int, salt: int = 0) -> bytes:

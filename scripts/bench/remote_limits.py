@@ -29,7 +29,7 @@ import trio
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from mountd.cache import Cache, CacheConfig  # noqa: E402
+from mountd.store.cache import Cache, CacheConfig  # noqa: E402
 from quiverfs.backends.base import Location  # noqa: E402
 
 FILE_SIZE = 110 * 1024

@@ -91,7 +91,7 @@ def main() -> None:
             before = world.counters()
             results = run_jobs(jobs(reader, str(world.mountpoint)), work / name)
             remote = RemoteDelta.between(before, world.counters())
-            notes = [line.split("INFO ", 1)[-1] for line in world.mountd_log_lines("mountd.coop")
+            notes = [line.split("INFO ", 1)[-1] for line in world.mountd_log_lines("mountd.coop.service")
                      if "mode" in line]
             notes.append(f"{len(world.mountd_log_lines('evicted chunk'))} chunk evictions, "
                          f"{len(world.mountd_log_lines('loading chunk'))} chunk loads")

@@ -81,7 +81,7 @@ class MountdProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> MountdProcess:
-        from mountd.client import probe
+        from mountd.rpc.client import probe
 
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as log:
@@ -111,8 +111,8 @@ class MountdProcess:
 
 def stop_mountd_of(cache_dir: Path) -> None:
     """Stop a mountd that something else started for ``cache_dir`` (e.g. a mount, on demand)."""
-    from mountd.client import SyncClient
     from mountd.errors import MountdUnavailable
+    from mountd.rpc.client import SyncClient
 
     try:
         with SyncClient.connect(cache_dir, timeout=2.0) as client:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mountd.client import SyncClient
+from mountd.rpc.client import SyncClient
 from tests.mount.conftest import (
     MountdProcess,
     MountProcess,

@@ -11,7 +11,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from mountd.client import SyncClient
+from mountd.rpc.client import SyncClient
 from tests.mount.conftest import MountdProcess, MountProcess, build_digest, write_tree
 from tests.mountd.conftest import store_files
 

@@ -161,7 +161,7 @@ def test_fstab_helper_parses_options_and_mounts(world, mountpoint) -> None:
 
 
 def test_mount_starts_a_mountd_when_none_runs(world, mountpoint) -> None:
-    from mountd.client import probe
+    from mountd.rpc.client import probe
 
     fresh_cache = world["tmp"] / "fresh-cache"
     assert probe(fresh_cache) is None

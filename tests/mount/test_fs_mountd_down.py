@@ -13,7 +13,7 @@ from pathlib import Path
 import blake3
 import pytest
 
-from mountd.client import SyncClient
+from mountd.rpc.client import SyncClient
 from quiverfs.fs import FAILURE_MEMORY
 from tests.mount.conftest import MountdProcess, MountProcess, build_digest, wait_for, write_tree
 

@@ -75,7 +75,7 @@ RACER = """
 import sys, pathlib
 from quiverfs.cli import app
 from quiverfs.console import run_app
-import quiverfs.mount, digests.digest, mountd.client
+import quiverfs.mount, digests.digest, mountd.rpc.client
 pathlib.Path(sys.argv[1]).touch()
 sys.stdin.readline()
 run_app(app, "quiverfs", sys.argv[2:])

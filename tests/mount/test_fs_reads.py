@@ -127,7 +127,7 @@ print(blake3.blake3(b"".join(chunks)).hexdigest(), flush=True)
 
 
 def _fetching(cache: Path) -> bool:
-    from mountd.client import SyncClient
+    from mountd.rpc.client import SyncClient
 
     with SyncClient.connect(cache, timeout=5.0) as client:
         return client.usage()["fills_in_flight"] > 0

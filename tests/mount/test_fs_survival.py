@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from mountd.layout import store_path
+from mountd.store.layout import store_path
 from tests.mount.conftest import (
     MountdProcess,
     MountProcess,

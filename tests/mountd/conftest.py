@@ -12,7 +12,7 @@ import blake3
 import pytest
 import trio
 
-from mountd.cache import Cache, CacheConfig
+from mountd.store.cache import Cache, CacheConfig
 from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
 from quiverfs.backends.base import Location
 

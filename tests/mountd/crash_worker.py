@@ -13,7 +13,7 @@ from pathlib import Path
 import blake3
 import trio
 
-from mountd.cache import Cache, CacheConfig
+from mountd.store.cache import Cache, CacheConfig
 from quiverfs.backends.base import Location
 
 

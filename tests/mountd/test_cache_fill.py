@@ -9,8 +9,8 @@ import blake3
 import pytest
 import trio
 
-from mountd import layout
-from mountd.cache import Cache, CacheLocked
+from mountd.store import layout
+from mountd.store.cache import Cache, CacheLocked
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, NotFound
 from tests.mountd.conftest import (

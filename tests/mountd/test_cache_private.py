@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from mountd.errors import CacheDirUnsafe
-from mountd.store import check_private
+from mountd.store.disk import check_private
 
 from .conftest import config, running
 
@@ -56,11 +56,11 @@ async def test_a_readable_existing_directory_is_made_private_with_a_warning(
     cache_dir.mkdir()
     os.chmod(cache_dir, 0o755)
     obj = source.add("a.bin", SOME_BYTES)
-    with caplog.at_level(logging.WARNING, logger="mountd.store"):
+    with caplog.at_level(logging.WARNING, logger="mountd.store.disk"):
         async with running(config(cache_dir), backends) as cache:
             await cache.ensure(obj.hash, obj.size, obj.location)
     assert mode(cache_dir) == 0o700
-    warnings = [r.getMessage() for r in caplog.records if r.name == "mountd.store"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "mountd.store.disk"]
     assert warnings == [f"cache directory {cache_dir} was readable by other users (mode 0755); made it 0700"]
 
 

@@ -1,4 +1,4 @@
-"""Crash recovery on open (states A–E of mountd.recovery), SIGKILL mid-fill, and scrub."""
+"""Crash recovery on open (states A–E of mountd.store.recovery), SIGKILL mid-fill, and scrub."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import blake3
 import pytest
 import trio
 
-from mountd import layout
-from mountd.cache import Cache
+from mountd.store import layout
+from mountd.store.cache import Cache
 from tests.mountd.conftest import Backends, Source, config, running, store_files, tmp_files
 
 WORKER = Path(__file__).with_name("crash_worker.py")

@@ -12,7 +12,7 @@ import blake3
 import pytest
 import trio
 
-from mountd.cache import CacheFull
+from mountd.store.cache import CacheFull
 from tests.mountd.conftest import Backends, Source, config, running, store_files, tmp_files
 
 

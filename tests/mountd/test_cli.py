@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from mountd.client import SyncClient
+from mountd.rpc.client import SyncClient
 from quiverfs.cli import app
 from quiverfs.console import run_app
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
@@ -154,8 +154,8 @@ def test_mountd_chunk_slots_are_2_or_3(capsys, tmp_path):
 def test_chunk_slots_reach_the_session_registry(tmp_path):
     import trio
 
-    from mountd.cache import Cache, CacheConfig
     from mountd.daemon import DaemonConfig, make_server
+    from mountd.store.cache import Cache, CacheConfig
 
     async def check() -> None:
         config = CacheConfig(cache_dir=tmp_path / "cache", cache_size=1 << 20)

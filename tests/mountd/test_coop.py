@@ -16,12 +16,9 @@ import pytest
 import trio
 
 from digests.build import build
-from mountd import layout
-from mountd.cache import CacheConfig
-from mountd.chunks import ChunkState, Mode
-from mountd.client import AsyncClient, open_client
+from mountd.coop.chunks import ChunkState, Mode
+from mountd.coop.datasets import DatasetView
 from mountd.daemon import DaemonConfig, serve
-from mountd.datasets import DatasetView
 from mountd.errors import (
     InvalidRequest,
     ProtocolError,
@@ -30,7 +27,10 @@ from mountd.errors import (
     UnknownDataset,
     UnknownSession,
 )
-from mountd.server import Server
+from mountd.rpc.client import AsyncClient, open_client
+from mountd.rpc.server import Server
+from mountd.store import layout
+from mountd.store.cache import CacheConfig
 from quiverfs.backends.base import Location
 from quiverfs.errors import UsageError
 

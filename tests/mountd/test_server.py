@@ -18,9 +18,10 @@ import blake3
 import pytest
 import trio
 
-from mountd import layout, protocol
-from mountd.client import SyncClient, open_client
 from mountd.errors import ProtocolError
+from mountd.rpc import protocol
+from mountd.rpc.client import SyncClient, open_client
+from mountd.store import layout
 from quiverfs.errors import CorruptObject, NotFound
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 

@@ -15,9 +15,9 @@ import blake3
 import pytest
 import trio
 
-from mountd import layout
-from mountd.client import SyncClient, connect_or_start, open_client, probe
 from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable
+from mountd.rpc.client import SyncClient, connect_or_start, open_client, probe
+from mountd.store import layout
 from quiverfs.testing.mountd import (
     location,
     make_dataset,
@@ -95,7 +95,7 @@ RACER = textwrap.dedent(
     """
     import json, sys
     import trio
-    from mountd.client import connect_or_start
+    from mountd.rpc.client import connect_or_start
 
     async def main():
         sys.stdin.readline()  # start line: both racers are loaded before either tries

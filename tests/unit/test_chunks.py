@@ -1,4 +1,4 @@
-"""mountd.chunks: striped partitions, mode choice, the chunk lifecycle and chunked claims."""
+"""mountd.coop.chunks: striped partitions, mode choice, the chunk lifecycle and chunked claims."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import deque
 
 import pytest
 
-from mountd.chunks import (
+from mountd.coop.chunks import (
     ChunkManager,
     ChunkPlan,
     ChunkReady,
@@ -18,8 +18,8 @@ from mountd.chunks import (
     choose_mode,
     plan_chunks,
 )
+from mountd.coop.sessions import SessionRegistry
 from mountd.errors import UnknownSession
-from mountd.sessions import SessionRegistry
 
 # -- striped partitions ---------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""mountd.claims: exactly-once epochs, random order, substitutable hits, co-operative misses."""
+"""mountd.coop.claims: exactly-once epochs, random order, substitutable hits, co-operative misses."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from array import array
 
 import pytest
 
-from mountd.chunks import ChunkPlan
-from mountd.claims import DatasetState, EpochPool, UnreadSet
-from mountd.sessions import SessionRegistry
+from mountd.coop.chunks import ChunkPlan
+from mountd.coop.claims import DatasetState, EpochPool, UnreadSet
+from mountd.coop.sessions import SessionRegistry
 
 
 class FakeClock:

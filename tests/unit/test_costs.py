@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mountd import costs
-from mountd.metrics import render
+from mountd.stats import costs
+from mountd.stats.metrics import render
 
 
 def test_every_cloud_has_a_dated_sourced_price_table():

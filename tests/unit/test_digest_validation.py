@@ -19,7 +19,7 @@ from digests import digest as digest_module
 from digests.digest import Digest
 from digests.errors import DigestError
 from digests.write import NewFile, write_digest
-from mountd.datasets import load_view
+from mountd.coop.datasets import load_view
 
 DIGESTS_BIN = Path(sys.executable).with_name("digests")
 

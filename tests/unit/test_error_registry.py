@@ -3,7 +3,7 @@
 A mount imports little of mountd, so a registry discovered from the classes imported so far
 turned the first ``UnknownSession`` a mount relayed into a plain ``QuiverError`` (EIO instead
 of ENOENT: the shim could not re-open its session after a mountd restart). Each class is
-rebuilt here in a fresh interpreter that imports only :mod:`mountd.protocol`, as a mount's
+rebuilt here in a fresh interpreter that imports only :mod:`mountd.rpc.protocol`, as a mount's
 main process does, and must come back with its own name, errno and exit code.
 """
 
@@ -21,7 +21,7 @@ import digests.errors
 import mountd.errors
 import quiverfs.errors
 from mountd.errors import LOCAL_ERRORS, WIRE_ERRORS
-from mountd.protocol import error_payload, exception_from_payload
+from mountd.rpc.protocol import error_payload, exception_from_payload
 from quiverfs.errors import QuiverError, errno_for
 
 #: class → (errno a mount reports, exit code of a command): docs/operations.md, docs/mount.md
@@ -56,7 +56,7 @@ EXPECTED = {
 #: What the fresh interpreter runs: rebuild each payload read from stdin, print what it got.
 _REBUILD = """
 import json, sys
-from mountd.protocol import exception_from_payload
+from mountd.rpc.protocol import exception_from_payload
 from quiverfs.errors import errno_for
 out = []
 for payload in json.load(sys.stdin):
@@ -108,7 +108,8 @@ def test_a_fresh_process_rebuilds_every_registered_class_with_its_errno_and_exit
 
 
 def test_the_reported_reproduction_now_gives_unknown_session() -> None:
-    code = ("from mountd import protocol as p; "
+    # The issue's one-liner, with the protocol module where it lives now (mountd/rpc/).
+    code = ("from mountd.rpc import protocol as p; "
             "print(type(p.exception_from_payload({'type':'UnknownSession','message':'x'})).__name__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)

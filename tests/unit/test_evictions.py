@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mountd.evictions import EvictionJournal
+from mountd.store.evictions import EvictionJournal
 
 
 def _h(i: int) -> bytes:

@@ -26,8 +26,8 @@ import trio.testing
 from digests.digest import Digest
 from digests.errors import DigestError
 from digests.write import NewFile, write_digest
-from mountd import layout
 from mountd.errors import CacheFull, MountdUnavailable, PermissionDenied
+from mountd.store import layout
 from quiverfs import fs, fuse_worker, tree
 from quiverfs import fuse_wire as w
 from quiverfs.errors import (
@@ -552,7 +552,7 @@ def test_a_kept_descriptor_serves_a_file_evicted_from_the_store(env: Env) -> Non
 
 async def test_evicted_files_are_remembered_for_the_kernel(env: Env) -> None:
     """Files read from the mount are remembered by hash, so mountd's evictions can be
-    turned into the inodes whose pages the kernel must drop (mountd/evictions.py)."""
+    turned into the inodes whose pages the kernel must drop (mountd/store/evictions.py)."""
     env.put_in_store("a.txt")
     assert ok_body(handle(env, read_request(env.ino("a.txt"), 0, 4096))) == b"alpha"
     env.worker.flush()

@@ -1,10 +1,10 @@
-"""mountd.counters: per-dataset and total counts, histogram buckets, JSON snapshots."""
+"""mountd.stats.counters: per-dataset and total counts, histogram buckets, JSON snapshots."""
 
 from __future__ import annotations
 
 import json
 
-from mountd.counters import LATENCY_BUCKETS, Counters
+from mountd.stats.counters import LATENCY_BUCKETS, Counters
 
 
 def test_counts_go_to_total_and_dataset():

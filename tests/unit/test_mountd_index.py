@@ -1,4 +1,4 @@
-"""mountd.index and mountd.policy on a real SQLite file: schema, LRU order, refs."""
+"""mountd.store.index and mountd.store.policy on a real SQLite file: schema, LRU order, refs."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mountd.index import SCHEMA, Index, IndexCorrupt
-from mountd.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
+from mountd.store.index import SCHEMA, Index, IndexCorrupt
+from mountd.store.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
 from quiverfs.errors import UsageError
 
 

@@ -1,4 +1,4 @@
-"""mountd.layout: the store-path contract, default cache dir, size parsing; and config checks."""
+"""mountd.store.layout: the store-path contract, default cache dir, size parsing; and config checks."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mountd import layout
-from mountd.config import CacheConfig
+from mountd.store import layout
+from mountd.store.config import CacheConfig
 from quiverfs.errors import UsageError
 
 H = bytes(range(32))

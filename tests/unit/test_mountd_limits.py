@@ -1,4 +1,4 @@
-"""mountd.limits: token buckets and the combined remote limits, on trio's virtual clock."""
+"""mountd.store.limits: token buckets and the combined remote limits, on trio's virtual clock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from mountd.limits import RemoteLimits, TokenBucket
+from mountd.store.limits import RemoteLimits, TokenBucket
 
 
 class FakeClock:

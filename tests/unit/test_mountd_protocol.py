@@ -9,9 +9,9 @@ import struct
 import pytest
 import trio
 
-from mountd import protocol
 from mountd.errors import CacheFull, MountdInternalError, ProtocolError
-from mountd.protocol import (
+from mountd.rpc import protocol
+from mountd.rpc.protocol import (
     MAX_FRAME,
     FrameDecoder,
     decode_body,
@@ -19,7 +19,7 @@ from mountd.protocol import (
     exception_from_payload,
     parse_request,
 )
-from mountd.server import Server
+from mountd.rpc.server import Server
 from quiverfs.errors import BackendError, CorruptObject, NotFound, QuiverError
 
 HASH = bytes(range(32))
@@ -174,7 +174,7 @@ def test_foreign_exceptions_become_internal_errors():
 
 
 class FakeCache:
-    """Just enough of mountd.cache.Cache: ensure() waits until the test releases a hash."""
+    """Just enough of mountd.store.cache.Cache: ensure() waits until the test releases a hash."""
 
     def __init__(self):
         self.release: dict[bytes, trio.Event] = {}

@@ -46,7 +46,7 @@ def log_line(t: float, text: str) -> str:
     from datetime import datetime
 
     stamp = datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]
-    return f"{stamp} mountd[1] INFO mountd.coop: dataset abc: {text}"
+    return f"{stamp} mountd[1] INFO mountd.coop.service: dataset abc: {text}"
 
 
 def fake_results(hit_wall: float = 3.0) -> dict:

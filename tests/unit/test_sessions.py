@@ -1,4 +1,4 @@
-"""mountd.sessions: validation with errno, idempotent sessions, epochs, timing reports."""
+"""mountd.coop.sessions: validation with errno, idempotent sessions, epochs, timing reports."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from mountd.chunks import Mode
+from mountd.coop.chunks import Mode
+from mountd.coop.sessions import LIVE_EPOCHS, MAX_CLAIM, SessionRegistry
 from mountd.errors import (
     InvalidRequest,
     SessionConflict,
@@ -17,8 +18,7 @@ from mountd.errors import (
     UnknownDataset,
     UnknownSession,
 )
-from mountd.protocol import error_payload, exception_from_payload
-from mountd.sessions import LIVE_EPOCHS, MAX_CLAIM, SessionRegistry
+from mountd.rpc.protocol import error_payload, exception_from_payload
 
 
 def make_registry(n=500, **kwargs) -> SessionRegistry:

@@ -97,7 +97,7 @@ class _BucketReader:
     def _start(self) -> None:
         import trio
 
-        from mountd.limits import RemoteLimits
+        from mountd.store.limits import RemoteLimits
         from quiverfs.backends import open_backend
 
         ready = threading.Event()

@@ -96,7 +96,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        from mountd.client import SyncClient
+        from mountd.rpc.client import SyncClient
 
         try:
             with SyncClient.connect(self.world.cache_dir, timeout=10.0) as client:

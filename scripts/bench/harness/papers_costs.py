@@ -3,7 +3,7 @@
 No runs of its own: it reads the runs of the other sections. "Per epoch" is per epoch of the
 whole multi-job (every job reading the dataset once): the run's files read by all jobs ÷
 (jobs × dataset files). The bucket is ``file://`` (free), so the counts are priced as if it were
-S3 (:mod:`mountd.costs`: GETs at S3's read price, bytes at internet egress; "in region" drops the
+S3 (:mod:`mountd.stats.costs`: GETs at S3's read price, bytes at internet egress; "in region" drops the
 egress), and scaled to an ImageNet-1k epoch (1,281,167 files of the same size).
 """
 
@@ -35,7 +35,7 @@ PICKS = (
 
 def rows(results: dict[str, Any], dataset_files: dict[str, int]) -> list[dict[str, Any]]:
     """One row per picked run that was measured (``dataset_files``: files per section's dataset)."""
-    from mountd.costs import PRICES, egress_cost, request_cost
+    from mountd.stats.costs import PRICES, egress_cost, request_cost
 
     s3 = PRICES["s3"]
     out = []

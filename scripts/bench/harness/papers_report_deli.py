@@ -139,7 +139,7 @@ def costs(results: dict[str, Any]) -> str:
            "Per epoch of the whole multi-job (every job reads the dataset once); runs that read "
            "less than an epoch (Table 3, DELI) are extrapolated linearly, which overstates the "
            "co-op run (its later reads hit more). Priced with "
-           "`mountd/costs.py` as if the bucket were S3 (GET $0.0004 per 1,000, internet egress "
+           "`mountd/stats/costs.py` as if the bucket were S3 (GET $0.0004 per 1,000, internet egress "
            "$0.09/GB; in region: GETs only), and scaled to an ImageNet-1k epoch "
            f"({papers_costs.IMAGENET_FILES:,} files of the same size).", "",
            md_table(["run", "jobs", "epochs measured", "GETs / epoch", "MB / epoch", "datasets / epoch",

@@ -178,8 +178,8 @@ def force_unmount(path: Path) -> None:
 
 def stop_mountd_of(cache_dir: Path) -> None:
     """Stop a mountd left serving ``cache_dir`` by an earlier, killed run."""
-    from mountd.client import SyncClient
     from mountd.errors import MountdUnavailable
+    from mountd.rpc.client import SyncClient
 
     try:
         with SyncClient.connect(cache_dir, timeout=2.0) as client:
@@ -230,7 +230,7 @@ class World:
         self.stop()
 
     def start(self) -> None:
-        from mountd.client import probe
+        from mountd.rpc.client import probe
 
         self.dir.mkdir(parents=True, exist_ok=True)
         force_unmount(self.mountpoint)  # leftovers of a killed run
@@ -283,7 +283,7 @@ class World:
 
     def stats(self) -> dict[str, Any]:
         """mountd's ``stats`` answer (what ``quiverfs stats --json`` is built from)."""
-        from mountd.client import SyncClient
+        from mountd.rpc.client import SyncClient
 
         with SyncClient.connect(self.cache_dir, timeout=10.0) as client:
             return client.stats()

@@ -16,7 +16,7 @@ distribution, without the budget's shortfall (the hit rate stays at 100% while c
 files remain). The look-ahead factor bounds instead how many in-flight candidates a miss draw
 may skip before it accepts one (co-operation is best effort, progress is guaranteed).
 
-A chunk (:mod:`mountd.chunks`) bounds both: hits and misses come from the job's current chunk
+A chunk (:mod:`mountd.coop.chunks`) bounds both: hits and misses come from the job's current chunk
 only, and one claim never spans two chunks (a claim that exhausts its chunk returns short and
 moves the job to the next chunk with unread files). Modes full/lru/off have a single chunk: the
 whole dataset.
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 
-from mountd.chunks import ChunkManager, ChunkPlan
+from mountd.coop.chunks import ChunkManager, ChunkPlan
 
 __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
 

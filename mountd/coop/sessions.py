@@ -2,7 +2,7 @@
 
 :class:`SessionRegistry` is what mountd's RPC handlers (and, through them, the mount's xattr
 control channel and the PyTorch sampler) call. It owns the datasets' cache views
-(:class:`mountd.claims.DatasetState`), the jobs' epoch pools (:class:`mountd.claims.EpochPool`)
+(:class:`mountd.coop.claims.DatasetState`), the jobs' epoch pools (:class:`mountd.coop.claims.EpochPool`)
 and their timing reports, and returns chunk decisions from :meth:`SessionRegistry.tick`.
 
 A session is keyed by ``(dataset, job, rank)`` — never by pid: DataLoader worker processes and
@@ -13,7 +13,7 @@ epoch ``e+1`` while another finishes ``e``): a job keeps at most :data:`LIVE_EPO
 
 Every request is validated before anything changes; a bad one raises a :class:`SessionError`
 subclass whose class attribute ``errno`` is the code for the control channel (a class
-attribute, so it survives :func:`mountd.protocol.exception_from_payload`), and leaves every
+attribute, so it survives :func:`mountd.rpc.protocol.exception_from_payload`), and leaves every
 session as it was. All methods run in mountd's trio thread: each call is atomic.
 """
 
@@ -26,18 +26,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mountd.chunks import DEFAULT_GRACE, Action, ChunkPlan, Mode, choose_mode, plan_chunks
-from mountd.claims import Claim, DatasetState, EpochPool
-from mountd.errors import (
-    InvalidRequest,
-    SessionConflict,
-    SessionError,
-    StaleEpoch,
-    TooManyJobs,
-    UnknownDataset,
-    UnknownSession,
-)
-from mountd.requests import (
+from mountd.coop.chunks import DEFAULT_GRACE, Action, ChunkPlan, Mode, choose_mode, plan_chunks
+from mountd.coop.claims import Claim, DatasetState, EpochPool
+from mountd.coop.requests import (
     LIVE_EPOCHS,
     MAX_CLAIM,
     MAX_EPOCH,
@@ -49,7 +40,16 @@ from mountd.requests import (
     check_seconds,
     scope_mask,
 )
-from mountd.timings import JobTimings, TimingSummary
+from mountd.coop.timings import JobTimings, TimingSummary
+from mountd.errors import (
+    InvalidRequest,
+    SessionConflict,
+    SessionError,
+    StaleEpoch,
+    TooManyJobs,
+    UnknownDataset,
+    UnknownSession,
+)
 
 __all__ = [
     "LIVE_EPOCHS",
@@ -121,7 +121,7 @@ class SessionRegistry:
     are kept after their last session closed. ``chunk_slots``: chunks of a chunked dataset's
     budget (2: double buffering; 3: also preload the next while the marked one drains).
     ``chunk_grace``: seconds a marked chunk stays after the last job finished it (its last
-    given files may still be unread; :class:`mountd.chunks.ChunkManager`'s ``grace``).
+    given files may still be unread; :class:`mountd.coop.chunks.ChunkManager`'s ``grace``).
     ``max_jobs``: open jobs at once, all datasets together (bounds memory against a client
     opening sessions in a loop). ``idle_timeout``: a job none of whose ranks made a request
     for that long is closed by :meth:`tick` (a job that died without closing would otherwise
@@ -177,7 +177,7 @@ class SessionRegistry:
     ) -> Mode:
         """Register ``dataset`` (``sizes[i]`` = bytes of compact id ``i``); returns its mode.
 
-        ``mode`` None picks :func:`mountd.chunks.choose_mode` from ``budget`` (required then;
+        ``mode`` None picks :func:`mountd.coop.chunks.choose_mode` from ``budget`` (required then;
         also required for ``chunked``). ``cached`` are the ids in the cache now. Registering
         the same dataset again with the same file count is a no-op.
         """
@@ -286,13 +286,13 @@ class SessionRegistry:
 
     def next_preload(self, dataset: str, limit: int) -> list[int]:
         """Up to ``limit`` files of ``dataset``'s loading chunk to preload next (pull model,
-        :meth:`mountd.chunks.ChunkManager.next_preload`); empty unless a chunk is loading."""
+        :meth:`mountd.coop.chunks.ChunkManager.next_preload`); empty unless a chunk is loading."""
         state = self._dataset(dataset)
         check_int("limit", limit, 1, 1 << 24)
         return [] if state.manager is None else state.manager.next_preload(limit)
 
     def tick(self, now: float | None = None) -> list[Action]:
-        """Chunk decisions of every chunked dataset (:meth:`mountd.chunks.ChunkManager.tick`).
+        """Chunk decisions of every chunked dataset (:meth:`mountd.coop.chunks.ChunkManager.tick`).
 
         Call it after claims and notifications and at least every few seconds (forced
         eviction is time based); perform the actions in order. It first closes jobs idle for

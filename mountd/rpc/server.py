@@ -4,11 +4,11 @@ One task per connection reads frames and starts one task per request in the conn
 nursery, so a FUSE process can pipeline many misses over one connection and get each answer
 as soon as its fill is done, in any order. A malformed frame or request gets an error
 response and disturbs nothing else; only a frame header announcing more than
-:data:`~mountd.protocol.MAX_FRAME` bytes (after which the stream cannot be resynchronised)
+:data:`~mountd.rpc.protocol.MAX_FRAME` bytes (after which the stream cannot be resynchronised)
 closes that one connection.
 
 Peer credentials (``SO_PEERCRED``) are read once per connection; admin operations
-(``admin`` in :data:`~mountd.protocol.OPERATIONS`) are refused unless the peer is root or the uid that owns
+(``admin`` in :data:`~mountd.rpc.protocol.OPERATIONS`) are refused unless the peer is root or the uid that owns
 mountd. The socket itself is created ``0600`` by :func:`bind_socket`, so by default only that
 uid (and root) can connect at all; the credential check is the second line of defence.
 
@@ -34,13 +34,10 @@ from typing import Any
 
 import trio
 
-from mountd import protocol
-from mountd.cache import Cache
-from mountd.coop import CoopService, info_json
-from mountd.costs import scheme_of
+from mountd.coop.service import CoopService, info_json
 from mountd.errors import PermissionDenied, ProtocolError
-from mountd.evictions import EvictionJournal
-from mountd.protocol import (
+from mountd.rpc import protocol
+from mountd.rpc.protocol import (
     OPERATIONS,
     PROTOCOL_VERSION,
     Request,
@@ -50,11 +47,14 @@ from mountd.protocol import (
     check_list,
     check_text,
 )
+from mountd.stats.costs import scheme_of
+from mountd.store.cache import Cache
+from mountd.store.evictions import EvictionJournal
 from quiverfs.backends.base import Location
 from quiverfs.errors import QuiverError, UsageError
 from quiverfs.version import __version__
 
-log = logging.getLogger("mountd.server")
+log = logging.getLogger("mountd.rpc.server")
 
 #: Requests one connection may have in flight; the reader stops reading beyond this, which
 #: pushes back on a client that pipelines faster than fills complete.
@@ -164,13 +164,13 @@ class Connection:
 
 
 class Server:
-    """Answers protocol requests with a :class:`mountd.cache.Cache`.
+    """Answers protocol requests with a :class:`mountd.store.cache.Cache`.
 
     ``coop`` is the session layer (job sessions and claims, docs/substitutable-reads.md), made
     by the daemon (:func:`mountd.daemon.make_server`), which also starts its tick loop; None
     serves no session op (they fail with ``ProtocolError``). ``shutdown`` is an event the
     daemon waits on; the ``shutdown`` op sets it after answering. Requests are dispatched by
-    :data:`mountd.protocol.OPERATIONS` to :attr:`handlers`, one per operation.
+    :data:`mountd.rpc.protocol.OPERATIONS` to :attr:`handlers`, one per operation.
     """
 
     def __init__(self, cache: Cache, cache_dir: str | os.PathLike[str], *,
@@ -193,7 +193,7 @@ class Server:
         self.connections: dict[int, Connection] = {}
         self.requests_served = 0
         self.protocol_errors = 0
-        #: operation name → handler: exactly the names of mountd.protocol.OPERATIONS
+        #: operation name → handler: exactly the names of mountd.rpc.protocol.OPERATIONS
         self.handlers: dict[str, Callable[[Connection, Request], Awaitable[Any]]] = {
             "hello": self._op_hello,
             "ensure": self._op_ensure,
@@ -218,7 +218,7 @@ class Server:
             "sessions": self._op_sessions,
         }
         if set(self.handlers) != set(OPERATIONS):
-            raise AssertionError("mountd.server handlers and mountd.protocol.OPERATIONS disagree")
+            raise AssertionError("mountd.rpc.server handlers and mountd.rpc.protocol.OPERATIONS disagree")
 
     # -- accepting ------------------------------------------------------------------------------
 
@@ -489,7 +489,7 @@ class Server:
             nursery.cancel_scope.cancel()
         return _to_json(report)
 
-    # -- job sessions (docs/control-protocol.md; errors carry errno: mountd.requests) ----------
+    # -- job sessions (docs/control-protocol.md; errors carry errno: mountd.coop.requests) ----------
 
     def _coop(self) -> CoopService:
         if self.coop is None:
@@ -546,7 +546,7 @@ class Server:
 
 def _session_args(request: Request, allowed: set[str]) -> dict[str, Any]:
     """A session request's arguments; unknown ones are a :class:`ProtocolError`. Values are
-    checked by :class:`mountd.sessions.SessionRegistry` (``InvalidRequest``, errno EINVAL)."""
+    checked by :class:`mountd.coop.sessions.SessionRegistry` (``InvalidRequest``, errno EINVAL)."""
     unknown = set(request.args) - allowed
     if unknown:
         raise ProtocolError(f"unknown arguments of {request.op}: {', '.join(sorted(unknown))[:200]}")

@@ -1,7 +1,7 @@
 """A dataset's compact-id view: ids ``0..N-1`` in digest order → hash, size, location.
 
-mountd's session layer (:mod:`mountd.coop`) speaks compact ids with the
-:class:`~mountd.sessions.SessionRegistry`; the cache speaks content hashes. A
+mountd's session layer (:mod:`mountd.coop.service`) speaks compact ids with the
+:class:`~mountd.coop.sessions.SessionRegistry`; the cache speaks content hashes. A
 :class:`DatasetView` translates both ways and stays lean for 1.3M files (~66 bytes a file, no
 object per file):
 
@@ -74,8 +74,8 @@ class DatasetView:
         return out
 
     def item(self, cid: int) -> tuple[bytes, int, Location]:
-        """``(hash, size, location)`` of ``cid``, as :meth:`mountd.cache.Cache.fetch_now`
-        and :meth:`~mountd.cache.Cache.prefetch` take them."""
+        """``(hash, size, location)`` of ``cid``, as :meth:`mountd.store.cache.Cache.fetch_now`
+        and :meth:`~mountd.store.cache.Cache.prefetch` take them."""
         entry = self.digest.entry(self.file_ids[cid])
         if entry is None or entry.is_dir:
             raise UsageError(f"digest of {self.dataset} has no file {self.file_ids[cid]}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-log = logging.getLogger("mountd.metrics")
+log = logging.getLogger("mountd.stats.metrics")
 
 #: counter key in a counters snapshot → (metric suffix, help text). Order is output order.
 COUNTERS: dict[str, tuple[str, str]] = {

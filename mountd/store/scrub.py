@@ -15,12 +15,12 @@ from pathlib import Path
 import blake3
 import trio
 
-from mountd import layout
+from mountd.store import layout
 
 #: What scrub calls to remove entries: ``drop(hashes, reason)`` (Cache._drop_entries).
 DropEntries = Callable[..., object]
 
-log = logging.getLogger("mountd.scrub")
+log = logging.getLogger("mountd.store.scrub")
 
 READ_CHUNK = 4 * 1024 * 1024
 

@@ -1,6 +1,6 @@
 """The mountd wire protocol: framing, messages, argument checks and error transport.
 
-Pure code (no sockets, no trio), shared by :mod:`mountd.server` and :mod:`mountd.client` and
+Pure code (no sockets, no trio), shared by :mod:`mountd.rpc.server` and :mod:`mountd.rpc.client` and
 documented for other implementations in ``docs/mountd-protocol.md``.
 
 **Framing.** Every message is one *frame*: a 4-byte big-endian unsigned length ``N`` followed

@@ -16,7 +16,7 @@ answering and just connects. (mountd's own lock on ``DIR/lock`` still guards aga
 mountd started by hand: that one exits with status 75.)
 
 Errors from mountd are re-raised here as the same quiverfs error class (see
-:func:`mountd.protocol.exception_from_payload`).
+:func:`mountd.rpc.protocol.exception_from_payload`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,10 @@ from typing import Any
 
 import trio
 
-from mountd import layout, protocol
 from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable, PermissionDenied, ProtocolError
-from mountd.protocol import PROTOCOL_VERSION
+from mountd.rpc import protocol
+from mountd.rpc.protocol import PROTOCOL_VERSION
+from mountd.store import layout
 from quiverfs.backends.base import Location
 
 #: Seconds a blocking client waits for mountd to accept and answer ``hello``.

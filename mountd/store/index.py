@@ -3,7 +3,7 @@
 The index is a *cache of the store*, not a source of truth: every row can be rebuilt from the
 files under ``store/`` (recovery adopts files without rows and drops rows without files). That
 is why ``synchronous=NORMAL`` in WAL mode is enough: a power loss may lose the last
-transactions, and :mod:`mountd.recovery` repairs exactly that on the next open. What a rebuild
+transactions, and :mod:`mountd.store.recovery` repairs exactly that on the next open. What a rebuild
 cannot restore (dataset references, pins, exact last-use times) is advisory.
 
 Threading: the connection is used from the trio thread only (``check_same_thread`` stays on).
@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from mountd.layout import LAYOUT_VERSION
+from mountd.store.layout import LAYOUT_VERSION
 
 #: Bumped when the schema changes incompatibly; an index with another version is rebuilt.
 SCHEMA_VERSION = 1
@@ -29,7 +29,7 @@ SCHEMA_VERSION = 1
 SCHEMA = """
 -- Key/value facts about this index.
 --   schema_version: SCHEMA_VERSION as text; another value means "rebuild from the store".
---   layout_version: mountd.layout.LAYOUT_VERSION the store was written with.
+--   layout_version: mountd.store.layout.LAYOUT_VERSION the store was written with.
 --   clean:          "1" = written by a clean shutdown, the index matches the store exactly
 --                   (open may skip the store scan); "0" (set durably at open) = owned by a
 --                   running mountd or left by a crash: open reconciles with the store.

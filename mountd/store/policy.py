@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import ClassVar
 
-from mountd.index import Index
+from mountd.store.index import Index
 from quiverfs.errors import UsageError
 
 
@@ -57,7 +57,7 @@ class LRUPolicy(EvictionPolicy):
                 yield hash, size
 
 
-#: Policy name → class; :class:`mountd.config.CacheConfig.policy` picks one.
+#: Policy name → class; :class:`mountd.store.config.CacheConfig.policy` picks one.
 POLICIES: dict[str, type[EvictionPolicy]] = {"lru": LRUPolicy}
 
 

@@ -10,9 +10,9 @@ from quiverfs.errors import UsageError
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """Everything :class:`mountd.cache.Cache` needs; the CLI/daemon fill it from flags/config.
+    """Everything :class:`mountd.store.cache.Cache` needs; the CLI/daemon fill it from flags/config.
 
-    Sizes are bytes (use :func:`mountd.layout.parse_size` for ``"10G"``/``"20%"``); rates are
+    Sizes are bytes (use :func:`mountd.store.layout.parse_size` for ``"10G"``/``"20%"``); rates are
     per second; ``None`` means unlimited.
     """
 
@@ -31,7 +31,7 @@ class CacheConfig:
     prefetch_concurrency: int = 8
     #: Queued prefetch items beyond which :meth:`Cache.prefetch` drops the rest.
     prefetch_queue: int = 100_000
-    #: Eviction policy name in :data:`mountd.policy.POLICIES`.
+    #: Eviction policy name in :data:`mountd.store.policy.POLICIES`.
     policy: str = "lru"
     #: Bytes per remote request when streaming a large object (bounded memory per fill).
     chunk_size: int = 8 * 1024 * 1024

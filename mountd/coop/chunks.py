@@ -263,7 +263,7 @@ class ChunkManager:
     """The chunk lifecycle of one chunked dataset; decisions come back from :meth:`tick`.
 
     *Holders* are the readers of the dataset: any hashable object, in practice one per job and
-    epoch (:class:`mountd.claims.EpochPool`). A holder :meth:`attach`\\ es, :meth:`reference`\\ s
+    epoch (:class:`mountd.coop.claims.EpochPool`). A holder :meth:`attach`\\ es, :meth:`reference`\\ s
     the chunk it reads, reports :meth:`finished` when it has been given every file of it, and
     :meth:`detach`\\ es when it goes away (which releases its references).
 

@@ -44,10 +44,10 @@ from pathlib import Path
 
 import trio
 
-from mountd import layout
-from mountd.index import Index, IndexCorrupt, batched
+from mountd.store import layout
+from mountd.store.index import Index, IndexCorrupt, batched
 
-log = logging.getLogger("mountd.recovery")
+log = logging.getLogger("mountd.store.recovery")
 
 _HEX = frozenset(string.hexdigits.lower()[:16])
 _NAME = re.compile(f"[0-9a-f]{{{layout.HASH_HEX}}}")

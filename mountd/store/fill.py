@@ -20,15 +20,15 @@ from pathlib import Path
 import blake3
 import trio
 
-from mountd import store
-from mountd.counters import Counters
 from mountd.errors import CacheFull
-from mountd.limits import RemoteLimits
+from mountd.stats.counters import Counters
+from mountd.store import disk
+from mountd.store.limits import RemoteLimits
 from quiverfs.backends import Backend
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
 
-log = logging.getLogger("mountd.fill")
+log = logging.getLogger("mountd.store.fill")
 
 #: Buffers smaller than this are hashed in the trio thread (~17 µs for 110 KiB): a thread hop
 #: costs more than the hash.
@@ -88,25 +88,25 @@ class Filler:
         # Never abandon a thread that writes: cancellation waits for it to finish.
         try:
             return await trio.to_thread.run_sync(
-                store.write_file, self.cache_dir, hash, data, limiter=self.io
+                disk.write_file, self.cache_dir, hash, data, limiter=self.io
             )
         except OSError as exc:
-            if not store.is_enospc(exc):
+            if not disk.is_enospc(exc):
                 raise
             self._make_room(len(data), exc)
         try:
             return await trio.to_thread.run_sync(
-                store.write_file, self.cache_dir, hash, data, limiter=self.io
+                disk.write_file, self.cache_dir, hash, data, limiter=self.io
             )
         except OSError as exc:
-            if store.is_enospc(exc):
+            if disk.is_enospc(exc):
                 raise self._disk_full(len(data)) from exc
             raise
 
     async def _stream(
         self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
     ) -> Path:
-        temp = await trio.to_thread.run_sync(store.TempFile, self.cache_dir, hash, limiter=self.io)
+        temp = await trio.to_thread.run_sync(disk.TempFile, self.cache_dir, hash, limiter=self.io)
         committed = False
         try:
             hasher = blake3.blake3()
@@ -124,7 +124,7 @@ class Filler:
                         )
                         break
                     except OSError as exc:
-                        if not store.is_enospc(exc):
+                        if not disk.is_enospc(exc):
                             raise
                         if retried:
                             raise self._disk_full(size) from exc
@@ -135,7 +135,7 @@ class Filler:
             try:
                 path = await trio.to_thread.run_sync(temp.commit, limiter=self.io)
             except OSError as exc:
-                if store.is_enospc(exc):
+                if disk.is_enospc(exc):
                     raise self._disk_full(size) from exc
                 raise
             committed = True
@@ -186,7 +186,7 @@ def _digest(data: bytes) -> bytes:
     ).digest()
 
 
-def _update_write(hasher, temp: store.TempFile, data: bytes, offset: int, update: bool) -> None:
+def _update_write(hasher, temp: disk.TempFile, data: bytes, offset: int, update: bool) -> None:
     # Hash once per chunk (a retry after ENOSPC only rewrites); the write is idempotent.
     if update:
         hasher.update(data)

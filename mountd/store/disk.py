@@ -22,10 +22,10 @@ import secrets
 import stat
 from pathlib import Path
 
-from mountd import layout
 from mountd.errors import CacheDirUnsafe
+from mountd.store import layout
 
-log = logging.getLogger("mountd.store")
+log = logging.getLogger("mountd.store.disk")
 
 #: Mode of the cache directory and every directory in it: mountd's user only.
 PRIVATE_DIR = 0o700

@@ -1,9 +1,9 @@
 """The mountd cache: one shared, verified, content-addressed store per machine.
 
 :class:`Cache` ties the pieces together: the directory lock, recovery on open
-(:mod:`mountd.recovery`), the index (:mod:`mountd.index`), single-flight fills
-(:mod:`mountd.fill`) under the shared remote limits (:mod:`mountd.limits`), space accounting
-with a pluggable eviction policy (:mod:`mountd.policy`), scrub and counters.
+(:mod:`mountd.store.recovery`), the index (:mod:`mountd.store.index`), single-flight fills
+(:mod:`mountd.store.fill`) under the shared remote limits (:mod:`mountd.store.limits`), space accounting
+with a pluggable eviction policy (:mod:`mountd.store.policy`), scrub and counters.
 
 Lifetime (one nursery owns it)::
 
@@ -43,16 +43,16 @@ from typing import Protocol
 
 import trio
 
-from mountd import layout, store
-from mountd.config import CacheConfig
-from mountd.counters import Counters
 from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked
-from mountd.fill import Filler
-from mountd.index import Index
-from mountd.limits import RemoteLimits
-from mountd.policy import EvictionPolicy, make_policy
-from mountd.recovery import RecoveryReport, recover
-from mountd.scrub import ScrubReport, scrub
+from mountd.stats.counters import Counters
+from mountd.store import disk, layout
+from mountd.store.config import CacheConfig
+from mountd.store.fill import Filler
+from mountd.store.index import Index
+from mountd.store.limits import RemoteLimits
+from mountd.store.policy import EvictionPolicy, make_policy
+from mountd.store.recovery import RecoveryReport, recover
+from mountd.store.scrub import ScrubReport, scrub
 from quiverfs.backends import Backend, normalize_url, open_backend
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, QuiverError
@@ -69,7 +69,7 @@ __all__ = [
     "ScrubReport",
 ]
 
-log = logging.getLogger("mountd.cache")
+log = logging.getLogger("mountd.store.cache")
 
 
 class CacheListener(Protocol):
@@ -154,12 +154,12 @@ class Cache:
     # -- lifetime ----------------------------------------------------------------------------
 
     async def open(self, *, reconcile: bool = False) -> None:
-        """Take the directory lock, recover from any crash (see :mod:`mountd.recovery`), load
+        """Take the directory lock, recover from any crash (see :mod:`mountd.store.recovery`), load
         the accounting. Raises :class:`CacheLocked` if another mountd owns the directory.
 
         After a clean shutdown the store scan is skipped unless ``reconcile`` is true."""
         cache_dir = self.config.cache_dir
-        await trio.to_thread.run_sync(store.prepare, cache_dir)
+        await trio.to_thread.run_sync(disk.prepare, cache_dir)
         self._lock()
         try:
             self._index, self.recovery = await recover(cache_dir, reconcile)
@@ -430,7 +430,7 @@ class Cache:
         try:
             index.insert(flight.hash, flight.size, flight.dataset)
         except sqlite3.OperationalError as exc:
-            store.remove(layout.store_path(self.config.cache_dir, flight.hash))
+            disk.remove(layout.store_path(self.config.cache_dir, flight.hash))
             raise CacheFull(f"cannot index {flight.hash.hex()}: {exc}; free disk space") from exc
 
     # -- space -------------------------------------------------------------------------------
@@ -492,7 +492,7 @@ class Cache:
         refs = index.refs_of(hashes) if reason == "evict" else {}
         files = nbytes = 0
         for hash, size in victims:
-            store.remove(layout.store_path(self.config.cache_dir, hash))
+            disk.remove(layout.store_path(self.config.cache_dir, hash))
             files += 1
             nbytes += size
             if reason == "evict":

@@ -1,6 +1,6 @@
 """Timing reports of jobs: a small ring of recent mini-batch times plus epoch and session times.
 
-Kept per job by :class:`mountd.sessions.SessionRegistry` for the benefit-aware policy that a
+Kept per job by :class:`mountd.coop.sessions.SessionRegistry` for the benefit-aware policy that a
 later issue adds (Quiver §5.3: benefit = time per mini-batch missing / hitting the cache).
 """
 

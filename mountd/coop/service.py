@@ -1,7 +1,7 @@
 """Substitutable, co-operative reads inside mountd: the registry wired to the cache.
 
-:class:`CoopService` owns mountd's :class:`~mountd.sessions.SessionRegistry` and one
-:class:`~mountd.datasets.DatasetView` per dataset registered with a digest, and does what
+:class:`CoopService` owns mountd's :class:`~mountd.coop.sessions.SessionRegistry` and one
+:class:`~mountd.coop.datasets.DatasetView` per dataset registered with a digest, and does what
 docs/substitutable-reads.md ("What the caller must do") asks of mountd:
 
 * **Datasets.** A ``register`` that carries a digest path loads the dataset's compact-id view
@@ -9,7 +9,7 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   cache budget (:attr:`CoopService.budget`, ``budget_fraction`` of the cache: headroom above
   two chunks for misses of jobs running ahead) and the mode — chosen from the budget, or
   fixed by mountd's ``--dataset-mode`` (``lru`` for comparisons).
-* **Notifications.** As a :class:`~mountd.cache.CacheListener` it forwards every fill,
+* **Notifications.** As a :class:`~mountd.store.cache.CacheListener` it forwards every fill,
   removal and failed fill to ``on_cached`` / ``on_evicted`` / ``on_fetch_failed`` for every
   compact id of that hash in every dataset. Events that arrive while a view loads are kept
   and replayed after it is added (the cached set is a snapshot taken before loading).
@@ -36,14 +36,14 @@ from typing import Any
 
 import trio
 
-from mountd.cache import Cache
-from mountd.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
-from mountd.datasets import DatasetView, load_view
+from mountd.coop.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
+from mountd.coop.datasets import DatasetView, load_view
+from mountd.coop.sessions import SessionInfo, SessionRegistry
 from mountd.errors import UnknownDataset
-from mountd.sessions import SessionInfo, SessionRegistry
+from mountd.store.cache import Cache
 from quiverfs.errors import QuiverError
 
-log = logging.getLogger("mountd.coop")
+log = logging.getLogger("mountd.coop.service")
 
 #: Seconds between two ticks when nothing wakes the loop earlier.
 TICK_INTERVAL = 1.0
@@ -71,7 +71,7 @@ def info_json(info: SessionInfo) -> dict[str, Any]:
 class CoopService:
     """The session layer of one mountd (see the module docstring).
 
-    ``cache`` is the :class:`~mountd.cache.Cache`; ``mode`` None chooses each dataset's mode
+    ``cache`` is the :class:`~mountd.store.cache.Cache`; ``mode`` None chooses each dataset's mode
     from the budget, else forces it (``"lru"``, ``"off"``, ``"full"``, ``"chunked"``);
     ``preload_window`` bounds the preload fills in flight per dataset (default: half the
     cache's fill concurrency, so claimed misses always find fill slots).

@@ -1,6 +1,6 @@
 """Session requests: their limits, their validation and the errors a refused one raises.
 
-Every request to :class:`mountd.sessions.SessionRegistry` is checked here before anything
+Every request to :class:`mountd.coop.sessions.SessionRegistry` is checked here before anything
 changes. The errors a refused request raises live in :mod:`mountd.errors` with the rest of the
 package's (each carries the errno the control channel returns).
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from mountd.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from mountd.claims import DatasetState
+    from mountd.coop.claims import DatasetState
 
 __all__ = [
     "check_ids",

@@ -29,7 +29,7 @@ MAX_ANSWER = 20_000
 
 
 class EvictionJournal:
-    """A :class:`mountd.cache.CacheListener` that numbers every hash removed from the store."""
+    """A :class:`mountd.store.cache.CacheListener` that numbers every hash removed from the store."""
 
     def __init__(self, capacity: int = JOURNAL_ENTRIES) -> None:
         self.id = secrets.token_hex(8)

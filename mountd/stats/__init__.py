@@ -1,0 +1,4 @@
+"""Stats: counters, the bucket cost model and the Prometheus endpoint.
+
+Imports nothing of mountd but :mod:`mountd.errors`.
+"""
