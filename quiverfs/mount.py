@@ -134,40 +134,40 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-def mounted_fstype(mountpoint: str | os.PathLike[str]) -> str | None:
-    """The file system type mounted at ``mountpoint`` per ``/proc/mounts`` (last wins), or None."""
-    target = os.path.abspath(os.fspath(mountpoint))
-    found = None
-    try:
-        with open("/proc/mounts", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                parts = line.split(" ")
-                if len(parts) >= 3 and _unescape(parts[1]) == target:
-                    found = parts[2]
-    except OSError:
-        return None
-    return found
-
-
 #: Which mount: its id in /proc/self/mountinfo and its device (``major:minor``). Ids are
 #: reused only after an unmount; the pair tells our mount from a later one at the same place.
 MountIdentity = tuple[int, str]
 
 
-def mount_identity(mountpoint: str | os.PathLike[str]) -> MountIdentity | None:
-    """The topmost mount at ``mountpoint`` per ``/proc/self/mountinfo`` (last wins), or None."""
+def _topmost_mount(mountpoint: str | os.PathLike[str]) -> tuple[MountIdentity, str] | None:
+    """The topmost mount at ``mountpoint`` per ``/proc/self/mountinfo`` (last wins): its
+    identity and file system type, or None."""
     target = os.path.abspath(os.fspath(mountpoint))
     found = None
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
             for line in f:
-                # id, parent id, major:minor, root, mount point, ...
-                parts = line.split(" ")
+                # id, parent id, major:minor, root, mount point, options, [optional fields],
+                # "-", fstype, source, super options
+                parts = line.rstrip("\n").split(" ")
                 if len(parts) >= 5 and _unescape(parts[4]) == target:
-                    found = (int(parts[0]), parts[2])
-    except (OSError, ValueError):
+                    fstype = parts[parts.index("-", 5) + 1]
+                    found = ((int(parts[0]), parts[2]), fstype)
+    except (OSError, ValueError, IndexError):
         return None
     return found
+
+
+def mounted_fstype(mountpoint: str | os.PathLike[str]) -> str | None:
+    """The file system type of the topmost mount at ``mountpoint``, or None."""
+    found = _topmost_mount(mountpoint)
+    return None if found is None else found[1]
+
+
+def mount_identity(mountpoint: str | os.PathLike[str]) -> MountIdentity | None:
+    """The identity of the topmost mount at ``mountpoint``, or None."""
+    found = _topmost_mount(mountpoint)
+    return None if found is None else found[0]
 
 
 def unmount_own(mountpoint: Path, mine: MountIdentity | None) -> None:

@@ -234,6 +234,32 @@ def serving(source: Path, work: Path, name: str) -> Iterator[Path]:
         mountd.stop()
 
 
+@contextmanager
+def dataset_served(work: Path, files: dict[str, bytes], name: str = "d") -> Iterator[dict]:
+    """``files`` written under ``work/source``, their digest ``work/NAME.qd`` and a mountd of
+    their own on ``work/cache``: ``{"digest", "cache", "tmp"}`` (mountd stopped on the way out).
+    The body of most modules' ``world`` fixture."""
+    source = work / "source"
+    write_tree(source, files)
+    digest = work / f"{name}.qd"
+    build_digest(source, digest)
+    cache = work / "cache"
+    mountd = MountdProcess(cache).start()
+    try:
+        yield {"digest": digest, "cache": cache, "tmp": work}
+    finally:
+        mountd.stop()
+
+
+@pytest.fixture
+def mountpoint(world: dict, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """An empty directory of the test's own under the module's ``world``, unmounted after."""
+    path = world["tmp"] / f"mnt-{request.node.name}"
+    path.mkdir()
+    yield path
+    force_unmount(path)
+
+
 def file_hash(path: str | os.PathLike[str], chunk: int = 1 << 20) -> bytes:
     """blake3 of a file, read in chunks (through the mount when ``path`` is in one)."""
     hasher = blake3.blake3()

@@ -16,13 +16,11 @@ import pytest
 
 from mountd.rpc.client import SyncClient
 from tests.mount.conftest import (
-    MountdProcess,
     MountProcess,
-    build_digest,
+    dataset_served,
     is_mounted,
     quiverfs_cmd,
     wait_for,
-    write_tree,
 )
 
 pytestmark = pytest.mark.mount
@@ -34,16 +32,8 @@ FILES = {"a.bin": os.urandom(200_000), "dir/b.txt": b"bee\n"}
 
 @pytest.fixture(scope="module")
 def world(fuse, module_tmp: Path):
-    source = module_tmp / "source"
-    write_tree(source, FILES)
-    digest = module_tmp / "d.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        yield {"digest": digest, "cache": cache, "tmp": module_tmp}
-    finally:
-        mountd.stop()
+    with dataset_served(module_tmp, FILES, "d") as served:
+        yield served
 
 
 def _stats(mnt: Path) -> dict:

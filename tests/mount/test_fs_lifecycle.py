@@ -16,15 +16,13 @@ import pytest
 
 from tests.mount.conftest import (
     REPO,
-    MountdProcess,
     MountProcess,
-    build_digest,
+    dataset_served,
     force_unmount,
     is_mounted,
     quiverfs_cmd,
     stop_mountd_of,
     wait_for,
-    write_tree,
 )
 
 pytestmark = pytest.mark.mount
@@ -34,24 +32,8 @@ FILES = {"x/a.txt": b"hello\n", "x/b.bin": os.urandom(70_000), "top": b"top"}
 
 @pytest.fixture(scope="module")
 def world(fuse, module_tmp: Path):
-    source = module_tmp / "source"
-    write_tree(source, FILES)
-    digest = module_tmp / "small.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        yield {"digest": digest, "cache": cache, "tmp": module_tmp}
-    finally:
-        mountd.stop()
-
-
-@pytest.fixture
-def mountpoint(world, request) -> Path:
-    path = world["tmp"] / f"mnt-{request.node.name}"
-    path.mkdir()
-    yield path
-    force_unmount(path)
+    with dataset_served(module_tmp, FILES, "small") as served:
+        yield served
 
 
 def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -13,13 +13,11 @@ import pytest
 
 from tests.mount.conftest import (
     REPO,
-    MountdProcess,
     MountProcess,
-    build_digest,
+    dataset_served,
     force_unmount,
     quiverfs_cmd,
     wait_for,
-    write_tree,
 )
 
 pytestmark = pytest.mark.mount
@@ -33,24 +31,8 @@ ROUNDS = 4
 
 @pytest.fixture(scope="module")
 def world(fuse, module_tmp: Path):
-    source = module_tmp / "source"
-    write_tree(source, FILES)
-    digest = module_tmp / "small.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        yield {"digest": digest, "cache": cache, "tmp": module_tmp}
-    finally:
-        mountd.stop()
-
-
-@pytest.fixture
-def mountpoint(world, request) -> Path:
-    path = world["tmp"] / f"mnt-{request.node.name}"
-    path.mkdir()
-    yield path
-    force_unmount(path)
+    with dataset_served(module_tmp, FILES, "small") as served:
+        yield served
 
 
 def _mounts_at(path: Path) -> int:

@@ -23,13 +23,11 @@ import pytest
 
 from mountd.store.layout import store_path
 from tests.mount.conftest import (
-    MountdProcess,
     MountProcess,
-    build_digest,
+    dataset_served,
     file_hash,
     force_unmount,
     wait_for,
-    write_tree,
 )
 
 pytestmark = pytest.mark.mount
@@ -49,16 +47,8 @@ ANSWER_DEADLINE = 20.0
 
 @pytest.fixture(scope="module")
 def world(fuse, module_tmp: Path):
-    source = module_tmp / "source"
-    write_tree(source, FILES)
-    digest = module_tmp / "pristine.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        yield {"digest": digest, "cache": cache, "tmp": module_tmp}
-    finally:
-        mountd.stop()
+    with dataset_served(module_tmp, FILES, "pristine") as served:
+        yield served
 
 
 @pytest.fixture
