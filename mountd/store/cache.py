@@ -327,11 +327,7 @@ class Cache:
                 continue
             if flight is None:
                 if size > self.config.cache_size:
-                    self.counters.add_fill_error(dataset)
-                    raise CacheFull(
-                        f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
-                        f"({self.config.cache_size} bytes); raise --cache-size"
-                    )
+                    raise await self._too_large(hash, size, location, dataset)
                 flight = _Flight(hash, size, location, dataset, prefetch)
                 self._flights[hash] = flight
                 if self._nursery is not None:
@@ -360,6 +356,28 @@ class Cache:
             "the digest row is damaged")
         log.warning("verify failure: %s", error)
         return error
+
+    async def _too_large(self, hash: bytes, size: int, location: Location,
+                         dataset: str | None) -> QuiverError:
+        """The error for content larger than the whole cache, which cannot be filled.
+
+        One ``stat`` of the object first: when the object cannot even hold ``size`` bytes at
+        its offset, the digest row lies about the size, and the answer is the one a warm cache
+        gives for a lying row (:class:`CorruptObject`, a verify failure: EIO), not "raise
+        --cache-size". Otherwise :class:`CacheFull` (ENOSPC)."""
+        info = await self._backend(location.url).stat(location.key)
+        if location.offset + size > info.size:
+            self.counters.add_verify_failure(dataset)
+            error = CorruptObject(
+                f"{hash.hex()} is said to be {size} bytes at offset {location.offset}, but the "
+                f"object holds {info.size}: the digest row is damaged",
+                url=location.url, key=location.key)
+            log.warning("verify failure: %s", error)
+            return error
+        self.counters.add_fill_error(dataset)
+        return CacheFull(
+            f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
+            f"({self.config.cache_size} bytes); raise --cache-size")
 
     async def _run_flight(self, flight: _Flight) -> None:
         counters = self.counters

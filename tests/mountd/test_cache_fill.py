@@ -9,8 +9,9 @@ import blake3
 import pytest
 import trio
 
+from mountd.errors import CacheLocked
 from mountd.store import layout
-from mountd.store.cache import Cache, CacheLocked
+from mountd.store.cache import Cache
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, NotFound
 from tests.mountd.conftest import (

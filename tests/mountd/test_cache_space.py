@@ -12,7 +12,9 @@ import blake3
 import pytest
 import trio
 
-from mountd.store.cache import CacheFull
+from mountd.errors import CacheFull
+from quiverfs.backends.base import Location
+from quiverfs.errors import CorruptObject
 from tests.mountd.conftest import Backends, Source, config, running, store_files, tmp_files
 
 
@@ -107,6 +109,21 @@ async def test_object_larger_than_cache_is_a_clean_error(
         with pytest.raises(CacheFull, match="larger than the whole cache"):
             await cache.ensure(big.hash, big.size, big.location)
         assert backends.gets() == 0
+    assert store_files(tmp_path / "c") == {} and tmp_files(tmp_path / "c") == []
+
+
+async def test_a_row_larger_than_the_cache_and_its_object_is_a_verify_failure(
+    tmp_path: Path, source: Source, backends: Backends
+):
+    """A lying row (2^40 bytes naming a 3,000-byte object) is CorruptObject (EIO) on a cold
+    cache as on a warm one, found out by one HEAD, not "raise --cache-size"."""
+    small = source.add("small", os.urandom(3000))
+    lying = Location(small.location.url, small.location.key, 0, 1 << 40)
+    async with running(config(tmp_path / "c", size=4000), backends) as cache:
+        with pytest.raises(CorruptObject, match="the object holds 3000: the digest row is damaged"):
+            await cache.ensure(small.hash, 1 << 40, lying)
+        assert backends.gets() == 0
+        assert cache.counters.total.verify_failures == 1 and cache.counters.total.fill_errors == 0
     assert store_files(tmp_path / "c") == {} and tmp_files(tmp_path / "c") == []
 
 
