@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mount.conftest import MountdProcess, MountProcess, build_digest, write_tree
+from tests.mount.conftest import MountProcess, dataset_served
 
 pytestmark = pytest.mark.mount
 pytest.importorskip("pyfuse3", reason="the pyfuse3 front end needs the pyfuse3 extra")
@@ -69,14 +69,9 @@ def _files() -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def world(fuse, module_tmp: Path):
     """One digest, one mountd, and the two front ends mounted side by side."""
-    source = module_tmp / "source"
     files = _files()
-    write_tree(source, files)
-    digest = module_tmp / "tree.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
+    with dataset_served(module_tmp, files, "tree") as served:
+        digest, cache = served["digest"], served["cache"]
         with MountProcess(digest, module_tmp / "native", cache), \
                 MountProcess(digest, module_tmp / "pyfuse3", cache, "--frontend", "pyfuse3"):
             dirs = {""} | {str(Path(rel).parent) for rel in files} - {"."}
@@ -84,10 +79,8 @@ def world(fuse, module_tmp: Path):
                 while rel:
                     rel = os.path.dirname(rel)
                     dirs.add(rel)
-            yield {"files": files, "dirs": sorted(dirs), "source": source,
+            yield {"files": files, "dirs": sorted(dirs), "source": module_tmp / "source",
                    "mounts": {name: module_tmp / name for name in FRONTENDS}}
-    finally:
-        mountd.stop()
 
 
 # -- observing one mount: every answer is a plain value, or ("errno", name) ---------------------
