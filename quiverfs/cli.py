@@ -95,6 +95,10 @@ def mountd_command(
         None, "--chunk-grace", metavar="SECONDS",
         help="Seconds a finished chunk stays cached after the last job was given all of it, so that it can still read those files (default: 1).",
     ),
+    sync_interval: float = typer.Option(
+        1.0, "--sync-interval", metavar="SECONDS",
+        help="Seconds between durable checkpoints (one syncfs of the cache's filesystem) while fills land; after a power cut, at most this much of the newest fills is re-verified.",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
@@ -113,6 +117,7 @@ def mountd_command(
         remote_bandwidth=_rate(remote_bandwidth, "--remote-bandwidth"),
         remote_requests=remote_requests,
         remote_concurrency=remote_concurrency,
+        sync_interval=sync_interval,
     )
     if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):
         raise UsageError(f"--dataset-mode must be full, chunked, off or lru, not {dataset_mode!r}")

@@ -90,7 +90,8 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
     for column in ("dataset", "hits", "misses", "hit ratio", "from cache", "from remote", "remote requests"):
         reads.add_column(column, justify="left" if column in ("dataset", "remote requests") else "right")
     health = Table(title="mountd: fills", title_justify="left")
-    for column in ("dataset", "prefetched", "verify fail", "errors", "evicted", "fill mean", "fill p95"):
+    for column in ("dataset", "prefetched", "verify fail", "errors", "evicted", "fill p50", "fill mean",
+                   "fill p95"):
         health.add_column(column, justify="left" if column == "dataset" else "right", no_wrap=True)
     for name, row in _rows(report):
         reads.add_row(
@@ -103,6 +104,7 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
         health.add_row(
             name, str(row["prefetches"]), str(row["verify_failures"]), str(row["fill_errors"]),
             f"{row['evicted_files']} ({human_bytes(row['evicted_bytes'])})",
+            _seconds(latency.get("p50_s")),
             _seconds(latency["mean_s"]),
             ("≤ " + _seconds(p95)) if p95 is not None else ("> 10 s" if latency["count"] else "-"),
         )

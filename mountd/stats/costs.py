@@ -138,8 +138,10 @@ def price_table_rows() -> list[dict]:
 
 
 def _latency(hist: Mapping | None) -> dict:
-    """Count, mean and an upper bound of the 95th percentile from a per-bucket histogram."""
+    """Count, mean and an upper bound of the 95th percentile from a per-bucket histogram, and
+    the exact median and 95th percentile of the latest fills when the histogram has them."""
     hist = hist or {}
+    recent = hist.get("recent") or {}
     count = int(hist.get("count", 0))
     mean = hist.get("sum", 0.0) / count if count else None
     p95 = None
@@ -150,7 +152,8 @@ def _latency(hist: Mapping | None) -> dict:
             if seen >= 0.95 * count:
                 p95 = None if bound == "+Inf" else float(bound)
                 break
-    return {"count": count, "mean_s": mean, "p95_le_s": p95}
+    return {"count": count, "mean_s": mean, "p95_le_s": p95,
+            "p50_s": recent.get("p50"), "p95_s": recent.get("p95")}
 
 
 def _row(counters: Mapping, schemes: list[str], in_region: bool) -> dict:

@@ -7,11 +7,15 @@ JSON-ready dict; the serving side renders it (stats table, Prometheus, cost esti
 from __future__ import annotations
 
 import bisect
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 #: Upper bounds (seconds) of the fill-latency histogram buckets; a final +Inf bucket is implied.
-LATENCY_BUCKETS: tuple[float, ...] = (0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0)
+#: Fine below 20 ms: a fill from a fast source takes about a millisecond (docs/store-layout.md).
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0, 10.0)
+#: Latest observations kept for exact percentiles (``p50``/``p95`` in snapshots).
+RECENT = 4096
 #: Remote request kinds, always present in snapshots (zero when unused).
 REQUEST_KINDS: tuple[str, ...] = ("GET", "HEAD", "LIST")
 
@@ -23,20 +27,33 @@ class Histogram:
     count: int = 0
     sum: float = 0.0
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    #: The latest :data:`RECENT` observations, for exact percentiles of recent fills.
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
 
     def observe(self, seconds: float) -> None:
         self.count += 1
         self.sum += seconds
         self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.recent.append(seconds)
 
     def snapshot(self) -> dict:
-        """``{"count", "sum", "buckets": {"0.001": n, …, "+Inf": n}}`` (per-bucket, not cumulative)."""
+        """``{"count", "sum", "buckets": {"0.0005": n, …, "+Inf": n}, "recent": {"count",
+        "p50", "p95"}}``: buckets per bucket (not cumulative) over all observations; exact
+        percentiles over the latest :data:`RECENT` (absent when there are none)."""
         names = [repr(b) for b in LATENCY_BUCKETS] + ["+Inf"]
-        return {
+        out = {
             "count": self.count,
             "sum": self.sum,
             "buckets": dict(zip(names, self.buckets, strict=True)),
         }
+        if self.recent:
+            ordered = sorted(self.recent)
+            out["recent"] = {
+                "count": len(ordered),
+                "p50": ordered[(len(ordered) - 1) // 2],
+                "p95": ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))],
+            }
+        return out
 
 
 @dataclass

@@ -45,7 +45,7 @@ import trio
 
 from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked
 from mountd.stats.counters import Counters
-from mountd.store import disk, layout
+from mountd.store import disk, durability, layout
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
 from mountd.store.index import Index
@@ -54,7 +54,7 @@ from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.recovery import RecoveryReport, recover
 from mountd.store.scrub import ScrubReport, scrub
 from quiverfs.backends import Backend, normalize_url, open_backend
-from quiverfs.backends.base import Location
+from quiverfs.backends.base import BackendOptions, Location
 from quiverfs.errors import CorruptObject, QuiverError
 
 __all__ = [
@@ -70,6 +70,12 @@ __all__ = [
 ]
 
 log = logging.getLogger("mountd.store.cache")
+
+#: Seconds a new index row waits for others to share its commit (group commit).
+GROUP_COMMIT_DELAY = 0.005
+
+#: Rows after which the group commit is flushed at once.
+GROUP_COMMIT_ROWS = 512
 
 
 class CacheListener(Protocol):
@@ -120,7 +126,10 @@ class Cache:
             config.burst_seconds,
         )
         self.recovery: RecoveryReport | None = None
-        self._factory = backend_factory or (lambda url: open_backend(url))
+        # The SDK's pool and thread limit are sized to the remote concurrency: a smaller pool
+        # would queue fills that the limits allow.
+        options = BackendOptions(concurrency=config.remote_concurrency)
+        self._factory = backend_factory or (lambda url: open_backend(url, options))
         self._backends: dict[str, Backend] = {}
         self._index: Index | None = None
         self._policy: EvictionPolicy | None = None
@@ -150,6 +159,14 @@ class Cache:
         #: open must reconcile, so aclose does not mark the index clean.
         self._dirty = False
         self._listeners: list[CacheListener] = []
+        #: Set when a row waits in the index's group commit (the committer flushes it).
+        self._rows_waiting = trio.Event()
+        #: Set when a fill landed since the last durable checkpoint.
+        self._unsynced = trio.Event()
+        self._boot_id = durability.boot_id()
+        #: Durable checkpoints taken, and the seconds the last one's syncfs took.
+        self.checkpoints = 0
+        self.last_sync_seconds = 0.0
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -171,6 +188,9 @@ class Cache:
         if self.used > self.config.cache_size:
             # The cap was lowered since the last run: shrink now.
             self._evict_until(self.used - self.config.cache_size)
+        # Everything found is durable from here on (it is on disk, or the kernel has it and
+        # this syncfs writes it), so the next crash only has to doubt what is filled next.
+        await self.checkpoint()
 
     def _lock(self) -> None:
         path = layout.lock_path(self.config.cache_dir)
@@ -206,6 +226,8 @@ class Cache:
                 self._nursery = nursery
                 for _ in range(self.config.prefetch_concurrency):
                     nursery.start_soon(self._prefetch_worker)
+                nursery.start_soon(self._committer)
+                nursery.start_soon(self._checkpointer)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -231,8 +253,11 @@ class Cache:
                 except Exception:  # closing must go on for the others
                     log.exception("closing backend %s failed", backend.url)
         if self._index is not None:
-            # Clean only if nothing is in flight and no index write was lost while running.
-            if not self._flights and not self._dirty:
+            # Clean only if nothing is in flight, no index write was lost while running, and
+            # the last checkpoint made everything durable.
+            with trio.CancelScope(shield=True):
+                synced = await self.checkpoint()
+            if not self._flights and not self._dirty and synced:
                 try:
                     self._index.set_clean(True)
                 except sqlite3.Error:
@@ -240,6 +265,65 @@ class Cache:
             self._index.close()
             self._index = None
         self._unlock()
+
+    # -- group commit and durable checkpoints (mountd/store/durability.py) ----------------------
+
+    def _flush_index(self) -> None:
+        """Commit the index's group commit; a failure leaves files without rows, which the
+        next open adopts, so the index is marked as needing a reconcile."""
+        if self._index is None:
+            return
+        try:
+            self._index.flush()
+        except sqlite3.Error:
+            log.exception("could not commit new index rows; the next start reconciles")
+            self._dirty = True
+
+    async def _committer(self) -> None:
+        """Flush the group commit a few milliseconds after its first row (see Index.insert)."""
+        while True:
+            await self._rows_waiting.wait()
+            self._rows_waiting = trio.Event()
+            await trio.sleep(GROUP_COMMIT_DELAY)
+            self._flush_index()
+
+    async def _checkpointer(self) -> None:
+        """A durable checkpoint ``sync_interval`` seconds after the first fill that needs one."""
+        while True:
+            await self._unsynced.wait()
+            await trio.sleep(self.config.sync_interval)
+            await self.checkpoint()
+
+    async def checkpoint(self) -> bool:
+        """A durable checkpoint now: make every fill landed so far durable with one
+        ``syncfs``, and record it (``synced_through``, the boot id) in the index; False
+        (logged, retried at the next interval) if the sync fails. The cache takes one
+        ``sync_interval`` after a fill lands, at open and at close."""
+        index = self._index
+        if index is None:
+            return False
+        self._unsynced = trio.Event()  # fills from now on wait for the next checkpoint
+        mark = index.now()  # every row stamped up to here is renamed into place already
+        self._flush_index()
+        start = trio.current_time()
+        try:
+            # Never abandoned: the mark is written only after the sync really returned.
+            await trio.to_thread.run_sync(durability.syncfs, self.config.cache_dir)
+        except OSError as exc:
+            log.warning("durable checkpoint failed (%s); trying again later", exc)
+            self._unsynced.set()
+            return False
+        if self._index is not index:
+            return False
+        self.last_sync_seconds = trio.current_time() - start
+        try:
+            index.set_durable_mark(mark, self._boot_id)
+        except sqlite3.Error:
+            log.exception("could not record the durable checkpoint")
+            return False
+        self._rows_waiting.set()
+        self.checkpoints += 1
+        return True
 
     def _require_open(self) -> Index:
         if self._index is None or self._closed:
@@ -396,6 +480,7 @@ class Cache:
                     # The file is at its final name: index it in this same trio step as the
                     # reservation turns into use (no await in between).
                     self._index_new(flight)
+                    self._unsynced.set()
                     self.used += flight.size
                     self.entries += 1
                     assert self._policy is not None
@@ -439,6 +524,10 @@ class Cache:
         index = self._require_open()
         try:
             index.insert(flight.hash, flight.size, flight.dataset)
+            if self._nursery is None or index.pending >= GROUP_COMMIT_ROWS:
+                self._flush_index()
+            else:
+                self._rows_waiting.set()
             return
         except sqlite3.OperationalError as exc:
             log.warning(
@@ -447,6 +536,7 @@ class Cache:
             self._free_disk(max(flight.size, 1 << 20))
         try:
             index.insert(flight.hash, flight.size, flight.dataset)
+            self._flush_index()
         except sqlite3.OperationalError as exc:
             disk.remove(layout.store_path(self.config.cache_dir, flight.hash))
             raise CacheFull(f"cannot index {flight.hash.hex()}: {exc}; free disk space") from exc

@@ -26,9 +26,11 @@ class CacheConfig:
     #: Remote reads in flight at once, across all backends.
     remote_concurrency: int = 16
     #: Fills (ensure + prefetch) writing at once; bounds memory to about fill_concurrency × chunk.
-    fill_concurrency: int = 32
-    #: Background prefetch workers.
-    prefetch_concurrency: int = 8
+    #: None: 32, or ``remote_concurrency`` if larger (fills must not cap the remote reads).
+    fill_concurrency: int | None = None
+    #: Background prefetch workers. None: ``remote_concurrency`` (a preload alone can keep
+    #: every allowed remote read busy).
+    prefetch_concurrency: int | None = None
     #: Queued prefetch items beyond which :meth:`Cache.prefetch` drops the rest.
     prefetch_queue: int = 100_000
     #: Eviction policy name in :data:`mountd.store.policy.POLICIES`.
@@ -39,9 +41,16 @@ class CacheConfig:
     io_threads: int = 8
     #: Token-bucket burst, in seconds of the configured rate.
     burst_seconds: float = 0.1
+    #: Seconds between durable checkpoints while fills land (one ``syncfs`` each; after a
+    #: power cut, recovery re-verifies at most this much of the newest fills).
+    sync_interval: float = 1.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        if self.fill_concurrency is None:
+            object.__setattr__(self, "fill_concurrency", max(32, self.remote_concurrency))
+        if self.prefetch_concurrency is None:
+            object.__setattr__(self, "prefetch_concurrency", self.remote_concurrency)
         if self.cache_size <= 0:
             raise UsageError(f"cache size must be positive, got {self.cache_size}")
         for name in ("remote_bandwidth", "remote_requests"):
@@ -61,3 +70,5 @@ class CacheConfig:
                 )
         if self.prefetch_queue < 0 or self.burst_seconds <= 0:
             raise UsageError("prefetch queue must be >= 0 and burst seconds > 0")
+        if not 0 < self.sync_interval <= 3600:
+            raise UsageError(f"sync interval must be in (0, 3600] seconds, got {self.sync_interval}")

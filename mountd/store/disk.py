@@ -1,15 +1,18 @@
 """Blocking file operations on the store; the cache runs them in worker threads.
 
-The durability protocol for one fill (CernVM-FS style):
+The protocol for one fill:
 
 1. create ``tmp/<hex>.<random>.tmp`` (``O_EXCL``), write the bytes at explicit offsets;
 2. the caller verifies blake3 and size (before writing for one-chunk objects);
-3. ``fsync`` the temp file, close it;
-4. create the fan-out directories if needed (fsyncing their parents);
-5. ``rename`` it to ``store/ab/cd/<hex>`` and ``fsync`` that directory.
+3. close the temp file, create the fan-out directories if needed;
+4. ``rename`` it to ``store/ab/cd/<hex>``; only then is it indexed.
 
-After step 5 returns, the file at its final name is complete, verified and durable; only then
-is it indexed. A crash anywhere before leaves a temp file (wiped on open) or nothing.
+No step fsyncs. A file at its final name is complete and verified *for every process on the
+machine* the moment the rename returns (the page cache holds it); what a power cut may take
+away is made durable for many fills at once by the cache's checkpoints (:mod:`.durability`:
+one ``syncfs`` per interval), and recovery after a reboot verifies every entry newer than the
+last checkpoint before serving it (docs/store-layout.md "Durability"). A crash before the
+rename leaves a temp file (wiped on open) or nothing.
 """
 
 from __future__ import annotations
@@ -114,15 +117,13 @@ class TempFile:
             view = view[n:]
             offset += n
 
-    def commit(self) -> Path:
-        """fsync, close, rename into the store, fsync the directory; returns the final path."""
-        os.fsync(self.fd)
+    def commit(self, fanout: Fanout | None = None) -> Path:
+        """Close and rename into the store (no fsync: see the module docstring); returns the
+        final path. ``fanout`` remembers the fan-out folders known to exist."""
         os.close(self.fd)
         self.fd = None
         final = layout.store_path(self.cache_dir, self.hash)
-        make_fanout(final.parent)
-        os.rename(self.path, final)
-        fsync_dir(final.parent)
+        (fanout or Fanout()).rename_into(self.path, final)
         return final
 
     def discard(self) -> None:
@@ -139,8 +140,37 @@ class TempFile:
             pass
 
 
+class Fanout:
+    """The ``store/ab/cd`` folders known to exist, so a fill does not ``stat`` its folder.
+
+    Folders are created on demand and never removed while mountd runs; if one vanished
+    anyway (removed by hand), the rename fails with ENOENT and the folder is made again.
+    At most 65,536 entries. Shared by fill threads: a set's ``add`` and ``in`` are atomic.
+    """
+
+    def __init__(self) -> None:
+        self._known: set[str] = set()
+
+    def rename_into(self, source: str | os.PathLike[str], final: Path) -> None:
+        """``rename(source, final)``, creating ``final``'s fan-out folders when missing."""
+        leaf = final.parent
+        key = str(leaf)
+        if key not in self._known:
+            make_fanout(leaf)
+            self._known.add(key)
+        try:
+            os.rename(source, final)
+        except FileNotFoundError:
+            if not os.path.exists(source):
+                raise
+            self._known.discard(key)
+            make_fanout(leaf)
+            self._known.add(key)
+            os.rename(source, final)
+
+
 def make_fanout(leaf: Path) -> None:
-    """Create ``store/ab/cd`` (and ``store/ab``) if missing, fsyncing each new entry's parent."""
+    """Create ``store/ab/cd`` (and ``store/ab``) if missing, private (``0700``)."""
     if leaf.is_dir():
         return
     for path in (leaf.parent, leaf):
@@ -148,15 +178,15 @@ def make_fanout(leaf: Path) -> None:
             path.mkdir(mode=PRIVATE_DIR)
         except FileExistsError:
             continue
-        fsync_dir(path.parent)
+        os.chmod(path, PRIVATE_DIR)  # mkdir's mode passes through the umask
 
 
-def write_file(cache_dir: Path, hash: bytes, data: bytes) -> Path:
-    """Steps 1, 3, 4, 5 for bytes already verified in memory; the temp is removed on failure."""
+def write_file(cache_dir: Path, hash: bytes, data: bytes, fanout: Fanout | None = None) -> Path:
+    """Steps 1, 3, 4 for bytes already verified in memory; the temp is removed on failure."""
     temp = TempFile(cache_dir, hash)
     try:
         temp.write_at(data, 0)
-        return temp.commit()
+        return temp.commit(fanout)
     except BaseException:
         temp.discard()
         raise

@@ -1,9 +1,11 @@
-"""One fill: fetch a hash's bytes through the remote limits, verify them, store them durably.
+"""One fill: fetch a hash's bytes through the remote limits, verify them, store them.
 
-Small objects (one chunk) are verified in memory before anything is written, so bad bytes
-never touch the disk. Larger ones stream chunk by chunk (memory bounded by ``chunk_size``),
-hashed incrementally and written to the temp file at explicit offsets; a mismatch at the end
-unlinks the temp file. Either way nothing reaches a final name unverified.
+Small objects (one chunk) are read, verified in memory and stored in **one worker thread**
+(:meth:`Backend.read_range_then`): one thread hop per fill, and bad bytes never touch the
+disk. Larger ones stream chunk by chunk (memory bounded by ``chunk_size``), hashed
+incrementally and written to the temp file at explicit offsets; a mismatch at the end unlinks
+the temp file. Either way nothing reaches a final name unverified. Nothing is fsynced here:
+the cache's checkpoints make fills durable in groups (:mod:`mountd.store.durability`).
 
 Disk full: a write that fails with ENOSPC asks the cache to evict (``free_space``), then
 rewrites the same range once (``pwrite`` makes the retry idempotent). A second ENOSPC, or
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import blake3
@@ -29,11 +32,6 @@ from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
 
 log = logging.getLogger("mountd.store.fill")
-
-#: Buffers smaller than this are hashed in the trio thread (~17 µs for 110 KiB): a thread hop
-#: costs more than the hash.
-INLINE_HASH = 512 * 1024
-
 
 class Filler:
     """Runs fills for the cache; holds no per-fill state."""
@@ -53,6 +51,7 @@ class Filler:
         self.io = io_limiter
         self.chunk_size = chunk_size
         self.free_space = free_space
+        self.fanout = disk.Fanout()
 
     async def fill(
         self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
@@ -64,17 +63,53 @@ class Filler:
                 hash, location, f"digest says {size} bytes but its location has {location.length}"
             )
         if size <= self.chunk_size:
-            data = await self._read(backend, location, 0, size, dataset) if size else b""
-            self._check_size(hash, location, len(data), size)
-            if len(data) < INLINE_HASH:
-                digest = blake3.blake3(data).digest()
-            else:
-                digest = await trio.to_thread.run_sync(_digest, data, limiter=self.io)
-            self._check_hash(hash, location, digest)
-            return await self._store_verified(hash, data)
+            return await self._fill_small(backend, hash, size, location, dataset)
         return await self._stream(backend, hash, size, location, dataset)
 
     # -- pieces ------------------------------------------------------------------------------
+
+    async def _fill_small(
+        self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
+    ) -> Path:
+        """Read, verify and store a one-chunk object in one worker thread."""
+        received: list[int] = []
+        store = partial(self._verify_and_store, hash, location, size, received)
+        try:
+            if size == 0:  # nothing to fetch: no request
+                return await trio.to_thread.run_sync(store, b"", limiter=self.io)
+            async with self.limits.request(size):
+                try:
+                    return await backend.read_range_then(location.key, location.offset, size, store)
+                finally:
+                    if received:  # the GET itself succeeded, whatever came of its bytes
+                        self.counters.add_request(dataset, "GET", received[0])
+        except _NoSpace as full:
+            self._make_room(size, full.error)
+            data = full.data
+        try:
+            return await trio.to_thread.run_sync(
+                disk.write_file, self.cache_dir, hash, data, self.fanout, limiter=self.io
+            )
+        except OSError as exc:
+            if disk.is_enospc(exc):
+                raise self._disk_full(size) from exc
+            raise
+
+    def _verify_and_store(
+        self, hash: bytes, location: Location, size: int, received: list[int], data: bytes
+    ) -> Path:
+        """In a worker thread: check size and blake3, then write and rename into the store.
+        Raises CorruptObject (nothing written), :class:`_NoSpace` (disk full; the caller
+        evicts in the trio thread and writes again), OSError."""
+        received.append(len(data))
+        self._check_size(hash, location, len(data), size)
+        self._check_hash(hash, location, _digest(data))
+        try:
+            return disk.write_file(self.cache_dir, hash, data, self.fanout)
+        except OSError as exc:
+            if disk.is_enospc(exc):
+                raise _NoSpace(data, exc) from exc
+            raise
 
     async def _read(
         self, backend: Backend, location: Location, offset: int, length: int, dataset: str | None
@@ -83,25 +118,6 @@ class Filler:
             data = await backend.read_range(location.key, location.offset + offset, length)
         self.counters.add_request(dataset, "GET", len(data))
         return data
-
-    async def _store_verified(self, hash: bytes, data: bytes) -> Path:
-        # Never abandon a thread that writes: cancellation waits for it to finish.
-        try:
-            return await trio.to_thread.run_sync(
-                disk.write_file, self.cache_dir, hash, data, limiter=self.io
-            )
-        except OSError as exc:
-            if not disk.is_enospc(exc):
-                raise
-            self._make_room(len(data), exc)
-        try:
-            return await trio.to_thread.run_sync(
-                disk.write_file, self.cache_dir, hash, data, limiter=self.io
-            )
-        except OSError as exc:
-            if disk.is_enospc(exc):
-                raise self._disk_full(len(data)) from exc
-            raise
 
     async def _stream(
         self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
@@ -133,7 +149,7 @@ class Filler:
                 offset += n
             self._check_hash(hash, location, hasher.digest())
             try:
-                path = await trio.to_thread.run_sync(temp.commit, limiter=self.io)
+                path = await trio.to_thread.run_sync(temp.commit, self.fanout, limiter=self.io)
             except OSError as exc:
                 if disk.is_enospc(exc):
                     raise self._disk_full(size) from exc
@@ -178,6 +194,16 @@ class Filler:
             url=location.url,
             key=location.key,
         )
+
+
+class _NoSpace(Exception):
+    """ENOSPC while storing verified bytes in a worker thread; carries them back so the trio
+    thread can evict and write them again without fetching twice."""
+
+    def __init__(self, data: bytes, error: OSError) -> None:
+        super().__init__(error)
+        self.data = data
+        self.error = error
 
 
 def _digest(data: bytes) -> bytes:

@@ -6,9 +6,10 @@ A. **Killed mid-fill** (any time before the rename): a ``tmp/*.tmp`` file, compl
    verified or not. → :func:`clear_tmp` deletes everything in ``tmp/``. Nothing else refers
    to temp files, so nothing is lost but the in-flight work.
 B. **Killed between the rename and the index commit**, or the last WAL transactions lost to a
-   power cut (``synchronous=NORMAL``): a file at its final name without a row. The file is
-   complete and verified by invariant (it was fsynced before the rename, and the directory
-   after), so it is *adopted*: indexed with its size and its mtime as last use.
+   power cut (``synchronous=NORMAL``): a file at its final name without a row. In the same
+   boot the file is complete and verified by invariant (the kernel has every byte the rename
+   published), so it is *adopted*: indexed with its size and its mtime as last use. After a
+   reboot it is verified first (F).
 C. **A row without a file**: evicted/scrubbed file whose row delete was lost with the WAL
    tail, or a file removed by hand. → the row and its dataset references are dropped.
 D. **Index unreadable** (truncated, garbage, another schema version, "database disk image is
@@ -17,6 +18,12 @@ D. **Index unreadable** (truncated, garbage, another schema version, "database d
    all). Pins, dataset references and exact last-use times are lost; they are advisory.
 E. **Junk in ``store/``**: names that are not 64 lower-case hex in the right fan-out folder,
    or not regular files (nothing mountd writes; e.g. a hand copy) → deleted.
+F. **Fills newer than the last durable checkpoint, after a reboot** (power cut, kernel
+   crash; :mod:`.durability`): fills do not fsync, so a file renamed after the last
+   checkpoint's ``syncfs`` may be empty, short or zero-filled on disk. When the index's
+   recorded boot id is not this boot's (or is unknown, or the index was rebuilt), every row
+   added after the checkpoint and every file to adopt is re-hashed (:func:`durability.verify_files`);
+   those that do not match are deleted (file and row) before anything is served.
 
 Clean shutdown: :meth:`Cache.aclose` marks the index clean (``meta.clean = 1``) after the
 last change; ``open`` marks it dirty again (fsync'd) before any change. An open that finds it
@@ -44,7 +51,7 @@ from pathlib import Path
 
 import trio
 
-from mountd.store import layout
+from mountd.store import disk, durability, layout
 from mountd.store.index import Index, IndexCorrupt, batched
 
 log = logging.getLogger("mountd.store.recovery")
@@ -61,6 +68,10 @@ class RecoveryReport:
     adopted: int = 0
     rows_dropped: int = 0
     junk_removed: int = 0
+    #: F: files re-hashed because they were newer than the last checkpoint of another boot.
+    verified: int = 0
+    #: F: of those, the ones that did not match (removed, file and row).
+    unsynced_dropped: int = 0
     index_rebuilt: bool = False
     #: False when the index was clean (clean shutdown) and the store scan was skipped.
     reconciled: bool = True
@@ -191,8 +202,10 @@ async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, Reco
     index_file = layout.index_path(cache_dir)
 
     index: Index | None = None
+    mark: tuple[int | None, str | None] = (None, None)
     try:
         index = Index.open(index_file)
+        mark = index.durable_mark()
         if index.is_clean() and not reconcile:
             index.set_clean(False)
             report.reconciled = False
@@ -233,11 +246,48 @@ async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, Reco
 
     orphans = list(on_disk - indexed)  # B (and D)
     del on_disk, indexed
+    synced_through, boot = (None, None) if report.index_rebuilt else mark
+    rebooted = boot is None or boot != durability.boot_id()  # (None == None: unknown)
     for part in batched(orphans, 250_000):
         rows = await trio.to_thread.run_sync(stat_files, cache_dir, part)
+        if rebooted:  # F: a file without a row may be one the power cut damaged
+            rows = await _drop_unverified(cache_dir, rows, report)
         index.adopt(rows)
         report.adopted += len(rows)
+    if rebooted:  # F: rows newer than the last checkpoint
+        adopted = set(orphans)
+        suspects = [(h, size) for h, size in index.added_since(synced_through)
+                    if h not in adopted]
+        bad = await _verify(cache_dir, suspects, report)
+        if bad:
+            for h in bad:
+                disk.remove(layout.store_path(cache_dir, h))
+            index.delete(bad)
+            index.drop_dangling_refs()
     return index, _finish(index, report, start, cache_dir)
+
+
+async def _verify(cache_dir: Path, items: Sequence[tuple[bytes, int | None]],
+                  report: RecoveryReport) -> list[bytes]:
+    """Re-hash ``items`` in worker threads; the bad ones (counted in ``report``)."""
+    if not items:
+        return []
+    bad = await trio.to_thread.run_sync(durability.verify_files, cache_dir, items)
+    report.verified += len(items)
+    report.unsynced_dropped += len(bad)
+    for h in bad:
+        log.warning("dropping %s: written after the last durable checkpoint and damaged by "
+                    "the crash (its bytes do not match its hash)", h.hex())
+    return bad
+
+
+async def _drop_unverified(cache_dir: Path, rows: list[tuple[bytes, int, int]],
+                           report: RecoveryReport) -> list[tuple[bytes, int, int]]:
+    """The rows of files to adopt that verify; the others' files are removed."""
+    bad = set(await _verify(cache_dir, [(h, size) for h, size, _ in rows], report))
+    for h in bad:
+        disk.remove(layout.store_path(cache_dir, h))
+    return [row for row in rows if row[0] not in bad]
 
 
 def _discard(index: Index | None, index_file: Path, exc: BaseException) -> None:
@@ -253,7 +303,7 @@ def _finish(index: Index, report: RecoveryReport, start: float, cache_dir: Path)
     report.seconds = trio.current_time() - start
     log.info(
         "opened %s: %d entries (%d bytes), %d temp removed, %d adopted, %d rows dropped, "
-        "%d junk removed%s%s in %.2fs",
+        "%d junk removed, %d verified after a reboot (%d dropped)%s%s in %.2fs",
         cache_dir,
         report.entries,
         report.bytes,
@@ -261,6 +311,8 @@ def _finish(index: Index, report: RecoveryReport, start: float, cache_dir: Path)
         report.adopted,
         report.rows_dropped,
         report.junk_removed,
+        report.verified,
+        report.unsynced_dropped,
         ", index rebuilt" if report.index_rebuilt else "",
         "" if report.reconciled else " (clean shutdown: store scan skipped)",
         report.seconds,

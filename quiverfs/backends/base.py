@@ -18,7 +18,8 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from functools import partial
+from typing import Any, ClassVar, TypeVar
 
 import trio
 
@@ -206,6 +207,20 @@ class Backend(ABC):
             return b""
         return await self._call("GET", key, self._read_range, key, offset, length)
 
+    async def read_range_then(
+        self, key: str, offset: int, length: int, then: Callable[[bytes], T]
+    ) -> T:
+        """:meth:`read_range`, then ``then(bytes)`` in the same worker thread; its result.
+
+        For a caller whose next step blocks too (mountd verifies and stores what it read):
+        one thread hop per object instead of two. ``then`` runs once, after a successful
+        read; what it raises is not translated or retried, and the call is never abandoned
+        on cancellation (``then`` may write), unlike a plain read.
+        """
+        if offset < 0 or length < 0:
+            raise ValueError(f"negative offset or length: {offset}, {length}")
+        return await self._call("GET", key, self._read_range, key, offset, length, then=then)
+
     async def read(self, key: str) -> bytes:
         """The whole object. Costs a ``HEAD`` then one ``GET`` per :data:`DEFAULT_CHUNK`."""
         parts = [part async for part in self.iter_chunks(key)]
@@ -258,21 +273,27 @@ class Backend(ABC):
         )
 
     async def _call(
-        self, kind: str, key: str, fn: Callable[..., T], *args: object, count_bytes: bool = True
+        self, kind: str, key: str, fn: Callable[..., Any], *args: object, count_bytes: bool = True,
+        then: Callable[[Any], T] | None = None,
     ) -> T:
-        """Run blocking ``fn(*args)`` in a thread, counting, translating and retrying it.
+        """Run blocking ``fn(*args)`` in a thread, counting, translating and retrying it;
+        with ``then``, run ``then(result)`` after it in the same thread (see
+        :meth:`read_range_then`).
 
-        Cancellation: these calls only read, so a cancelled caller abandons the thread
+        Cancellation: plain calls only read, so a cancelled caller abandons the thread
         (``abandon_on_cancel=True``); the SDK call finishes in the background and is dropped.
         """
         start = trio.current_time()
         attempt = 0
+        work = fn if then is None else partial(_then, fn, then)
         while True:
             self.counters.requests[kind] += 1
             try:
                 result = await trio.to_thread.run_sync(
-                    fn, *args, limiter=self.limiter, abandon_on_cancel=True
+                    work, *args, limiter=self.limiter, abandon_on_cancel=then is None
                 )
+            except _ThenFailed as failed:
+                raise failed.error from None
             except Exception as exc:
                 error = self._classify(exc, key)
                 self.counters.failures[type(error).__name__] += 1
@@ -286,9 +307,30 @@ class Backend(ABC):
                 self.counters.retries += 1
                 await trio.sleep(delay)
                 continue
-            if count_bytes and isinstance(result, bytes | bytearray):
+            if then is not None:
+                nbytes, result = result
+                self.counters.bytes_read += nbytes
+            elif count_bytes and isinstance(result, bytes | bytearray):
                 self.counters.bytes_read += len(result)
             return result
+
+
+class _ThenFailed(Exception):
+    """Carries what a ``then`` step raised past the backend's translation and retries."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _then(fn: Callable[..., Any], then: Callable[[Any], T], *args: object) -> tuple[int, T]:
+    """``fn(*args)`` (a backend call: its errors are the backend's), then ``then`` on its result
+    (the caller's: its errors are wrapped so they pass through untouched)."""
+    result = fn(*args)
+    try:
+        return len(result), then(result)
+    except Exception as exc:
+        raise _ThenFailed(exc) from exc
 
 
 def join_key(prefix: str, key: str) -> str:

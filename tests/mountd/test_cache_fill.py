@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from pathlib import Path
 
 import blake3
@@ -375,3 +377,56 @@ async def test_aclose_during_fills_leaves_a_consistent_store(tmp_path: Path, sou
         assert (await reopened.scrub()).bad == 0
     finally:
         await reopened.aclose()
+
+
+class SlowReads:
+    """Wraps a FileBackend so each read takes ``delay`` seconds in its thread, and records how
+    many reads were in flight at once (the real part is too fast to overlap on demand)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.now = self.most = 0
+
+    def __call__(self, backend):
+        original = backend._read_range
+
+        def slow(*args):
+            with self.lock:
+                self.now += 1
+                self.most = max(self.most, self.now)
+            try:
+                time.sleep(self.delay)
+                return original(*args)
+            finally:
+                with self.lock:
+                    self.now -= 1
+
+        backend._read_range = slow
+        return backend
+
+
+@pytest.mark.parametrize("how", ["misses", "claimed", "preload"])
+async def test_fills_overlap_up_to_the_remote_concurrency(tmp_path: Path, source: Source, how: str):
+    """Misses of many readers, a claim's fetches and a preload all keep exactly
+    ``remote_concurrency`` remote reads in flight: no fewer (nothing serialises them behind
+    one thread or a smaller pool), no more."""
+    objs = source.many(24, 4000)
+    slow = SlowReads(0.1)
+    backends = Backends(wrap=slow)
+    items = [(o.hash, o.size, o.location) for o in objs]
+    async with running(config(tmp_path / "c", remote_concurrency=6), backends) as cache:
+        with trio.fail_after(20):
+            if how == "misses":
+                async with trio.open_nursery() as readers:
+                    for o in objs:
+                        readers.start_soon(cache.ensure, o.hash, o.size, o.location, "ds")
+            elif how == "claimed":
+                assert cache.fetch_now(items, "ds") == len(objs)
+            else:
+                assert cache.prefetch(items, "ds") == len(objs)
+            await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="fills")
+    assert slow.most == 6
+    assert backends.gets() == len(objs)
+    for o in objs:
+        assert layout.store_path(tmp_path / "c", o.hash).read_bytes() == o.data

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from mountd.stats.counters import LATENCY_BUCKETS, Counters
+from mountd.stats.counters import LATENCY_BUCKETS, RECENT, Counters
 
 
 def test_counts_go_to_total_and_dataset():
@@ -40,8 +40,24 @@ def test_latency_histogram_buckets():
     assert abs(hist["sum"] - 100.5055) < 1e-9
     names = [repr(b) for b in LATENCY_BUCKETS] + ["+Inf"]
     assert list(hist["buckets"]) == names
-    assert hist["buckets"]["0.001"] == 2  # <= 1 ms (upper bounds are inclusive)
+    assert hist["buckets"]["0.0005"] == 1  # upper bounds are inclusive
+    assert hist["buckets"]["0.001"] == 1
+    assert hist["buckets"]["0.002"] == 0
     assert hist["buckets"]["0.005"] == 1
     assert hist["buckets"]["0.5"] == 1
     assert hist["buckets"]["+Inf"] == 1
     assert sum(hist["buckets"].values()) == 5
+    # exact percentiles of the latest fills: the median of five is the third
+    assert hist["recent"] == {"count": 5, "p50": 0.004, "p95": 100.0}
+
+
+def test_latency_percentiles_cover_only_the_latest_fills():
+    c = Counters()
+    for _ in range(RECENT):
+        c.add_fill(None, 1, 10.0)
+    for _ in range(RECENT // 2 + 1):  # more than half of the window is now fast
+        c.add_fill(None, 1, 0.001)
+    hist = c.snapshot()["total"]["fill_latency"]
+    assert hist["count"] == RECENT + RECENT // 2 + 1
+    assert hist["recent"]["count"] == RECENT
+    assert hist["recent"]["p50"] == 0.001 and hist["recent"]["p95"] == 10.0
