@@ -269,15 +269,35 @@ class Cache:
     # -- group commit and durable checkpoints (mountd/store/durability.py) ----------------------
 
     def _flush_index(self) -> None:
-        """Commit the index's group commit; a failure leaves files without rows, which the
-        next open adopts, so the index is marked as needing a reconcile."""
-        if self._index is None:
+        """Commit the index's group commit, and settle rows no commit could store.
+
+        A failed group commit (disk full) is retried row by row by the index; rows that
+        still fail come back here: evict to make room and insert them once more, then
+        remove the files of any that failed again (and their accounting), so that no file
+        is ever in the store, counted in ``used``, and unknown to the index and its
+        eviction."""
+        index = self._index
+        if index is None:
             return
-        try:
-            self._index.flush()
-        except sqlite3.Error:
-            log.exception("could not commit new index rows; the next start reconciles")
-            self._dirty = True
+        index.flush()
+        lost = index.take_lost()
+        if not lost:
+            return
+        log.warning("could not index %d new files (disk full?); evicting and retrying", len(lost))
+        self._free_disk(max(sum(size for _, size, _ in lost), 1 << 20))
+        failed = index.insert_now(lost)
+        if not failed:
+            return
+        log.warning("dropping %d new files the index could not store", len(failed))
+        hashes = [h for h, _, _ in failed]
+        for hash, size, _ in failed:
+            disk.remove(layout.store_path(self.config.cache_dir, hash))
+            self.used -= size
+            self.entries -= 1
+        assert self._policy is not None
+        self._policy.on_remove(hashes)
+        self._notify_space()
+        self._tell("removed", lambda listener: listener.removed(hashes))
 
     async def _committer(self) -> None:
         """Flush the group commit a few milliseconds after its first row (see Index.insert)."""
@@ -486,6 +506,10 @@ class Cache:
                     assert self._policy is not None
                     self._policy.on_insert(flight.hash, flight.size)
                     self._tell("filled", lambda listener: listener.filled(flight.hash))
+                    if self._nursery is None or self.index.pending >= GROUP_COMMIT_ROWS:
+                        self._flush_index()
+                    else:
+                        self._rows_waiting.set()
                 finally:
                     self.reserved -= flight.size
                     self._notify_space()
@@ -524,10 +548,6 @@ class Cache:
         index = self._require_open()
         try:
             index.insert(flight.hash, flight.size, flight.dataset)
-            if self._nursery is None or index.pending >= GROUP_COMMIT_ROWS:
-                self._flush_index()
-            else:
-                self._rows_waiting.set()
             return
         except sqlite3.OperationalError as exc:
             log.warning(
@@ -536,7 +556,6 @@ class Cache:
             self._free_disk(max(flight.size, 1 << 20))
         try:
             index.insert(flight.hash, flight.size, flight.dataset)
-            self._flush_index()
         except sqlite3.OperationalError as exc:
             disk.remove(layout.store_path(self.config.cache_dir, flight.hash))
             raise CacheFull(f"cannot index {flight.hash.hex()}: {exc}; free disk space") from exc
@@ -551,6 +570,7 @@ class Cache:
         """Reserve ``size`` bytes under the cap, evicting; waits for fills in flight when only
         they stand in the way; :class:`CacheFull` when pinned entries leave no room."""
         cap = self.config.cache_size
+        self._flush_index()  # eviction sees every new row (and none the index lost)
         while True:
             over = self.used + self.reserved + size - cap
             if over > 0:

@@ -101,29 +101,28 @@ class Index:
         self.conn = conn
         self.path = path
         self._clock = 0
-        #: A group commit is open (see :meth:`insert`); :meth:`flush` commits it.
+        #: A group commit of new rows is open (see :meth:`insert`); :meth:`flush` commits it.
         self._group = False
-        #: Rows inserted in the open group commit.
-        self.pending = 0
+        #: ``(hash, size, dataset)`` of the rows in the open group commit.
+        self._group_rows: list[tuple[bytes, int, str | None]] = []
+        #: Rows of a failed group commit that could not be inserted again either (disk full):
+        #: their files exist but the index does not know them. The cache takes them
+        #: (:meth:`take_lost`) and removes the files, so accounting and index agree again.
+        self._lost: list[tuple[bytes, int, str | None]] = []
+
+    @property
+    def pending(self) -> int:
+        """Rows waiting in the open group commit."""
+        return len(self._group_rows)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """``BEGIN`` … ``COMMIT``, rolled back if anything raises (e.g. "database or disk is
         full"), so a failed write never leaves a transaction open.
 
-        Inside an open group commit it is a ``SAVEPOINT`` instead: its statements join the
-        group (committed by the next :meth:`flush`) and a failure undoes only them."""
-        if self._group:
-            self.conn.execute("SAVEPOINT step")
-            try:
-                yield self.conn
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    self.conn.execute("ROLLBACK TO step")
-                    self.conn.execute("RELEASE step")
-                raise
-            self.conn.execute("RELEASE step")
-            return
+        Only new rows share a group commit: any other write commits the group first, so a
+        failure can never take a delete, a pin or a mark down with it."""
+        self.flush()
         self.conn.execute("BEGIN")
         try:
             yield self.conn
@@ -134,22 +133,39 @@ class Index:
         self.conn.execute("COMMIT")
 
     def flush(self) -> int:
-        """Commit the open group commit, if any; the number of rows it inserted.
+        """Commit the open group commit, if any; the number of rows it held.
 
-        If the ``COMMIT`` fails (disk full) the group is rolled back and the error raised:
-        its rows are lost, their files stay (a file without a row, which the next open
-        adopts), so the caller marks the index as needing a reconcile."""
+        Never raises for the rows: if the ``COMMIT`` fails (disk full) the group is rolled
+        back and each row is inserted again on its own; a row that still fails goes to
+        :meth:`take_lost`."""
         if not self._group:
             return 0
-        rows, self.pending = self.pending, 0
+        rows, self._group_rows = self._group_rows, []
         self._group = False
         try:
             self.conn.execute("COMMIT")
+            return len(rows)
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 self.conn.execute("ROLLBACK")
-            raise
-        return rows
+        self._lost.extend(self.insert_now(rows))
+        return len(rows)
+
+    def insert_now(self, rows: Sequence[tuple[bytes, int, str | None]]) -> list[tuple[bytes, int, str | None]]:
+        """Insert rows one transaction each (outside any group); those that failed."""
+        failed = []
+        for row in rows:
+            try:
+                with self.transaction() as c:
+                    self._insert_row(c, *row)
+            except sqlite3.Error:
+                failed.append(row)
+        return failed
+
+    def take_lost(self) -> list[tuple[bytes, int, str | None]]:
+        """Rows no insert could store since the last call (see ``_lost``)."""
+        lost, self._lost = self._lost, []
+        return lost
 
     # -- opening -------------------------------------------------------------------------
 
@@ -227,8 +243,9 @@ class Index:
         return (int(through) if through is not None else None), values.get("boot_id")
 
     def set_durable_mark(self, synced_through: int, boot_id: str | None) -> None:
-        """Record a durable checkpoint (in the group commit, if one is open: the record is
-        only ever *older* than the truth on disk, which errs on the side of verifying)."""
+        """Record a durable checkpoint (its commit becomes durable at the next checkpoint: the
+        record on disk is only ever *older* than the truth, which errs on the side of
+        verifying)."""
         with self.transaction() as c:
             c.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
@@ -266,26 +283,35 @@ class Index:
 
         The row joins a *group commit*: one transaction that many fills share, committed by
         :meth:`flush` (the cache flushes every few milliseconds, and before every durable
-        checkpoint). An autocommit per fill cost ~180 µs of the trio thread, a row in a
-        group ~20 µs. Reads on this connection see the row at once; durability is not lost
-        either way (``synchronous=NORMAL`` never made a single commit durable; the cache's
-        checkpoints do, docs/store-layout.md "Durability")."""
-        stamp = self.now()
+        checkpoint; any other write flushes it first). An autocommit per fill cost ~180 µs
+        of the trio thread, a row in a group ~20 µs. Reads on this connection see the row at
+        once; durability is not lost either way (``synchronous=NORMAL`` never made a single
+        commit durable; the cache's checkpoints do, docs/store-layout.md "Durability").
+        A failed insert raises and leaves the group's other rows as they were."""
         c = self.conn
         if not self._group:
             c.execute("BEGIN")
             self._group = True
-        self.pending += 1
-        with self.transaction():
-            c.execute(
-                "INSERT OR REPLACE INTO entries (hash, size, last_use, added, pinned) "
-                "VALUES (?, ?, ?, ?, COALESCE((SELECT pinned FROM entries WHERE hash=?), 0))",
-                (hash, size, stamp, stamp, hash),
-            )
-            if dataset is not None:
-                c.execute(
-                    "INSERT OR IGNORE INTO refs (dataset, hash) VALUES (?, ?)", (dataset, hash)
-                )
+        c.execute("SAVEPOINT row")
+        try:
+            self._insert_row(c, hash, size, dataset)
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                c.execute("ROLLBACK TO row")
+                c.execute("RELEASE row")
+            raise
+        c.execute("RELEASE row")
+        self._group_rows.append((hash, size, dataset))
+
+    def _insert_row(self, c: sqlite3.Connection, hash: bytes, size: int, dataset: str | None) -> None:
+        stamp = self.now()
+        c.execute(
+            "INSERT OR REPLACE INTO entries (hash, size, last_use, added, pinned) "
+            "VALUES (?, ?, ?, ?, COALESCE((SELECT pinned FROM entries WHERE hash=?), 0))",
+            (hash, size, stamp, stamp, hash),
+        )
+        if dataset is not None:
+            c.execute("INSERT OR IGNORE INTO refs (dataset, hash) VALUES (?, ?)", (dataset, hash))
 
     def adopt(self, rows: Sequence[tuple[bytes, int, int]]) -> None:
         """Index files found on disk without rows: ``(hash, size, mtime_ns)`` each.
@@ -407,21 +433,25 @@ class Index:
         sql = "DELETE FROM refs WHERE dataset = ?"
         if keep_pinned:
             sql += " AND hash NOT IN (SELECT hash FROM entries WHERE pinned = 1)"
+        self.flush()
         self.conn.execute(sql, (dataset,))
 
     def drop_dangling_refs(self) -> int:
         """Delete references to hashes that have no entry (after recovery dropped rows)."""
+        self.flush()
         return self.conn.execute(
             "DELETE FROM refs WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.hash = refs.hash)"
         ).rowcount
 
     def register(self, dataset: str, info: dict) -> None:
+        self.flush()
         self.conn.execute(
             "INSERT OR REPLACE INTO datasets (id, info, registered) VALUES (?, ?, ?)",
             (dataset, json.dumps(info, sort_keys=True, default=str), time.time_ns()),
         )
 
     def unregister(self, dataset: str) -> None:
+        self.flush()
         self.conn.execute("DELETE FROM datasets WHERE id = ?", (dataset,))
 
     def dataset_usage(self) -> dict[str, dict]:
@@ -439,6 +469,7 @@ class Index:
 
     def set_chunk(self, dataset: str, hashes: Iterable[bytes], chunk: int) -> None:
         """Record which chunk of ``dataset`` holds ``hashes`` (-1 = not chunked)."""
+        self.flush()
         self.conn.executemany(
             "UPDATE refs SET chunk = ? WHERE dataset = ? AND hash = ?",
             [(chunk, dataset, h) for h in hashes],
