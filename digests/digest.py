@@ -266,6 +266,19 @@ class Digest:
         except sqlite3.Error as exc:
             raise _db_error(self.path, exc) from None
 
+    def files_between(self, first_id: int, last_id: int) -> list[FileEntry]:
+        """The files with ids ``first_id .. last_id``, in id order (digest order: see
+        digests/schema.py): one primary-key range scan. The mount's read-ahead asks for the
+        files that follow the one being read this way."""
+        try:
+            rows = self._conn.execute(
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE id BETWEEN ? AND ? ORDER BY id",
+                (first_id, last_id),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise _db_error(self.path, exc) from None
+        return [self._file(row) for row in rows]
+
     def lookup(self, parent_id: int, name: str) -> Entry | None:
         """The entry called ``name`` in directory ``parent_id``, or ``None``."""
         if "\0" in name or not name.isprintable() and _unencodable(name):

@@ -14,6 +14,10 @@ request, and is answered on the same ``/dev/fuse`` descriptor (docs/mount.md "Re
 * **extended attributes** -- ``user.quiver.hash``/``user.quiver.cached`` on files,
   ``user.quiver.dataset``/``user.quiver.stats`` on the root, and the control channel
   (quiverfs/control.py), whose replay and paging state must be the mount's, not a worker's.
+* **read-ahead** -- every file read here and every hit the workers report goes to the scan
+  detector (quiverfs/readahead.py); the files it names are sent to mountd as ``prefetch``
+  notifications by :meth:`QuiverOperations.send_prefetches`, off the read path. The one
+  place that knows every read, so the one place that can see a scan.
 
 Errors from anywhere below become an errno in one place, :func:`quiverfs.errors.errno_for`.
 
@@ -24,22 +28,25 @@ in that thread.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import trio
 
 from digests.digest import Digest, FileEntry
+from digests.errors import DigestError
 from quiverfs import fuse_wire as w
 from quiverfs.control_channel import ControlChannel, SessionClient
 from quiverfs.errors import CorruptObject, FsError, errno_for
 from quiverfs.fuse_worker import HIT_RECORD
+from quiverfs.readahead import ReadAhead, window_bytes, window_for
 from quiverfs.reads import COUNTERS, ERRORS, SharedCounters, StoreReads
 from quiverfs.tree import ROOT_INODE, Tree
 
@@ -74,6 +81,9 @@ SERVED_FILES = 1 << 20
 #: mountd a second time nor count a second error.
 FAILURE_MEMORY = 0.5
 
+#: Most items in one ``prefetch`` notification (well under the protocol's MAX_ITEMS).
+PREFETCH_BATCH = 10_000
+
 
 # -- what the main process needs from outside -------------------------------------------------
 
@@ -83,6 +93,19 @@ class Fetcher(Protocol):
 
     async def ensure(self, entry: FileEntry) -> str:
         """Path of the verified store file holding ``entry``'s content."""
+        ...
+
+
+class Prefetcher(Protocol):
+    """Asks for files to be filled in the background (mountd's ``prefetch``): read-ahead."""
+
+    async def cache_bytes(self) -> int | None:
+        """The size of the cache the files go to (None: unknown); never raises."""
+        ...
+
+    async def prefetch(self, entries: Sequence[FileEntry]) -> None:
+        """Queue fills of ``entries``; returns without waiting for them, and never raises
+        (read-ahead is advisory: nothing is lost if mountd is away)."""
         ...
 
 
@@ -114,7 +137,9 @@ class QuiverOperations:
     ``fetcher`` is awaited on a miss; ``sessions`` (mountd's client, or None for a mount
     without a session layer) serves the control channel; ``counters`` holds every serving process's counters
     (slot 0 is ours); ``extra_stats`` (optional) adds fields to ``user.quiver.stats`` (the
-    mount adds its pid, mountpoint and mountd state).
+    mount adds its pid, mountpoint and mountd state). With a ``prefetcher`` and ``readahead``
+    > 0, scans in digest order are read ahead by up to that many files, once
+    :meth:`send_prefetches` runs and has learnt the cache's size (quiverfs/readahead.py).
     """
 
     def __init__(
@@ -128,6 +153,8 @@ class QuiverOperations:
         uid: int | None = None,
         gid: int | None = None,
         extra_stats: Callable[[], dict] | None = None,
+        prefetcher: Prefetcher | None = None,
+        readahead: int = 0,
     ) -> None:
         self.digest = digest
         self.dataset_id = digest.dataset_id
@@ -149,6 +176,15 @@ class QuiverOperations:
         self._pending_bytes = 0
         #: hash → inodes read from the mount with that content (see mountd/store/evictions.py)
         self._served: dict[bytes, tuple[int, ...]] = {}
+        #: the scan detector, made by send_prefetches (None: read-ahead off, or not yet)
+        self.readahead: ReadAhead | None = None
+        self._readahead_files = readahead
+        self._prefetcher = prefetcher
+        #: file ids the detector named, not yet sent to mountd (ascending runs)
+        self._to_prefetch: list[int] = []
+        self._prefetch_wanted = trio.Event()
+        #: files sent to mountd for read-ahead so far
+        self._prefetched = 0
 
     def close(self) -> None:
         """Release what the operations hold (not the digest: its owner closes it)."""
@@ -160,9 +196,12 @@ class QuiverOperations:
         """Queue a worker's hit report (``u64 bytes``, then a hash + inode record per file)."""
         (nbytes,) = struct.unpack_from("<Q", message)
         self._pending_bytes += nbytes
+        readahead = self.readahead
         for content_hash, inode in HIT_RECORD.iter_unpack(message[8:]):
             self._pending_hashes.append(content_hash)
             self._served_from(content_hash, inode)
+            if readahead is not None and readahead.sequential:
+                self._read_ahead(readahead.reported(inode))
 
     def _served_from(self, content_hash: bytes, inode: int) -> None:
         """Remember that the kernel may now keep ``inode``'s pages, read from ``content_hash``."""
@@ -193,7 +232,9 @@ class QuiverOperations:
 
     def stats(self) -> dict:
         """``user.quiver.stats`` as a dict."""
-        out: dict = {"dataset": self.dataset_id, **self.shared.totals()}
+        out: dict = {"dataset": self.dataset_id, **self.shared.totals(),
+                     "readahead": self.readahead.window if self.readahead else 0,
+                     "readahead_files": self._prefetched}
         if self._extra_stats is not None:
             out.update(self._extra_stats())
         return out
@@ -206,7 +247,8 @@ class QuiverOperations:
         try:
             if opcode == w.READ:
                 _, offset, size = w.READ_IN.unpack_from(request, w.HEADER_SIZE)
-                data = await self.read(nodeid, offset, size)
+                reader = w.IN_HEADER.unpack_from(request)[6]  # the reading process's pid
+                data = await self.read(nodeid, offset, size, reader)
                 return [w.OUT_HEADER.pack(w.OUT_HEADER.size + len(data), 0, unique), data]
             if opcode == w.GETXATTR:
                 (asked,) = w.GETXATTR_IN.unpack_from(request, w.HEADER_SIZE)[:1]
@@ -224,13 +266,15 @@ class QuiverOperations:
         body = w.xattr_body(value, asked)
         return w.error(unique, body) if isinstance(body, int) else w.reply(unique, body)
 
-    async def read(self, inode: int, offset: int, size: int) -> bytes:
+    async def read(self, inode: int, offset: int, size: int, reader: int = 0) -> bytes:
         """Bytes of ``inode`` at ``offset``, fetching the file through mountd if needed.
 
         A worker forwards a READ when the store file did not exist; by now another request
         may have fetched it (then it is a hit), or may be fetching it (then we wait for that
         fetch instead of asking mountd again). A file's READ at offset 0 counts it as read
-        (see :class:`MountCounters`).
+        (see :class:`MountCounters`) and is shown to read-ahead, as read by process
+        ``reader`` (0: unknown), before any fetch: the files after it can be on their way
+        while this one is.
         """
         reads = self.reads
         # A READ at offset 0 starts a read of the file: look in the store again (it may have
@@ -240,6 +284,8 @@ class QuiverOperations:
             entry = self.tree.file(inode)
             if entry.size == 0:
                 return b""
+            if offset == 0 and self.readahead is not None:
+                self._read_ahead(self.readahead.observe(inode, reader))
             fd, hit = await self._open(entry)
             if offset == 0:
                 if inode in self._miss_to_count:
@@ -311,6 +357,61 @@ class QuiverOperations:
                 error = exc
                 break
         raise self._failure(entry, error) from None
+
+    # -- read-ahead --------------------------------------------------------------------------
+
+    def _read_ahead(self, ids: list[int]) -> None:
+        """Queue the file ids the detector named for :meth:`send_prefetches`."""
+        if ids:
+            self._to_prefetch.extend(ids)
+            self._prefetch_wanted.set()
+
+    async def send_prefetches(self) -> None:
+        """Send the files read-ahead names to mountd, as they come (runs until cancelled).
+
+        What gathers while one notification is sent goes in the next, so a burst of reads
+        costs a few notifications, not one each. Files already in the store and empty files
+        are left out here, off the read path (one ``stat`` each): a scan over cached files
+        costs mountd nothing.
+        """
+        prefetcher, digest = self._prefetcher, self.digest
+        if prefetcher is None or self._readahead_files <= 0 or not digest.file_count:
+            return
+        # The window in bytes depends on the cache's size, so read-ahead starts once that is
+        # known (reads before are not shown to it). File ids are inode numbers, dir_count + 1
+        # .. dir_count + file_count.
+        cap = window_bytes(await prefetcher.cache_bytes())
+        window = window_for(self._readahead_files, digest.total_bytes, digest.file_count, cap)
+        self.readahead = ReadAhead(digest.dir_count + 1, digest.dir_count + digest.file_count,
+                                   window)
+        while True:
+            await self._prefetch_wanted.wait()
+            self._prefetch_wanted = trio.Event()
+            ids, self._to_prefetch = self._to_prefetch, []
+            entries = [entry for entry in self._entries(ids)
+                       if entry.size and not os.path.exists(self.tree.store_path(entry.hash))]
+            for start in range(0, len(entries), PREFETCH_BATCH):
+                batch = entries[start:start + PREFETCH_BATCH]
+                self._prefetched += len(batch)
+                await prefetcher.prefetch(batch)
+
+    def _entries(self, ids: list[int]) -> list[FileEntry]:
+        """The file entries of ``ids``, one digest range query per run of consecutive ids
+        (a damaged row is left out, and logged when it is read)."""
+        out: list[FileEntry] = []
+        i = 0
+        while i < len(ids):
+            j = i + 1
+            while j < len(ids) and ids[j] == ids[j - 1] + 1:
+                j += 1
+            try:
+                out.extend(self.digest.files_between(ids[i], ids[j - 1]))
+            except DigestError:
+                for file_id in ids[i:j]:
+                    with contextlib.suppress(FsError):  # the damaged row (logged by the tree)
+                        out.append(self.tree.file(file_id))
+            i = j
+        return out
 
     # -- extended attributes ---------------------------------------------------------------
 

@@ -14,7 +14,7 @@ The serving process owns, in order (teardown in reverse): a private copy of the 
 first, so a bad digest fails before anything is mounted; a mountd client (a mountd is started
 on demand when none answers), the registration of the dataset with mountd, the FUSE session,
 the worker pool (quiverfs/worker_pool.py: a worker that dies is replaced and its request
-answered), and a nursery with the hit reporter and the signal watcher.
+answered), and a nursery with the hit reporter, the read-ahead sender and the signal watcher.
 
 One mount per mount point: the check that nothing is mounted there and the mount itself
 happen under an exclusive ``flock`` of the mount point directory (:func:`claim_mountpoint`),
@@ -55,6 +55,7 @@ import trio
 
 from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads
 from quiverfs.errors import QuiverError, UsageError, first_error
+from quiverfs.readahead import WINDOW, WINDOW_BYTES
 from quiverfs.snapshot import Snapshot
 from quiverfs.worker_pool import MAX_RESTARTS, RESTART_WINDOW, WorkerPool
 
@@ -103,6 +104,7 @@ class MountOptions:
     workers: int = 0  #: processes serving FUSE requests; 0: one per core, 2 to 4
     frontend: str = NATIVE  #: who speaks FUSE, one of FRONTENDS
     nonempty: bool = False  #: mount over a directory that has entries (hiding them)
+    readahead: int = WINDOW  #: files read ahead of a scan in digest order; 0: off
 
     def resolved(self) -> MountOptions:
         """The same options with absolute paths (a detached child runs in ``/``); the mount
@@ -241,7 +243,8 @@ def claim_mountpoint(mountpoint: Path, nonempty: bool = False) -> Iterator[None]
 
 
 class MountdFetcher:
-    """The :class:`quiverfs.fs.Fetcher` of a mount: mountd's ``ensure`` for one dataset."""
+    """The :class:`quiverfs.fs.Fetcher` and :class:`quiverfs.fs.Prefetcher` of a mount:
+    mountd's ``ensure`` and ``prefetch`` for one dataset."""
 
     def __init__(self, client, dataset: str) -> None:
         self.client = client
@@ -249,6 +252,28 @@ class MountdFetcher:
 
     async def ensure(self, entry) -> str:
         return await self.client.ensure(entry.hash, entry.size, entry.location, self.dataset)
+
+    async def cache_bytes(self) -> int | None:
+        from mountd.errors import MountdUnavailable
+
+        # mountd's ``usage`` is the one answer holding the cache's size (it also sums the
+        # cache per dataset: ~1 s of mountd's time for a million cached files, once a mount).
+        try:
+            return int((await self.client.usage())["cap_bytes"])
+        except (MountdUnavailable, QuiverError, OSError, KeyError, TypeError, ValueError) as exc:
+            log.info("read-ahead does not know the cache's size (%s): windows up to %d MiB",
+                     exc, WINDOW_BYTES >> 20)
+            return None
+
+    async def prefetch(self, entries) -> None:
+        from mountd.errors import MountdUnavailable
+
+        items = [(entry.hash, entry.size, entry.location) for entry in entries]
+        try:
+            await self.client.prefetch(items, self.dataset, wait=False)
+        except (MountdUnavailable, QuiverError, OSError) as exc:
+            # Read-ahead is advisory: the reads fetch what it could not.
+            log.debug("dropped read-ahead of %d files: %s", len(items), exc)
 
 
 class _Status:
@@ -379,8 +404,10 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())
         counters = reads.SharedCounters(workers + 1)
-        ops = QuiverOperations(digest, cache_dir, MountdFetcher(client, dataset), counters,
-                               sessions=client, extra_stats=extra_stats)
+        fetcher = MountdFetcher(client, dataset)
+        ops = QuiverOperations(digest, cache_dir, fetcher, counters, sessions=client,
+                               extra_stats=extra_stats, prefetcher=fetcher,
+                               readahead=options.readahead)
         fuse_options = {"ro", "nosuid", "nodev", "default_permissions",
                         f"fsname=quiverfs:{dataset[:16]}", "subtype=quiverfs"}
         if options.allow_other:
@@ -419,6 +446,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             stop = partial(_stop_serving, mountpoint, mine, pool)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
+                nursery.start_soon(ops.send_prefetches)
                 nursery.start_soon(_forget_evicted, ops, client, partial(_invalidate, fuse_fd))
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
@@ -463,6 +491,7 @@ async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_
         status.mounted(mine)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_report_hits, ops, client, dataset)
+            nursery.start_soon(ops.send_prefetches)
             nursery.start_soon(_forget_evicted, ops, client, session.invalidate)
             nursery.start_soon(_watch_signals, partial(unmount_own, mountpoint, mine))
             nursery.start_soon(_announce_ready, mountpoint, status, dataset)

@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from quiverfs.errors import QuiverError, UsageError
+from quiverfs.readahead import WINDOW
 
 _CACHE_DIR_HELP = "Cache directory shared with mountd (default: $XDG_CACHE_HOME/quiverfs or ~/.cache/quiverfs)."
 
@@ -27,6 +28,9 @@ STATS_TIMEOUT = 1.0
 
 #: Most processes a mount may serve its requests with (`--workers`).
 MAX_WORKERS = 32
+
+#: Most files a mount may read ahead (`--readahead`): far more than mountd fills at once.
+MAX_READAHEAD = 10_000
 
 
 def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
@@ -40,7 +44,7 @@ def mount(
     digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
     foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
     frontend: str = "native",
-    nonempty: bool = False,
+    nonempty: bool = False, readahead: int = WINDOW,
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
@@ -61,12 +65,14 @@ def mount(
         raise UsageError(f"--workers must be between 1 and {MAX_WORKERS} (0: one per core), not {workers}")
     if frontend not in FRONTENDS:
         raise UsageError(f"--frontend must be one of {', '.join(FRONTENDS)}, not {frontend!r}")
+    if not 0 <= readahead <= MAX_READAHEAD:
+        raise UsageError(f"--readahead must be a number of files from 0 (off) to {MAX_READAHEAD}, not {readahead}")
     if frontend == PYFUSE3:
         from quiverfs import frontend_pyfuse3  # an optional extra: only when asked for
 
         frontend_pyfuse3.require()
     options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
-                           frontend, nonempty=nonempty)
+                           frontend, nonempty=nonempty, readahead=readahead)
     if foreground:
         setup_logging(debug)
         run_foreground(options)
@@ -151,6 +157,11 @@ def register(app: typer.Typer) -> None:
         nonempty: bool = typer.Option(
             False, "--nonempty", help="Mount over a directory that is not empty (its entries are hidden meanwhile).",
         ),
+        readahead: int = typer.Option(
+            WINDOW, "--readahead", metavar="N",
+            help="Files fetched ahead when the reads are a scan in digest order (cp -r, tar, a "
+                 "loader walking a directory); 0: off. Random reads are never read ahead.",
+        ),
     ) -> None:
         """Mount a dataset read-only: its files are read through the machine's shared cache.
 
@@ -162,7 +173,7 @@ def register(app: typer.Typer) -> None:
         debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
                      foreground=foreground, allow_other=allow_other, debug=debug, workers=workers,
-                     frontend=frontend, nonempty=nonempty)
+                     frontend=frontend, nonempty=nonempty, readahead=readahead)
         if not foreground:
             typer.echo(line)
 
@@ -213,7 +224,8 @@ IGNORED_OPTIONS = frozenset({
 
 HELPER = "mount.fuse.quiverfs"
 HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
-                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,frontend=native|pyfuse3,allow_other,nonempty,foreground,debug]")
+                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,readahead=N,frontend=native|pyfuse3,allow_other,nonempty,"
+                "foreground,debug]")
 
 
 def parse_helper_args(argv: list[str]) -> dict[str, Any]:
@@ -245,7 +257,7 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
                               "cache_dir": None, "cache_size": None, "allow_other": False,
                               "foreground": False, "debug": False, "workers": 0, "frontend": "native",
-                              "nonempty": False,
+                              "nonempty": False, "readahead": WINDOW,
                               "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
@@ -262,6 +274,10 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
         elif key == "workers":
             if not eq or not value.isdigit():
                 raise UsageError(f"option workers needs a number (workers=N), not {opt!r}")
+            result[key] = int(value)
+        elif key == "readahead":
+            if not eq or not value.isdigit():
+                raise UsageError(f"option readahead needs a number of files (readahead=N, 0: off), not {opt!r}")
             result[key] = int(value)
         elif key in ("allow_other", "nonempty", "foreground", "debug") and not eq:
             result[key] = True

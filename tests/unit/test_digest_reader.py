@@ -62,6 +62,15 @@ def test_ids_dirs_first_then_files(small):
     assert small.entry(0) is None and small.entry(7 + len(FILES)) is None
 
 
+def test_files_between_is_a_range_of_ids(small):
+    last = 6 + len(FILES)
+    assert small.files_between(7, last) == [small.entry(i) for i in range(7, last + 1)]
+    assert [f.id for f in small.files_between(8, 10)] == [8, 9, 10]
+    assert [f.id for f in small.files_between(last, last + 100)] == [last]  # ends with the digest
+    assert small.files_between(1, 6) == []  # directory ids name no file
+    assert small.files_between(9, 8) == []
+
+
 def test_lookup_and_entries(small):
     entry = small.lookup_path("train/n02/deep/d.JPEG")
     assert isinstance(entry, FileEntry)

@@ -15,16 +15,18 @@ def test_fstab_style_options() -> None:
     args = parse_helper_args(
         ["/data/imagenet.qd", "/mnt/imagenet", "-o",
          "rw,noauto,_netdev,x-systemd.automount,cache_size=200G,cache_dir=/var/cache/quiverfs,allow_other,workers=3,"
-         "frontend=pyfuse3"]
+         "frontend=pyfuse3,readahead=16"]
     )
     assert args == {
         "digest": Path("/data/imagenet.qd"), "mountpoint": Path("/mnt/imagenet"),
         "cache_dir": Path("/var/cache/quiverfs"), "cache_size": "200G", "allow_other": True,
         "foreground": False, "debug": False, "workers": 3, "frontend": "pyfuse3", "nonempty": False,
-        "fake": False,
+        "readahead": 16, "fake": False,
     }
     assert parse_helper_args(["d.qd", "/m"])["frontend"] == "native"
     assert parse_helper_args(["d.qd", "/m", "-o", "nonempty"])["nonempty"] is True
+    assert parse_helper_args(["d.qd", "/m"])["readahead"] == 64  # on by default
+    assert parse_helper_args(["d.qd", "/m", "-o", "readahead=0"])["readahead"] == 0
 
 
 def test_flags_and_joined_options() -> None:
@@ -38,11 +40,22 @@ def test_flags_and_joined_options() -> None:
     [[], ["only-one"], ["a", "b", "c"], ["a", "b", "-o"], ["a", "b", "-o", "cache_size"],
      ["a", "b", "-o", "bogus=1"], ["a", "b", "-o", "allow_other=yes"], ["a", "b", "-o", "workers"],
      ["a", "b", "-o", "workers=two"], ["a", "b", "-o", "workers=-1"], ["a", "b", "-o", "frontend"],
-     ["a", "b", "-o", "frontend=fuse2"], ["a", "b", "-o", "nonempty=1"]],
+     ["a", "b", "-o", "frontend=fuse2"], ["a", "b", "-o", "nonempty=1"], ["a", "b", "-o", "readahead"],
+     ["a", "b", "-o", "readahead=many"], ["a", "b", "-o", "readahead=-1"]],
 )
 def test_bad_command_lines(argv) -> None:
     with pytest.raises(UsageError):
         parse_helper_args(argv)
+
+
+@pytest.mark.parametrize("readahead", [-1, 10_001])
+def test_readahead_out_of_range_is_one_line(readahead, tmp_path) -> None:
+    from quiverfs.mount_cli import mount as mount_api
+
+    with pytest.raises(UsageError) as caught:
+        mount_api(tmp_path / "d.qd", tmp_path, readahead=readahead)
+    assert str(caught.value) == (f"--readahead must be a number of files from 0 (off) to 10000, "
+                                 f"not {readahead}")
 
 
 def test_helper_exit_codes(capsys, tmp_path) -> None:

@@ -1,0 +1,113 @@
+"""Read-ahead through a real mount and mountd (docs/mount.md "Read-ahead"): files read in
+digest order through a cold mount make mountd prefetch the files that follow, which the
+reader then finds in the store; a shuffled read prefetches nothing, and ``--readahead 0``
+turns it off. Each test starts from an empty store (everything evicted) and a fresh mount.
+
+The zero-prefetch tests run first: a scan leaves nothing queued in mountd once it has read
+every file, but running them before it also keeps a slow fill from an earlier test out of
+their counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mountd.rpc.client import SyncClient
+from tests.mount.conftest import MountProcess, dataset_served, quiverfs_cmd, wait_for
+
+pytestmark = pytest.mark.mount
+
+rng = random.Random(12)
+#: ImageFolder-like: 4 classes of 100 files; digest order is path order here (files only in
+#: the leaf directories), the order a sorted walk reads them.
+FILES = {f"train/c{c}/img{i:03d}.jpg": rng.randbytes(rng.randrange(4_000, 40_000))
+         for c in range(4) for i in range(100)}
+ORDER = sorted(FILES)
+
+
+@pytest.fixture(scope="module")
+def world(fuse, module_tmp: Path):
+    with dataset_served(module_tmp, FILES) as served:
+        yield served
+
+
+def cold(world: dict) -> int:
+    """Empty the store; mountd's prefetch count so far."""
+    with SyncClient.connect(world["cache"]) as client:
+        client.evict(all=True)
+        return _prefetches(client)
+
+
+def prefetches(world: dict) -> int:
+    with SyncClient.connect(world["cache"]) as client:
+        return _prefetches(client)
+
+
+def _prefetches(client: SyncClient) -> int:
+    return client.stats()["counters"]["total"]["prefetches"]
+
+
+def mount_stats(mountpoint: Path) -> dict:
+    return json.loads(os.getxattr(mountpoint, "user.quiver.stats"))
+
+
+def read_in(mountpoint: Path, paths: list[str]) -> None:
+    for rel in paths:
+        assert (mountpoint / rel).read_bytes() == FILES[rel], rel
+
+
+def cached(mountpoint: Path, rel: str) -> bool:
+    return os.getxattr(mountpoint / rel, "user.quiver.cached") == b"1"
+
+
+def test_a_shuffled_read_prefetches_nothing(world: dict, mountpoint: Path) -> None:
+    before = cold(world)
+    shuffled = random.Random(3).sample(ORDER, len(ORDER))
+    with MountProcess(world["digest"], mountpoint, world["cache"]):
+        read_in(mountpoint, shuffled)
+        stats = mount_stats(mountpoint)
+    assert stats["readahead"] == 64  # on, by default
+    assert stats["readahead_files"] == 0 and stats["misses"] == len(ORDER)
+    assert prefetches(world) == before
+
+
+def test_readahead_zero_prefetches_nothing(world: dict, mountpoint: Path) -> None:
+    before = cold(world)
+    with MountProcess(world["digest"], mountpoint, world["cache"], "--readahead", "0"):
+        read_in(mountpoint, ORDER)
+        stats = mount_stats(mountpoint)
+    assert stats["readahead"] == 0 and stats["readahead_files"] == 0
+    assert stats["misses"] == len(ORDER)
+    assert prefetches(world) == before
+
+
+def test_a_scan_in_digest_order_is_read_ahead(world: dict, mountpoint: Path) -> None:
+    before = cold(world)
+    with MountProcess(world["digest"], mountpoint, world["cache"], "--readahead", "64"):
+        read_in(mountpoint, ORDER[:20])  # 15 files in order make it a scan
+        # mountd fills the next files without anybody reading them …
+        ahead = ORDER[20:20 + 48]
+        wait_for(lambda: all(cached(mountpoint, rel) for rel in ahead),
+                 "mountd to prefetch the files after the first 20", timeout=30, interval=0.05)
+        assert prefetches(world) - before >= len(ahead)
+        # … and the reader finds them in the store: hits, the same bytes.
+        read_in(mountpoint, ORDER[20:])
+        stats = mount_stats(mountpoint)
+    assert stats["hits"] >= len(ahead)
+    assert stats["hits"] + stats["misses"] == len(ORDER)
+    assert stats["readahead_files"] >= len(ahead)
+    assert prefetches(world) - before >= len(ahead)
+
+
+def test_a_bad_readahead_value_is_one_line(world: dict, mountpoint: Path) -> None:
+    out = subprocess.run(quiverfs_cmd("mount", str(world["digest"]), str(mountpoint), "--readahead", "-1"),
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("quiverfs: error: --readahead must be a number of files from 0 (off) "
+                                  "to 10000, not -1")
