@@ -289,15 +289,7 @@ class Cache:
         if not failed:
             return
         log.warning("dropping %d new files the index could not store", len(failed))
-        hashes = [h for h, _, _ in failed]
-        for hash, size, _ in failed:
-            disk.remove(layout.store_path(self.config.cache_dir, hash))
-            self.used -= size
-            self.entries -= 1
-        assert self._policy is not None
-        self._policy.on_remove(hashes)
-        self._notify_space()
-        self._tell("removed", lambda listener: listener.removed(hashes))
+        self._remove([(hash, size) for hash, size, _ in failed], reason="unindexed")
 
     async def _committer(self) -> None:
         """Flush the group commit a few milliseconds after its first row (see Index.insert)."""
@@ -341,7 +333,6 @@ class Cache:
         except sqlite3.Error:
             log.exception("could not record the durable checkpoint")
             return False
-        self._rows_waiting.set()
         self.checkpoints += 1
         return True
 
@@ -570,10 +561,10 @@ class Cache:
         """Reserve ``size`` bytes under the cap, evicting; waits for fills in flight when only
         they stand in the way; :class:`CacheFull` when pinned entries leave no room."""
         cap = self.config.cache_size
-        self._flush_index()  # eviction sees every new row (and none the index lost)
         while True:
             over = self.used + self.reserved + size - cap
             if over > 0:
+                self._flush_index()  # settles rows the index lost before choosing victims
                 self._evict_until(over)
                 over = self.used + self.reserved + size - cap
             if over <= 0:
