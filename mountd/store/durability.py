@@ -34,9 +34,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import blake3
-
 from mountd.store import layout
+from mountd.store.scrub import hash_file
 
 log = logging.getLogger("mountd.store.durability")
 
@@ -80,23 +79,12 @@ def syncfs(directory: Path) -> None:
 
 def _matches(cache_dir: Path, hash: bytes, size: int | None) -> bool:
     """True when the store file of ``hash`` exists, has ``size`` bytes (if given) and its
-    content hashes to ``hash``."""
+    content hashes to ``hash`` (an unreadable file does not match)."""
     try:
-        fd = os.open(layout.store_path(cache_dir, hash), os.O_RDONLY | os.O_CLOEXEC)
+        found = hash_file(layout.store_path(cache_dir, hash))
     except OSError:
         return False
-    try:
-        actual = os.fstat(fd).st_size
-        if size is not None and actual != size:
-            return False
-        hasher = blake3.blake3()
-        while chunk := os.read(fd, 1 << 20):
-            hasher.update(chunk)
-        return hasher.digest() == hash
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+    return found is not None and found[0] == hash and (size is None or found[1] == size)
 
 
 def verify_files(

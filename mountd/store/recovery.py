@@ -260,8 +260,6 @@ async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, Reco
                     if h not in adopted]
         bad = await _verify(cache_dir, suspects, report)
         if bad:
-            for h in bad:
-                disk.remove(layout.store_path(cache_dir, h))
             index.delete(bad)
             index.drop_dangling_refs()
     return index, _finish(index, report, start, cache_dir)
@@ -269,7 +267,8 @@ async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, Reco
 
 async def _verify(cache_dir: Path, items: Sequence[tuple[bytes, int | None]],
                   report: RecoveryReport) -> list[bytes]:
-    """Re-hash ``items`` in worker threads; the bad ones (counted in ``report``)."""
+    """Re-hash ``items`` in worker threads; remove the files of the bad ones, and return
+    them (counted in ``report``)."""
     if not items:
         return []
     bad = await trio.to_thread.run_sync(durability.verify_files, cache_dir, items)
@@ -278,6 +277,7 @@ async def _verify(cache_dir: Path, items: Sequence[tuple[bytes, int | None]],
     for h in bad:
         log.warning("dropping %s: written after the last durable checkpoint and damaged by "
                     "the crash (its bytes do not match its hash)", h.hex())
+        disk.remove(layout.store_path(cache_dir, h))
     return bad
 
 
@@ -285,8 +285,6 @@ async def _drop_unverified(cache_dir: Path, rows: list[tuple[bytes, int, int]],
                            report: RecoveryReport) -> list[tuple[bytes, int, int]]:
     """The rows of files to adopt that verify; the others' files are removed."""
     bad = set(await _verify(cache_dir, [(h, size) for h, size, _ in rows], report))
-    for h in bad:
-        disk.remove(layout.store_path(cache_dir, h))
     return [row for row in rows if row[0] not in bad]
 
 
