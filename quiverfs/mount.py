@@ -254,16 +254,13 @@ class MountdFetcher:
         return await self.client.ensure(entry.hash, entry.size, entry.location, self.dataset)
 
     async def cache_bytes(self) -> int | None:
-        from mountd.errors import MountdUnavailable
-
-        # mountd's ``usage`` is the one answer holding the cache's size (it also sums the
-        # cache per dataset: ~1 s of mountd's time for a million cached files, once a mount).
-        try:
-            return int((await self.client.usage())["cap_bytes"])
-        except (MountdUnavailable, QuiverError, OSError, KeyError, TypeError, ValueError) as exc:
-            log.info("read-ahead does not know the cache's size (%s): windows up to %d MiB",
-                     exc, WINDOW_BYTES >> 20)
-            return None
+        # mountd says its cache's size in its ``hello`` answer, which the client already has.
+        size = self.client.info.get("cache_size")
+        if isinstance(size, int) and size > 0:
+            return size
+        log.info("read-ahead does not know the cache's size: windows up to %d MiB",
+                 WINDOW_BYTES >> 20)
+        return None
 
     async def prefetch(self, entries) -> None:
         from mountd.errors import MountdUnavailable

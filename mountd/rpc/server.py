@@ -326,6 +326,7 @@ class Server:
             "pid": os.getpid(),
             "uid": self.owner_uid,
             "cache_dir": str(self.cache_dir),
+            "cache_size": self.cache.config.cache_size,
             "started_at": self.started_at,
             "ops": sorted(OPERATIONS),
             "peer": dataclasses.asdict(conn.peer),

@@ -71,6 +71,7 @@ def test_hello_reports_version_pid_and_admin(client, daemon):
     assert info["version"] == protocol.PROTOCOL_VERSION
     assert info["pid"] == daemon.proc.pid
     assert info["cache_dir"] == str(daemon.cache_dir)
+    assert info["cache_size"] == 256 << 20  # running_mountd's --cache-size 256M
     assert info["admin"] is True and info["peer"]["pid"] == os.getpid()
 
 
