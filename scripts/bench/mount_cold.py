@@ -38,7 +38,7 @@ fill latency p50 <= 2 ms; cold in order ÷ boto3 >= 0.8 with the S3 emulator.
 
 Every reader checks the bytes it read (total) and the blake3 of every 16th file against the
 digest, after its timed loop. Needs root and FUSE; everything lives under .bench/mount_cold/
-(git-ignored); mountd's and the mount's logs of the last run are in .bench/mount_cold/logs/.
+(git-ignored); mountd's and the mount's logs of the last cold pass are in .bench/mount_cold/world/.
 Ctrl-C or SIGTERM unmounts and stops every process the benchmark started.
 """
 
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing
 import os
 import queue
@@ -67,12 +66,16 @@ sys.path.insert(0, str(REPO))
 
 import blake3  # noqa: E402
 import trio  # noqa: E402
-from harness.world import force_unmount, sigterm_as_interrupt, stop_mountd_of, wait_for  # noqa: E402
-
-from quiverfs.testing.mountd import log_tail, stop_process  # noqa: E402
+from harness.world import (  # noqa: E402
+    MountdConfig,
+    World,
+    force_unmount,
+    sigterm_as_interrupt,
+    stop_mountd_of,
+)
 
 WORK = REPO / ".bench" / "mount_cold"
-LOGS = WORK / "logs"
+WORLD = WORK / "world"  # harness World "world": mountd.log and mount.log of the last pass, mnt/
 #: Where the cold passes' caches live: a filesystem of their own (see dedicated_cache_fs), as
 #: docs/operations.md advises, unless --cache-on-root.
 CACHE_FS = WORK / "cachefs"
@@ -85,7 +88,6 @@ TARGET_P50_S = 0.002  # mountd's fill latency p50
 TARGET_S3 = 0.8  # cold in order ÷ plain boto3 reader, S3 emulator
 SAMPLE_EVERY = 16  # readers hash every 16th file of their share against the digest
 BUCKET, PREFIX = "coldbench", "train"
-STOP_TIMEOUT = 15.0
 PASS_TIMEOUT = 900.0  # seconds one read pass may take (today's cold S3 pass: ~10 s)
 BARRIER_TIMEOUT = 120.0
 
@@ -264,106 +266,27 @@ def readahead_supported() -> bool:
     return "--readahead" in out.stdout + out.stderr
 
 
-class ColdMount:
-    """A fresh empty cache directory, a ``quiverfs mountd`` on it and a ``quiverfs mount
-    --foreground`` of ``digest``; leaving the block (also on errors and Ctrl-C) unmounts, stops
-    both (SIGTERM, then SIGKILL) and deletes the cache.
+def cold_world(dataset: Dataset, mount_args: list[str], concurrency: int,
+               env: dict[str, str] | None) -> World:
+    """A fresh empty cache (on the cache filesystem), a ``quiverfs mountd`` on it and a
+    ``quiverfs mount --foreground`` of ``dataset`` with ``mount_args``: harness/world.py's
+    World, whose teardown unmounts and stops both (SIGTERM, then SIGKILL)."""
+    config = MountdConfig(cache_size=10 << 30, remote_concurrency=concurrency)
+    return World(dataset, "world", config, root=WORK, mount_args=mount_args, env=env,
+                 cache_dir=CACHE_ROOT / "cache")
 
-    Both run in their own sessions: a Ctrl-C reaches the benchmark, which then tears them down.
-    Leftovers of a killed run (a mount, a mountd on the cache directory) go when the next starts.
-    """
 
-    def __init__(self, digest: Path, mount_args: list[str], remote_concurrency: int,
-                 env: dict[str, str] | None = None, cache_root: Path | None = None) -> None:
-        self.digest = digest
-        self.mount_args = mount_args
-        self.remote_concurrency = remote_concurrency
-        self.env = env or dict(os.environ)
-        self.cache = (cache_root or CACHE_ROOT) / "cache"
-        self.mountpoint = WORK / "mnt"
-        self.mountd: subprocess.Popen | None = None
-        self.mount: subprocess.Popen | None = None
+def fill_latency(world: World) -> dict:
+    """mountd's total ``fill_latency`` as ``quiverfs stats`` reports it (``p50_s``, ``mean_s``,
+    ``count``, ...)."""
+    from mountd.stats.costs import stats_report
 
-    def __enter__(self) -> ColdMount:
-        try:
-            self._start()
-        except BaseException:
-            self._stop()
-            raise
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop()
-
-    def _popen(self, cmd: list[str], log: Path) -> subprocess.Popen:
-        with open(log, "ab") as f:
-            f.write(f"--- {time.strftime('%H:%M:%S')} {' '.join(cmd[2:])}\n".encode())
-            f.flush()
-            return subprocess.Popen(cmd, cwd=REPO, env=self.env, stdin=subprocess.DEVNULL, stdout=f,
-                                    stderr=f, start_new_session=True)
-
-    def _start(self) -> None:
-        from mountd.rpc.client import probe
-
-        LOGS.mkdir(parents=True, exist_ok=True)
-        force_unmount(self.mountpoint)  # leftovers of a killed run
-        stop_mountd_of(self.cache)
-        shutil.rmtree(self.cache, ignore_errors=True)
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        self.mountd = self._popen(
-            quiverfs("mountd", "--cache-dir", str(self.cache), "--cache-size", "10G",
-                     "--remote-concurrency", str(self.remote_concurrency)), LOGS / "mountd.log")
-        wait_for(lambda: probe(self.cache, timeout=1.0) is not None, "mountd to answer",
-                 alive=lambda: self._died(self.mountd, "mountd", LOGS / "mountd.log"))
-        self.mount = self._popen(
-            quiverfs("mount", "--foreground", "--cache-dir", str(self.cache), *self.mount_args,
-                     str(self.digest), str(self.mountpoint)), LOGS / "mount.log")
-        wait_for(self._ready, f"the mount at {self.mountpoint}",
-                 alive=lambda: self._died(self.mount, "the mount", LOGS / "mount.log"))
-
-    def _ready(self) -> bool:
-        try:  # the kernel handshake only shows at first access (MEASURED.md)
-            return os.path.ismount(self.mountpoint) and os.stat(self.mountpoint).st_ino == 1
-        except OSError:
-            return False
-
-    @staticmethod
-    def _died(proc: subprocess.Popen | None, what: str, log: Path) -> str | None:
-        if proc is not None and proc.poll() is not None:
-            return f"{what} exited with {proc.returncode}:\n{log_tail(log)}"
-        return None
-
-    def _stop(self) -> None:
-        """Stop the mount (SIGTERM unmounts), unmount what is left, stop mountd, drop the cache;
-        each step runs whatever failed before it."""
-        try:
-            if self.mount is not None:
-                stop_process(self.mount, STOP_TIMEOUT)
-        finally:
-            try:
-                force_unmount(self.mountpoint)
-            finally:
-                try:
-                    if self.mountd is not None:
-                        stop_process(self.mountd, STOP_TIMEOUT)
-                finally:
-                    shutil.rmtree(self.cache, ignore_errors=True)
-
-    def paths(self, dataset: Dataset) -> list[str]:
-        return [str(self.mountpoint / rel) for rel in dataset.rels]
-
-    def fill_latency(self) -> dict:
-        """``fill_latency`` of mountd's total row, from ``quiverfs stats --json``."""
-        out = subprocess.run(quiverfs("stats", "--cache-dir", str(self.cache), "--json"), cwd=REPO,
-                             env=self.env, capture_output=True, text=True, check=False)
-        if out.returncode != 0:
-            raise RuntimeError(f"quiverfs stats failed ({out.returncode}): {out.stderr.strip()[-500:]}")
-        return json.loads(out.stdout)["total"].get("fill_latency") or {}
+    return stats_report(world.stats())["total"]["fill_latency"]
 
 
 def sweep() -> None:
     """Whatever a cut-short teardown left: the mount, a mountd on the cache, the cache."""
-    force_unmount(WORK / "mnt")
+    force_unmount(WORLD / "mnt")
     stop_mountd_of(CACHE_ROOT / "cache")
     shutil.rmtree(CACHE_ROOT / "cache", ignore_errors=True)
 
@@ -445,10 +368,10 @@ def dedicated_cache_fs(enabled: bool) -> Iterator[None]:
 def cold_round(dataset: Dataset, row: Row, mount_args: list[str], readers: int, concurrency: int,
                seed: int | None, env: dict[str, str] | None = None, warm: Row | None = None) -> None:
     """One cold pass on a fresh cache and mount (and the warm second pass into ``warm``)."""
-    with ColdMount(dataset.digest, mount_args, concurrency, env) as m:
-        paths = m.paths(dataset)
+    with cold_world(dataset, mount_args, concurrency, env) as world:
+        paths = world.paths
         rate = read_pass(paths, dataset.hashes, readers, shuffle_seed=seed)
-        fill = m.fill_latency()
+        fill = fill_latency(world)
         row.add(rate, fill)
         value, which = latency_of(fill)
         lat = f", fill {which} {value * 1e3:.1f} ms over {fill.get('count')} fills" if value is not None else ""
@@ -459,6 +382,7 @@ def cold_round(dataset: Dataset, row: Row, mount_args: list[str], readers: int, 
             rate = read_pass(paths, dataset.hashes, readers)
             warm.add(rate)
             progress(f"  {warm.name}: {rate:,.0f} files/s")
+    shutil.rmtree(world.cache_dir, ignore_errors=True)
 
 
 def print_table(title: str, base: Row, rows: list[Row], targets: dict[str, float], rounds: int) -> None:
@@ -630,7 +554,7 @@ def main() -> None:
     started = time.monotonic()
     load = os.getloadavg()
     WORK.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(LOGS, ignore_errors=True)  # the logs hold this invocation only
+    shutil.rmtree(WORLD, ignore_errors=True)  # the logs hold this invocation only
     source, dataset = prepare_source(args.files)
     readahead = readahead_supported()
     progress(f"quiverfs mount --readahead: {'supported' if readahead else 'not offered by this tree'}")
@@ -644,7 +568,7 @@ def main() -> None:
         raise SystemExit("interrupted: mounts and processes stopped") from None
     except RuntimeError as exc:  # a reader, the mount or mountd failed: said in one message
         sweep()
-        raise SystemExit(f"failed: {exc}\n(logs: {LOGS})") from None
+        raise SystemExit(f"failed: {exc}\n(logs: {WORLD})") from None
     print(f"\nwall {time.monotonic() - started:.0f} s; load average {load[0]:.2f} at start, "
           f"{os.getloadavg()[0]:.2f} at end")
 

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -197,14 +197,21 @@ def stop_mountd_of(cache_dir: Path) -> None:
 
 class World:
     """A fresh cache directory, a mountd with ``config`` and a mount of ``dataset`` at
-    ``.bench/worlds/NAME/mnt``; a context manager that always tears down."""
+    ``.bench/worlds/NAME/mnt``; a context manager that always tears down.
+
+    ``mount_args`` are extra ``quiverfs mount`` options, ``env`` the environment of both
+    processes (default: this one's), ``cache_dir`` a cache directory elsewhere (default:
+    ``NAME/cache``, e.g. on a filesystem of its own)."""
 
     def __init__(self, dataset: Dataset, name: str, config: MountdConfig,
-                 root: Path = BENCH / "worlds") -> None:
+                 root: Path = BENCH / "worlds", *, mount_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None, cache_dir: Path | None = None) -> None:
         self.dataset = dataset
         self.config = config
+        self.mount_args = list(mount_args)
+        self.env = None if env is None else dict(env)
         self.dir = root / name
-        self.cache_dir = self.dir / "cache"
+        self.cache_dir = cache_dir or self.dir / "cache"
         self.mountpoint = self.dir / "mnt"
         self.mountd_log = self.dir / "mountd.log"
         self.mount_log = self.dir / "mount.log"
@@ -240,15 +247,17 @@ class World:
         with open(self.mountd_log, "wb") as log:
             self.mountd = subprocess.Popen(
                 quiverfs_cmd("mountd", "--cache-dir", str(self.cache_dir), *self.config.flags()),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO, start_new_session=True,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO, env=self.env,
+                start_new_session=True,
             )
         wait_for(lambda: probe(self.cache_dir, timeout=1.0) is not None, "mountd to answer",
                  alive=lambda: self._died(self.mountd, "mountd", self.mountd_log))
         with open(self.mount_log, "wb") as log:
             self.mount = subprocess.Popen(
                 quiverfs_cmd("mount", "--foreground", "--cache-dir", str(self.cache_dir),
-                             str(self.dataset.digest), str(self.mountpoint)),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO, start_new_session=True,
+                             *self.mount_args, str(self.dataset.digest), str(self.mountpoint)),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=REPO, env=self.env,
+                start_new_session=True,
             )
         wait_for(self._mount_ready, f"the mount at {self.mountpoint}",
                  alive=lambda: self._died(self.mount, "the mount", self.mount_log))
