@@ -56,9 +56,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-#: Files asked for ahead of the scan frontier, by default (``--readahead``). mountd fills 8 at
-#: once (``prefetch_concurrency``); 64 keeps each of those slots 8 files deep, enough for the
-#: fills to stay busy between two hit reports. 64 ImageNet files are ~7 MB of cache.
+#: Files asked for ahead of the scan frontier, by default (``--readahead``). mountd fills
+#: ``prefetch_concurrency`` at once (by default its ``--remote-concurrency``, 16); 64 keeps
+#: each of those slots 4 files deep, enough for the fills to stay busy between two hit
+#: reports. 64 ImageNet files are ~7 MB of cache.
 WINDOW = 64
 
 #: Most bytes the window may hold, as a number of files of the dataset's mean size (see
