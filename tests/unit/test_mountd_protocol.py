@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
+from pathlib import Path
 
 import pytest
 import trio
@@ -20,6 +21,7 @@ from mountd.rpc.protocol import (
     parse_request,
 )
 from mountd.rpc.server import Server
+from mountd.store.config import CacheConfig
 from quiverfs.errors import BackendError, CorruptObject, NotFound, QuiverError
 
 HASH = bytes(range(32))
@@ -177,6 +179,7 @@ class FakeCache:
     """Just enough of mountd.store.cache.Cache: ensure() waits until the test releases a hash."""
 
     def __init__(self):
+        self.config = CacheConfig(cache_dir=Path("/nonexistent/cache"), cache_size=1 << 30)
         self.release: dict[bytes, trio.Event] = {}
         self.hits: list = []
 
