@@ -57,6 +57,7 @@ from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads
 from quiverfs.errors import QuiverError, UsageError, first_error
 from quiverfs.readahead import WINDOW, WINDOW_BYTES
 from quiverfs.snapshot import Snapshot
+from quiverfs.supply import Supplier
 from quiverfs.worker_pool import MAX_RESTARTS, RESTART_WINDOW, WorkerPool
 
 log = logging.getLogger("quiverfs.mount")
@@ -249,9 +250,21 @@ class MountdFetcher:
     def __init__(self, client, dataset: str) -> None:
         self.client = client
         self.dataset = dataset
+        #: Fills with this process's own rights, for a mountd that runs as another user.
+        self.supplier = Supplier(client, dataset)
+
+    @property
+    def supplies(self) -> bool:
+        """mountd does not read sources for us (it said so in ``hello``): we supply them."""
+        return self.client.info.get("fills") == "client"
 
     async def ensure(self, entry) -> str:
-        return await self.client.ensure(entry.hash, entry.size, entry.location, self.dataset)
+        if self.supplies:
+            return await self.supplier.ensure(entry)
+        path = await self.client.lease(entry.hash, entry.size, entry.location, self.dataset)
+        if path is None:  # mountd (restarted as another user?) asks us to supply
+            return await self.supplier.ensure(entry)
+        return path
 
     async def cache_bytes(self) -> int | None:
         # mountd says its cache's size in its ``hello`` answer, which the client already has.
@@ -265,6 +278,9 @@ class MountdFetcher:
     async def prefetch(self, entries) -> None:
         from mountd.errors import MountdUnavailable
 
+        if self.supplies:
+            await self.supplier.prefetch(entries)
+            return
         items = [(entry.hash, entry.size, entry.location) for entry in entries]
         try:
             await self.client.prefetch(items, self.dataset, wait=False)

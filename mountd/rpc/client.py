@@ -40,6 +40,7 @@ import trio
 
 from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable, PermissionDenied, ProtocolError
 from mountd.rpc import protocol
+from mountd.rpc.fdpass import send_with_fds, send_with_fds_blocking
 from mountd.rpc.protocol import PROTOCOL_VERSION
 from mountd.store import layout
 from quiverfs.backends.base import Location
@@ -176,11 +177,19 @@ class SyncClient:
             self._ready.extend(self._decoder.feed(data))
         return protocol.decode_body(self._ready.pop(0))
 
-    def call(self, op: str, args: Mapping[str, Any] | None = None, *, progress: ProgressFn | None = None) -> Any:
-        """Send one request and wait for its answer; mountd's errors are raised here."""
+    def call(self, op: str, args: Mapping[str, Any] | None = None, *, progress: ProgressFn | None = None,
+             fds: Sequence[int] = ()) -> Any:
+        """Send one request (with ``fds`` attached: ops that carry descriptors) and wait for
+        its answer; mountd's errors are raised here."""
         rid = next(self._ids)
+        if fds:
+            args = {**(args or {}), "fds": len(fds)}
         try:
-            self._sock.sendall(protocol.encode_frame(protocol.make_request(rid, op, args)))
+            frame = protocol.encode_frame(protocol.make_request(rid, op, args))
+            if fds:
+                send_with_fds_blocking(self._sock, frame, fds)
+            else:
+                self._sock.sendall(frame)
         except OSError as exc:
             raise MountdUnavailable(f"lost the connection to mountd at {self.path}: {exc}") from None
         while True:
@@ -206,7 +215,24 @@ class SyncClient:
 
     def ensure(self, hash: bytes, size: int, location: Location | Mapping[str, Any],
                dataset: str | None = None) -> str:
-        return self.call("ensure", ensure_args(hash, size, location, dataset))["path"]
+        return _path_of(self.call("ensure", ensure_args(hash, size, location, dataset)))
+
+    def lease(self, hash: bytes, size: int, location: Location | Mapping[str, Any],
+              dataset: str | None = None) -> str | None:
+        """``ensure`` for a client that supplies its own bytes: the path, or None when this
+        client must :meth:`supply` them (it holds the hash's lease until it does)."""
+        return self.call("ensure", ensure_args(hash, size, location, dataset)).get("path")
+
+    def supply(self, hash: bytes, size: int, location: Location | Mapping[str, Any], fd: int,
+               offset: int, dataset: str | None = None) -> str:
+        """Hand mountd the content of ``hash``: ``size`` bytes at ``offset`` of descriptor
+        ``fd`` (opened with this process's rights); mountd verifies them. The store path."""
+        args = {**ensure_args(hash, size, location, dataset), "offset": offset}
+        return self.call("supply", args, fds=[fd])["path"]
+
+    def release(self, hashes: Sequence[bytes]) -> int:
+        """Give up leases: this client will not supply these hashes."""
+        return self.call("release", {"hashes": [bytes(h).hex() for h in hashes]})["released"]
 
     def stats(self) -> dict[str, Any]:
         return self.call("stats")
@@ -225,6 +251,16 @@ class SyncClient:
 
     def shutdown(self) -> dict[str, Any]:
         return self.call("shutdown")
+
+
+def _path_of(result: Mapping[str, Any]) -> str:
+    """The ``path`` of an ``ensure`` answer; a ``supply`` answer is an error for a client
+    that expected mountd to fetch (it asked without being able to supply)."""
+    if "path" not in result:
+        raise PermissionDenied(
+            "mountd does not read sources for this user (it runs as another uid): "
+            "this client must supply the bytes itself (see docs/operations.md \"Security\")")
+    return result["path"]
 
 
 def _result(message: Mapping[str, Any]) -> Any:
@@ -434,10 +470,13 @@ class AsyncClient:
         with trio.CancelScope(shield=True):
             await conn.stream.aclose()
 
-    async def _send(self, conn: _Connection, frame: bytes) -> None:
+    async def _send(self, conn: _Connection, frame: bytes, fds: Sequence[int] = ()) -> None:
         async with conn.send_lock:
             try:
-                await conn.stream.send_all(frame)
+                if fds:
+                    await send_with_fds(conn.stream.socket, frame, fds)
+                else:
+                    await conn.stream.send_all(frame)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 conn.alive = False
                 raise _ConnectionLost(str(exc)) from None
@@ -476,12 +515,14 @@ class AsyncClient:
                 await conn.stream.aclose()
 
     async def _call_on(self, conn: _Connection, op: str, args: Mapping[str, Any] | None,
-                       progress: ProgressFn | None) -> Any:
+                       progress: ProgressFn | None, fds: Sequence[int] = ()) -> Any:
         rid = next(self._ids)
         waiter = _Waiter(progress=progress)
         conn.waiters[rid] = waiter
+        if fds:
+            args = {**(args or {}), "fds": len(fds)}
         try:
-            await self._send(conn, protocol.encode_frame(protocol.make_request(rid, op, args)))
+            await self._send(conn, protocol.encode_frame(protocol.make_request(rid, op, args)), fds)
             await waiter.done.wait()
         finally:
             conn.waiters.pop(rid, None)
@@ -490,7 +531,7 @@ class AsyncClient:
         return _result(waiter.message)
 
     async def call(self, op: str, args: Mapping[str, Any] | None = None, *,
-                   progress: ProgressFn | None = None) -> Any:
+                   progress: ProgressFn | None = None, fds: Sequence[int] = ()) -> Any:
         """Send one request and wait for its answer; mountd's errors are raised here.
 
         If the connection drops first, an idempotent request is retried once on a new
@@ -501,7 +542,7 @@ class AsyncClient:
         for attempt in range(attempts):
             conn = await self._connection()
             try:
-                return await self._call_on(conn, op, args, progress)
+                return await self._call_on(conn, op, args, progress, fds)
             except _ConnectionLost as exc:
                 if attempt + 1 == attempts:
                     raise MountdUnavailable(
@@ -530,7 +571,24 @@ class AsyncClient:
     async def ensure(self, hash: bytes, size: int, location: Location | Mapping[str, Any],
                      dataset: str | None = None) -> str:
         """Path of the verified store file of ``hash``, fetched by mountd if needed."""
-        return (await self.call("ensure", ensure_args(hash, size, location, dataset)))["path"]
+        return _path_of(await self.call("ensure", ensure_args(hash, size, location, dataset)))
+
+    async def lease(self, hash: bytes, size: int, location: Location | Mapping[str, Any],
+                    dataset: str | None = None) -> str | None:
+        """``ensure`` for a client that supplies its own bytes (``info["fills"] ==
+        "client"``): the path, or None when this client must :meth:`supply` them."""
+        return (await self.call("ensure", ensure_args(hash, size, location, dataset))).get("path")
+
+    async def supply(self, hash: bytes, size: int, location: Location | Mapping[str, Any], fd: int,
+                     offset: int, dataset: str | None = None) -> str:
+        """Hand mountd ``size`` bytes at ``offset`` of ``fd`` as the content of ``hash``
+        (verified there); the store path. The caller still owns and closes ``fd``."""
+        args = {**ensure_args(hash, size, location, dataset), "offset": offset}
+        return (await self.call("supply", args, fds=[fd]))["path"]
+
+    async def release(self, hashes: Sequence[bytes]) -> int:
+        """Give up leases: this client will not supply these hashes."""
+        return (await self.call("release", {"hashes": [bytes(h).hex() for h in hashes]}))["released"]
 
     async def prefetch(self, items: Iterable[tuple[bytes, int, Location | Mapping[str, Any]]],
                        dataset: str | None = None, *, wait: bool = True) -> int | None:

@@ -48,6 +48,9 @@ MAX_ITEMS = 100_000
 #: Longest dataset id, mountpoint, URL or key accepted, in characters.
 MAX_TEXT = 4096
 
+#: Most descriptors one request may carry, and one ``recvmsg`` may take.
+MAX_FDS = 4
+
 @dataclass(frozen=True, slots=True)
 class Operation:
     """One mountd operation and the properties every side reads from :data:`OPERATIONS`:
@@ -63,6 +66,9 @@ class Operation:
     notification: bool = False
     #: Part of job sessions (substitutable, co-operative reads; docs/control-protocol.md).
     session: bool = False
+    #: May carry file descriptors (``SCM_RIGHTS``; the request says how many in ``fds``):
+    #: bytes or a digest a client opened with its own rights (mountd/store/supplied.py).
+    fds: bool = False
 
 
 #: Every operation the server knows, declared once (docs/mountd-protocol.md "Operations");
@@ -72,8 +78,10 @@ OPERATIONS: dict[str, Operation] = {
     for op in (
         Operation("hello", idempotent=True),
         Operation("ensure", idempotent=True),
+        Operation("supply", idempotent=False, fds=True),
+        Operation("release", idempotent=True),
         Operation("prefetch", idempotent=True, notification=True),
-        Operation("register", idempotent=True),
+        Operation("register", idempotent=True, fds=True),
         Operation("unregister", idempotent=True),
         Operation("hits", idempotent=False, notification=True),
         Operation("evictions", idempotent=False),
@@ -210,6 +218,8 @@ class Request:
     id: RequestId
     op: str
     args: dict[str, Any]
+    #: Descriptors that came with the request (ops with ``fds``); the server closes them.
+    fds: tuple[int, ...] = ()
 
     @property
     def wants_response(self) -> bool:
@@ -248,6 +258,18 @@ def parse_request(message: Mapping[str, Any]) -> Request:
     if unknown:
         raise ProtocolError(f"unknown request fields: {', '.join(sorted(unknown))}")
     return Request(rid, op, args)
+
+
+def fds_wanted(request: Request) -> int:
+    """How many descriptors ``request`` says it carries (its ``fds`` argument; 0 if none)."""
+    if "fds" not in request.args:
+        return 0
+    count = check_int(request.args, "fds")
+    if count and not OPERATIONS[request.op].fds:
+        raise ProtocolError(f"{request.op} carries no descriptors")
+    if count > MAX_FDS:
+        raise ProtocolError(f"at most {MAX_FDS} descriptors per request, not {count}")
+    return count
 
 
 def make_request(rid: RequestId, op: str, args: Mapping[str, Any] | None = None) -> dict[str, Any]:

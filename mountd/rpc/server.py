@@ -37,6 +37,7 @@ import trio
 from mountd.coop.service import CoopService, info_json
 from mountd.errors import PermissionDenied, ProtocolError
 from mountd.rpc import protocol
+from mountd.rpc.fdpass import DescriptorStream, close_all
 from mountd.rpc.protocol import (
     OPERATIONS,
     PROTOCOL_VERSION,
@@ -50,6 +51,7 @@ from mountd.rpc.protocol import (
 from mountd.stats.costs import scheme_of
 from mountd.store.cache import Cache
 from mountd.store.evictions import EvictionJournal
+from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends.base import Location
 from quiverfs.errors import QuiverError, UsageError
 from quiverfs.version import __version__
@@ -143,6 +145,11 @@ class Connection:
     stream: trio.SocketStream
     peer: Peer
     admin: bool
+    #: mountd may read sources with its own rights for this peer (same uid as mountd): see
+    #: :meth:`Server.fills_for`. Otherwise the peer supplies the bytes (``supply``).
+    fills: bool = True
+    #: Receives the descriptors requests carry (None: not a unix socket, e.g. in tests).
+    descriptors: DescriptorStream | None = None
     send_lock: trio.Lock = field(default_factory=trio.Lock)
     slots: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(MAX_IN_FLIGHT))
     mounts: set[int] = field(default_factory=set)
@@ -174,7 +181,8 @@ class Server:
     """
 
     def __init__(self, cache: Cache, cache_dir: str | os.PathLike[str], *,
-                 coop: CoopService | None = None, owner_uid: int | None = None) -> None:
+                 coop: CoopService | None = None, owner_uid: int | None = None,
+                 fill_uid: int | None = None) -> None:
         self.cache = cache
         self.coop = coop
         #: What left the store, for mounts to drop from the kernel's page cache.
@@ -182,6 +190,8 @@ class Server:
         cache.add_listener(self.evictions)
         self.cache_dir = Path(cache_dir)
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
+        #: The uid whose rights mountd's own reads have (see :meth:`fills_for`).
+        self.fill_uid = os.geteuid() if fill_uid is None else fill_uid
         self.started_at = time.time()
         self.shutdown = trio.Event()
         self.mounts: dict[int, MountRecord] = {}
@@ -197,6 +207,8 @@ class Server:
         self.handlers: dict[str, Callable[[Connection, Request], Awaitable[Any]]] = {
             "hello": self._op_hello,
             "ensure": self._op_ensure,
+            "supply": self._op_supply,
+            "release": self._op_release,
             "prefetch": self._op_prefetch,
             "register": self._op_register,
             "unregister": self._op_unregister,
@@ -238,7 +250,10 @@ class Server:
         except OSError:  # not a unix socket (tests) or the peer vanished already
             peer = Peer(0, -1, -1)
         self._next_connection += 1
-        conn = Connection(self._next_connection, stream, peer, self.is_admin(peer.uid))
+        conn = Connection(self._next_connection, stream, peer, self.is_admin(peer.uid),
+                          fills=self.fills_for(peer.uid))
+        if hasattr(getattr(stream, "socket", None), "recvmsg"):
+            conn.descriptors = DescriptorStream(stream.socket)
         self.connections[conn.id] = conn
         try:
             async with stream, trio.open_nursery() as nursery:
@@ -251,6 +266,10 @@ class Server:
         finally:
             conn.closed = True
             del self.connections[conn.id]
+            if conn.descriptors is not None:
+                conn.descriptors.close()
+            with contextlib.suppress(QuiverError):
+                self.cache.release(conn)  # its leases go to the next requester
             for mount_id in list(conn.mounts):
                 self._drop_mount(mount_id)
 
@@ -258,8 +277,15 @@ class Server:
         """Admin operations are for root and the uid that owns mountd."""
         return uid == 0 or uid == self.owner_uid
 
+    def fills_for(self, uid: int) -> bool:
+        """Whether mountd reads sources with its own rights for a peer: only when the peer
+        runs as mountd's own (effective) uid, whose rights are mountd's anyway. Every other
+        user supplies the bytes it read with its own rights (docs/operations.md
+        "Security"): a shared mountd never lends its authority."""
+        return uid == self.fill_uid
+
     async def _read_loop(self, conn: Connection, nursery: trio.Nursery) -> None:
-        reader = protocol.ExactReader(conn.stream)
+        reader = protocol.ExactReader(conn.descriptors or conn.stream)
         while True:
             try:
                 header = await reader.read_exactly(protocol.HEADER.size, eof_ok=True)
@@ -277,6 +303,11 @@ class Server:
                 message = protocol.decode_body(body)
                 rid = protocol.request_id_of(message)
                 request = protocol.parse_request(message)
+                wanted = protocol.fds_wanted(request)
+                if wanted:
+                    if conn.descriptors is None:
+                        raise ProtocolError("this connection cannot carry descriptors")
+                    request = dataclasses.replace(request, fds=conn.descriptors.take(wanted))
             except ProtocolError as exc:
                 self.protocol_errors += 1
                 await conn.send(protocol.error_response(rid, exc))
@@ -307,6 +338,7 @@ class Server:
             elif not response["ok"]:
                 log.warning("notification %s failed: %s", request.op, response["error"]["message"])
         finally:
+            close_all(request.fds)  # handlers dup what they keep
             conn.slots.release()
         if request.op == "shutdown" and response["ok"]:
             self.shutdown.set()
@@ -331,6 +363,9 @@ class Server:
             "ops": sorted(OPERATIONS),
             "peer": dataclasses.asdict(conn.peer),
             "admin": conn.admin,
+            # Who reads sources on a miss: mountd ("mountd"), or the client, which supplies
+            # the bytes ("client": the answer to ``ensure`` may be ``{"supply": true}``).
+            "fills": "mountd" if conn.fills else "client",
         }
 
     def _note_scheme(self, dataset: str | None, url: str) -> None:
@@ -340,11 +375,36 @@ class Server:
         digest, size, where = check_item(request.args)
         dataset = check_text(request.args, "dataset", optional=True)
         self._note_scheme(dataset, where["url"])
-        path = await self.cache.ensure(digest, size, Location(**where), dataset)
+        if not conn.fills:
+            # Served from the cache by hash (the capability), or the caller must supply the
+            # bytes it reads with its own rights; mountd never reads for it.
+            path = await self.cache.lease(digest, size, dataset, holder=conn, uid=conn.peer.uid)
+            return {"supply": True} if path is None else {"path": os.fspath(path)}
+        path = await self.cache.ensure(digest, size, Location(**where), dataset, uid=conn.peer.uid)
         return {"path": os.fspath(path)}
+
+    async def _op_supply(self, conn: Connection, request: Request) -> dict[str, Any]:
+        digest, size, where = check_item(request.args)
+        dataset = check_text(request.args, "dataset", optional=True)
+        offset = check_int(request.args, "offset", default=0)
+        if len(request.fds) != 1:
+            raise ProtocolError("supply carries exactly one descriptor (fds: 1)")
+        self._note_scheme(dataset, where["url"])
+        source = SuppliedBytes(os.dup(request.fds[0]), offset, conn.peer.uid, holder=conn)
+        path = await self.cache.ensure_supplied(digest, size, Location(**where), source, dataset)
+        return {"path": os.fspath(path)}
+
+    async def _op_release(self, conn: Connection, request: Request) -> dict[str, Any]:
+        hashes = [check_hash(h) for h in check_list(request.args, "hashes")]
+        return {"released": self.cache.release(conn, hashes)}
 
     async def _op_prefetch(self, conn: Connection, request: Request) -> dict[str, Any]:
         dataset = check_text(request.args, "dataset", optional=True)
+        if not conn.fills:
+            # Prefetch would read with mountd's rights: clients that supply their own
+            # bytes prefetch by supplying them (the mount does).
+            check_list(request.args, "items")
+            return {"queued": 0}
         items = []
         for raw in check_list(request.args, "items"):
             digest, size, where = check_item(raw)

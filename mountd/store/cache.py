@@ -53,6 +53,7 @@ from mountd.store.limits import RemoteLimits
 from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.recovery import RecoveryReport, recover
 from mountd.store.scrub import ScrubReport, scrub
+from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends import Backend, normalize_url, open_backend
 from quiverfs.backends.base import BackendOptions, Location
 from quiverfs.errors import CorruptObject, QuiverError
@@ -67,6 +68,7 @@ __all__ = [
     "Location",
     "RecoveryReport",
     "ScrubReport",
+    "SuppliedBytes",
 ]
 
 log = logging.getLogger("mountd.store.cache")
@@ -95,20 +97,43 @@ class CacheListener(Protocol):
         """A fill of ``hash`` failed for good (not: cancelled)."""
 
 
+#: Seconds a client may hold a lease (it was told to supply a hash's bytes) before mountd
+#: gives the hash to the next requester.
+LEASE_SECONDS = 60.0
+
+
 @dataclass(eq=False)
 class _Flight:
-    """One fill in progress; every ensure() of the same hash waits on it (single-flight)."""
+    """One fill in progress; every ensure() of the same hash waits on it (single-flight).
+
+    Whose authority fills it (docs/operations.md "Security"): ``source`` None means mountd's
+    own, reading ``location``; otherwise the bytes a client supplied. ``lease`` is set on a
+    flight that waits for a client to supply the bytes (:meth:`Cache.lease`): it has not
+    started, and belongs to that client until it supplies, releases, or the lease expires.
+    ``uid`` is the user the fill is for (statistics, quota)."""
 
     hash: bytes
     size: int
     location: Location
     dataset: str | None
     prefetch: bool
+    source: SuppliedBytes | None = None
+    lease: object | None = None
+    uid: int | None = None
     done: trio.Event = field(default_factory=trio.Event)
     path: str | None = None
     error: BaseException | None = None
-    #: The task running the fill was cancelled: waiters start a new flight.
+    #: The task running the fill was cancelled (or its lease given up): waiters start a new
+    #: flight.
     cancelled: bool = False
+    #: Whether the fill itself has started (a lease waits for its bytes until then).
+    started: bool = True
+
+    def fills_for(self, source: SuppliedBytes | None) -> bool:
+        """Whether a failure of this flight is the failure of a caller with ``source``: the
+        same authority (mountd's own, or this very supply). Anyone else's failure is never
+        passed on: the caller tries with its own rights (no one learns from another's)."""
+        return self.source is source and self.lease is None
 
 
 class Cache:
@@ -240,6 +265,8 @@ class Cache:
         if self._closed:
             return
         self._closed = True
+        for flight in [f for f in self._flights.values() if not f.started]:
+            self._give_up(flight)  # leases nobody will supply now
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
         if self._run_done is not None:
@@ -369,7 +396,8 @@ class Cache:
         return backend
 
     async def ensure(
-        self, hash: bytes, size: int, location: Location, dataset: str | None = None
+        self, hash: bytes, size: int, location: Location, dataset: str | None = None,
+        *, uid: int | None = None,
     ) -> str:
         """Path of the verified store file for ``hash``, fetching it from ``location`` if needed.
 
@@ -383,29 +411,132 @@ class Cache:
         started the fill goes on for the other waiters; without it the caller runs the fill
         itself and the other waiters start over.
         """
-        index = self._require_open()
         hash = layout.check_hash(hash)
-        stored = index.size_of(hash)
-        if stored is not None:
-            if stored != size:
-                raise self._size_mismatch(hash, stored, size, dataset)
-            path = self.store_path(hash)
-            # Clients call ensure() when they did not find the file, so check it is really
-            # there (a row without a file: removed behind our back). One stat, no thread.
-            if os.path.exists(path):
-                index.touch([hash], dataset)
-                assert self._policy is not None
-                self._policy.on_access([hash])
-                self.counters.add_hits(dataset, 1, size)
-                return path
-            log.warning("indexed file %s is missing; refetching it", path)
-            self._drop_entries([hash], reason="missing")
+        path = self._hit(hash, size, dataset)
+        if path is not None:
+            return path
         self.counters.add_miss(dataset)
-        return await self._await_fill(hash, size, location, dataset, prefetch=False)
+        return await self._await_fill(hash, size, location, dataset, prefetch=False, uid=uid)
+
+    def _hit(self, hash: bytes, size: int, dataset: str | None) -> str | None:
+        """The store path of an indexed ``hash`` (counted as a hit), else None."""
+        index = self._require_open()
+        stored = index.size_of(hash)
+        if stored is None:
+            return None
+        if stored != size:
+            raise self._size_mismatch(hash, stored, size, dataset)
+        path = self.store_path(hash)
+        # Clients call ensure() when they did not find the file, so check it is really
+        # there (a row without a file: removed behind our back). One stat, no thread.
+        if os.path.exists(path):
+            index.touch([hash], dataset)
+            assert self._policy is not None
+            self._policy.on_access([hash])
+            self.counters.add_hits(dataset, 1, size)
+            return path
+        log.warning("indexed file %s is missing; refetching it", path)
+        self._drop_entries([hash], reason="missing")
+        return None
+
+    async def ensure_supplied(
+        self, hash: bytes, size: int, location: Location, source: SuppliedBytes,
+        dataset: str | None = None,
+    ) -> str:
+        """Path of the verified store file for ``hash``, filled from bytes a client supplied
+        (:mod:`mountd.store.supplied`) when it is not cached: mountd's own authority is never
+        used. Takes ``source`` over: it is closed when this returns, or by the fill it started.
+
+        A fill of the same hash already in flight (anyone's) is waited for; if it fails or is
+        given up, this caller fills from its own bytes instead, and never hears why the other
+        failed. The caller's own lease (it was told to supply, :meth:`lease`) is filled now.
+        Errors are those of :meth:`ensure` for the caller's own bytes; ``source`` not holding
+        ``size`` bytes matching ``hash`` is :class:`CorruptObject`."""
+        hash = layout.check_hash(hash)
+        try:
+            path = self._hit(hash, size, dataset)
+            if path is not None:
+                return path
+            self.counters.add_miss(dataset)
+            return await self._await_fill(hash, size, location, dataset, prefetch=False,
+                                          source=source, uid=source.owner)
+        finally:
+            if not source.adopted:
+                source.close()
+
+    async def lease(self, hash: bytes, size: int, dataset: str | None, holder: object,
+                    uid: int | None = None) -> str | None:
+        """Path of ``hash`` when it is cached (or once a fill in flight lands), else None:
+        the caller must supply the bytes (:meth:`ensure_supplied`) with its own rights.
+
+        A None answer leases the hash to ``holder``: others asking for it wait until the
+        holder supplies it, gives it up (:meth:`release`), or :data:`LEASE_SECONDS` pass;
+        then the next of them is asked to supply. Co-operative single-flight across users
+        without lending anyone mountd's authority."""
+        hash = layout.check_hash(hash)
+        path = self._hit(hash, size, dataset)
+        if path is not None:
+            return path
+        self.counters.add_miss(dataset)
+        while True:
+            index = self._require_open()
+            stored = index.size_of(hash)
+            if stored is not None:
+                if stored != size:
+                    raise self._size_mismatch(hash, stored, size, dataset)
+                index.touch([hash], dataset)
+                return self.store_path(hash)
+            flight = self._flights.get(hash)
+            if flight is None:
+                if size > self.config.cache_size:
+                    raise CacheFull(
+                        f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
+                        f"({self.config.cache_size} bytes); raise --cache-size")
+                flight = _Flight(hash, size, Location("", "", 0, size), dataset, prefetch=False,
+                                 lease=holder, uid=uid, started=False)
+                self._flights[hash] = flight
+                if self._nursery is not None:
+                    self._nursery.start_soon(self._expire_lease, flight)
+                return None
+            if flight.lease is holder and not flight.started:
+                return None  # asked again before supplying: still ours
+            await flight.done.wait()
+            if flight.path is not None and flight.error is None and not flight.cancelled:
+                if dataset is not None and dataset != flight.dataset:
+                    index.touch([hash], dataset)
+                return flight.path
+            # Failed or given up by someone else: ask again (never their error).
+
+    def release(self, holder: object, hashes: Iterable[bytes] | None = None) -> int:
+        """Give up ``holder``'s leases that have not started (of ``hashes``, or all: its
+        connection closed); waiters are asked to supply instead. Returns how many went."""
+        wanted = None if hashes is None else {layout.check_hash(h) for h in hashes}
+        gone = [f for f in self._flights.values()
+                if f.lease is holder and not f.started and (wanted is None or f.hash in wanted)]
+        for flight in gone:
+            self._give_up(flight)
+        return len(gone)
+
+    def _give_up(self, flight: _Flight) -> None:
+        flight.cancelled = True
+        if self._flights.get(flight.hash) is flight:
+            del self._flights[flight.hash]
+        flight.done.set()
+
+    async def _expire_lease(self, flight: _Flight) -> None:
+        await trio.sleep(LEASE_SECONDS)
+        if not flight.started and not flight.done.is_set():
+            log.warning("lease of %s not supplied within %.0f s; asking the next requester",
+                        flight.hash.hex(), LEASE_SECONDS)
+            self._give_up(flight)
 
     async def _await_fill(
-        self, hash: bytes, size: int, location: Location, dataset: str | None, prefetch: bool
+        self, hash: bytes, size: int, location: Location, dataset: str | None, prefetch: bool,
+        source: SuppliedBytes | None = None, uid: int | None = None,
     ) -> str:
+        """Join or start the flight of ``hash``: with mountd's authority (``source`` None) or
+        from ``source``. A flight of another authority that fails is not this caller's
+        failure: it looks again and fills with its own (see :meth:`_Flight.fills_for`)."""
         while True:
             index = self._require_open()
             stored = index.size_of(hash)
@@ -415,23 +546,39 @@ class Cache:
                 index.touch([hash], dataset)
                 return self.store_path(hash)
             flight = self._flights.get(hash)
-            if flight is not None and flight.size != size:
+            if flight is not None and source is not None and flight.lease is not None \
+                    and flight.lease is source.holder and not flight.started:
+                # Our own lease: fill it now, from our bytes.
+                flight.lease, flight.source, flight.started = None, source, True
+                source.adopted = True
+                self._start(flight)
+            elif flight is not None and flight.size != size:
                 # Another caller fills this hash with another size: at most one of the two
                 # is the content's. Let that fill decide, then look again.
                 await flight.done.wait()
                 continue
             if flight is None:
                 if size > self.config.cache_size:
+                    if source is not None:
+                        raise CacheFull(
+                            f"object {hash.hex()} ({size} bytes) is larger than the whole "
+                            f"cache ({self.config.cache_size} bytes); raise --cache-size")
                     raise await self._too_large(hash, size, location, dataset)
-                flight = _Flight(hash, size, location, dataset, prefetch)
+                flight = _Flight(hash, size, location, dataset, prefetch, source=source, uid=uid)
+                if source is not None:
+                    source.adopted = True
                 self._flights[hash] = flight
                 if self._nursery is not None:
-                    self._nursery.start_soon(self._run_flight, flight)
+                    self._start(flight)
                 else:
                     await self._run_flight(flight)
             await flight.done.wait()
             if flight.cancelled:
+                if source is not None and flight.source is source:
+                    raise CacheClosed("the fill of the supplied bytes was cancelled")
                 continue
+            if flight.error is not None and not flight.fills_for(source):
+                continue  # someone else's failure: try with our own authority
             if flight.error is not None:
                 # The same error object for every waiter (the fill's traceback is in the log);
                 # reset its traceback so fifty waiters do not stack fifty tracebacks.
@@ -474,6 +621,10 @@ class Cache:
             f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
             f"({self.config.cache_size} bytes); raise --cache-size")
 
+    def _start(self, flight: _Flight) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_flight, flight)
+
     async def _run_flight(self, flight: _Flight) -> None:
         counters = self.counters
         counters.fills_in_flight += 1
@@ -484,7 +635,7 @@ class Cache:
             async with self._fill_limiter:
                 await self._reserve(flight.size)
                 try:
-                    backend = self._backend(flight.location.url)
+                    backend = flight.source or self._backend(flight.location.url)
                     path = await self._filler.fill(
                         backend, flight.hash, flight.size, flight.location, flight.dataset
                     )
@@ -530,6 +681,8 @@ class Cache:
             counters.fills_in_flight -= 1
             if self._flights.get(flight.hash) is flight:
                 del self._flights[flight.hash]
+            if flight.source is not None:
+                flight.source.close()
             flight.done.set()
 
     def _index_new(self, flight: _Flight) -> None:

@@ -27,6 +27,7 @@ from mountd.errors import CacheFull
 from mountd.stats.counters import Counters
 from mountd.store import disk
 from mountd.store.limits import RemoteLimits
+from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends import Backend
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
@@ -54,22 +55,29 @@ class Filler:
         self.fanout = disk.Fanout()
 
     async def fill(
-        self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
+        self, backend: Backend | SuppliedBytes, hash: bytes, size: int, location: Location,
+        dataset: str | None,
     ) -> Path:
         """Fetch, verify and store; returns the final path. Raises CorruptObject, CacheFull,
-        backend errors. The caller has reserved ``size`` bytes and indexes the result."""
+        backend errors. The caller has reserved ``size`` bytes and indexes the result.
+
+        ``backend`` may be bytes a client supplied (:class:`SuppliedBytes`): they are verified
+        the same way, but neither pass the remote limits nor count as requests (the client
+        did the remote read, under its own rights)."""
         if location.length != size:
             raise self._corrupt(
                 hash, location, f"digest says {size} bytes but its location has {location.length}"
             )
+        limited = not isinstance(backend, SuppliedBytes)
         if size <= self.chunk_size:
-            return await self._fill_small(backend, hash, size, location, dataset)
-        return await self._stream(backend, hash, size, location, dataset)
+            return await self._fill_small(backend, hash, size, location, dataset, limited)
+        return await self._stream(backend, hash, size, location, dataset, limited)
 
     # -- pieces ------------------------------------------------------------------------------
 
     async def _fill_small(
-        self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
+        self, backend: Backend | SuppliedBytes, hash: bytes, size: int, location: Location,
+        dataset: str | None, limited: bool,
     ) -> Path:
         """Read, verify and store a one-chunk object in one worker thread."""
         received: list[int] = []
@@ -77,6 +85,8 @@ class Filler:
         try:
             if size == 0:  # nothing to fetch: no request
                 return await trio.to_thread.run_sync(store, b"", limiter=self.io)
+            if not limited:
+                return await backend.read_range_then(location.key, 0, size, store)
             async with self.limits.request(size):
                 try:
                     return await backend.read_range_then(location.key, location.offset, size, store)
@@ -112,15 +122,19 @@ class Filler:
             raise
 
     async def _read(
-        self, backend: Backend, location: Location, offset: int, length: int, dataset: str | None
+        self, backend: Backend | SuppliedBytes, location: Location, offset: int, length: int,
+        dataset: str | None, limited: bool,
     ) -> bytes:
+        if not limited:  # supplied bytes: the content starts at the descriptor's own offset
+            return await backend.read_range(location.key, offset, length)
         async with self.limits.request(length):
             data = await backend.read_range(location.key, location.offset + offset, length)
         self.counters.add_request(dataset, "GET", len(data))
         return data
 
     async def _stream(
-        self, backend: Backend, hash: bytes, size: int, location: Location, dataset: str | None
+        self, backend: Backend | SuppliedBytes, hash: bytes, size: int, location: Location,
+        dataset: str | None, limited: bool,
     ) -> Path:
         temp = await trio.to_thread.run_sync(disk.TempFile, self.cache_dir, hash, limiter=self.io)
         committed = False
@@ -130,7 +144,7 @@ class Filler:
             offset = 0
             while offset < size:
                 n = min(self.chunk_size, size - offset)
-                data = await self._read(backend, location, offset, n, dataset)
+                data = await self._read(backend, location, offset, n, dataset, limited)
                 self._check_size(hash, location, offset + len(data), size, partial=len(data) == n)
                 update = True
                 while True:

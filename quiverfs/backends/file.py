@@ -21,7 +21,7 @@ from urllib.parse import unquote
 
 from quiverfs.backends.base import DIRECTORY, EXTERNAL_LINK, Backend, BackendOptions, ObjectInfo
 from quiverfs.backends.settings import RemoteSettings
-from quiverfs.errors import AccessDenied, BackendError, NotFound, TemporaryFailure
+from quiverfs.errors import AccessDenied, BackendError, NotFound, PermanentFailure, TemporaryFailure
 
 PAGE_SIZE = 1000
 
@@ -53,6 +53,15 @@ class FileBackend(Backend):
 
     def _path(self, key: str) -> str:
         return os.path.join(self.root, key)
+
+    def path_of(self, key: str) -> str:
+        """The local path of object ``key`` (a mount on a shared mountd opens it with its
+        own rights and hands mountd the descriptor: mountd/store/supplied.py)."""
+        return self._path(key)
+
+    def error_of(self, exc: OSError, key: str) -> BackendError:
+        """``exc`` (from opening or reading ``key``) in our vocabulary: the one errno table."""
+        return self._translate(exc, key) or PermanentFailure(str(exc), url=self.url, key=key)
 
     def _info(self, key: str, st: os.stat_result) -> ObjectInfo:
         return ObjectInfo(key=key, size=st.st_size, version=str(st.st_mtime_ns))

@@ -176,23 +176,26 @@ def test_foreign_exceptions_become_internal_errors():
 
 
 class FakeCache:
-    """Just enough of mountd.store.cache.Cache: ensure() waits until the test releases a hash."""
+    """Just enough of mountd.store.cache.Cache: ensure() waits until the test opens its gate."""
 
     def __init__(self):
         self.config = CacheConfig(cache_dir=Path("/nonexistent/cache"), cache_size=1 << 30)
-        self.release: dict[bytes, trio.Event] = {}
+        self.gates: dict[bytes, trio.Event] = {}
         self.hits: list = []
 
-    async def ensure(self, hash, size, location, dataset=None):
+    async def ensure(self, hash, size, location, dataset=None, *, uid=None):
         if hash == b"\x00" * 32:
             raise NotFound("gone", url=location.url, key=location.key)
         if hash == b"\x01" * 32:
             raise RuntimeError("bug in the cache")
-        await self.release.setdefault(hash, trio.Event()).wait()
+        await self.gates.setdefault(hash, trio.Event()).wait()
         return f"/store/{hash.hex()}"
 
     def record_hits(self, dataset, hashes, nbytes):
         self.hits.append((dataset, list(hashes), nbytes))
+
+    def release(self, holder, hashes=None):
+        return 0
 
     def add_listener(self, listener):
         pass  # nothing is ever filled or evicted here
@@ -237,13 +240,13 @@ async def test_pipelined_requests_answer_out_of_order_by_id(wire):
     await wire.send({"id": 3, "op": "hello", "args": {"version": 1}})
     answer = await wire.receive()
     assert answer["id"] == 3 and answer["ok"] and answer["result"]["version"] == 1
-    wire.cache.release.setdefault(second, trio.Event()).set()
+    wire.cache.gates.setdefault(second, trio.Event()).set()
     assert await wire.receive() == {
         "id": "two",
         "ok": True,
         "result": {"path": f"/store/{second.hex()}"},
     }
-    wire.cache.release.setdefault(first, trio.Event()).set()
+    wire.cache.gates.setdefault(first, trio.Event()).set()
     assert await wire.receive() == {
         "id": 1,
         "ok": True,
