@@ -150,16 +150,20 @@ def stats(
     from quiverfs.mount_cli import mount_stats
 
     with SyncClient.connect(_cache_dir(cache_dir)) as client:
-        report = stats_report(client.stats(), in_region=in_region)
+        raw = client.stats()
+        report = stats_report(raw, in_region=in_region)
+        report["users"] = raw.get("users", {})
         mounts = client.ls()["mounts"]
     # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
     report["mounts"] = mount_stats(mounts)
     if as_json:
         _print_json(report)
     else:
-        from quiverfs.mountd_views import print_mounts, print_stats
+        from quiverfs.mountd_views import print_mounts, print_stats, print_users
 
         print_stats(report)
+        if report["users"]:
+            print_users(report["users"])
         if report["mounts"]:
             print_mounts(report["mounts"])
 

@@ -7,6 +7,7 @@ command definitions stay short.
 
 from __future__ import annotations
 
+import pwd
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -79,6 +80,27 @@ def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = No
         table.add_row(
             str(row.get("mountpoint") or "-"), str(row.get("dataset", ""))[:SHORT_ID],
             str(row.get("pid", "")), *figures,
+        )
+    (console or _console()).print(table)
+
+
+def _user_name(uid: str) -> str:
+    try:
+        return f"{pwd.getpwuid(int(uid)).pw_name} ({uid})"
+    except (KeyError, ValueError):
+        return uid
+
+
+def print_users(users: Mapping[str, Mapping[str, Any]], console: Console | None = None) -> None:
+    """One row per local user that used mountd (requests are attributed by SO_PEERCRED)."""
+    table = Table(title="mountd: users", title_justify="left")
+    for column in ("user", "requests", "misses asked", "supplied", "supplied bytes", "hits reported",
+                   "refused"):
+        table.add_column(column, justify="left" if column == "user" else "right", no_wrap=True)
+    for uid, row in sorted(users.items(), key=lambda item: int(item[0])):
+        table.add_row(
+            _user_name(uid), str(row["requests"]), str(row["ensures"]), str(row["supplied"]),
+            human_bytes(row["supplied_bytes"]), str(row["reported_hits"]), str(row["refused"]),
         )
     (console or _console()).print(table)
 

@@ -96,6 +96,9 @@ class CoopService:
         self.preload_window = preload_window or max(2, config.fill_concurrency // 2)
         self.tick_interval = tick_interval
         self.views: dict[str, DatasetView] = {}
+        #: Datasets some mount running as mountd's own user registered: mountd may read their
+        #: sources itself (claims' misses, preloads). Other users' mounts supply their bytes.
+        self.mountd_fills: set[str] = set()
         self.digests: dict[str, str] = {}
         self._loading: dict[str, trio.Event] = {}
         self._load_errors: dict[str, QuiverError] = {}
@@ -149,9 +152,15 @@ class CoopService:
 
     # -- datasets ----------------------------------------------------------------------------
 
-    def dataset_registered(self, dataset: str, digest: str | None) -> None:
+    def dataset_registered(self, dataset: str, digest: str | None, *, fills: bool = True) -> None:
         """A mount registered ``dataset`` with its digest path: load its view (in the
-        background when :meth:`run` is running, else on the first session)."""
+        background when :meth:`run` is running, else on the first session).
+
+        ``fills``: the mount runs as mountd's own user, so mountd may read the dataset's
+        sources itself (claims' misses and preloads start fills). For other users' datasets
+        it never does: their mounts supply what they read (docs/operations.md "Security")."""
+        if fills:
+            self.mountd_fills.add(dataset)
         if digest is None or dataset in self.views or dataset in self._loading:
             return
         self.digests[dataset] = digest
@@ -161,6 +170,7 @@ class CoopService:
 
     def dataset_unregistered(self, dataset: str) -> None:
         """The last registration of ``dataset`` went: forget it unless sessions are open."""
+        self.mountd_fills.discard(dataset)
         view = self.views.get(dataset)
         if view is None:
             return
@@ -285,7 +295,7 @@ class CoopService:
     def claim(self, dataset: str, job: str, rank: int, n: int, epoch: int | None) -> dict[str, Any]:
         """``claim``: the registry's claim; its misses start filling now."""
         claim = self.registry.claim(dataset, job, rank, n, epoch=epoch)
-        if claim.fetch:
+        if claim.fetch and dataset in self.mountd_fills:
             view = self.views[dataset]
             self.cache.fetch_now(view.items(claim.fetch), dataset)
         self.wake()
@@ -371,6 +381,8 @@ class CoopService:
                 del outstanding[h]
             if len(outstanding) > self.preload_window // 2:
                 continue
+            if name not in self.mountd_fills:
+                continue  # only the users' own mounts read their sources
             ids = self.registry.next_preload(name, self.preload_window - len(outstanding))
             items = [item for item in view.items(ids) if item[0] not in outstanding]
             if not items:

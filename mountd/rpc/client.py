@@ -30,7 +30,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -253,6 +253,23 @@ class SyncClient:
         return self.call("shutdown")
 
 
+@contextmanager
+def _opened_digest(args: Mapping[str, Any]) -> Iterator[list[int]]:
+    """The registration's digest, opened with this process's rights, as the descriptor list
+    to send with it: a mountd running as another user checks that the digest it is asked
+    to load is one the client could open (none when it cannot be opened: mountd decides)."""
+    digest = args.get("digest")
+    fd = None
+    if digest is not None:
+        with contextlib.suppress(OSError):
+            fd = os.open(digest, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield [] if fd is None else [fd]
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def _path_of(result: Mapping[str, Any]) -> str:
     """The ``path`` of an ``ensure`` answer; a ``supply`` answer is an error for a client
     that expected mountd to fetch (it asked without being able to supply)."""
@@ -454,7 +471,8 @@ class AsyncClient:
                 )
                 self._server_mounts.clear()
                 for handle, args in self._registrations.items():
-                    answer = await self._call_on(conn, "register", args, None)
+                    with _opened_digest(args) as fds:
+                        answer = await self._call_on(conn, "register", args, None, fds)
                     self._server_mounts[handle] = answer["mount"]
             except _ConnectionLost as exc:
                 raise MountdUnavailable(f"mountd at {self.socket_path} went away: {exc}") from None
@@ -624,7 +642,8 @@ class AsyncClient:
         handle = next(self._next_handle)
         self._registrations[handle] = args
         try:
-            answer = await self.call("register", args)
+            with _opened_digest(args) as fds:
+                answer = await self.call("register", args, fds=fds)
         except BaseException:
             del self._registrations[handle]
             raise

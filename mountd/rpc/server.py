@@ -49,6 +49,7 @@ from mountd.rpc.protocol import (
     check_text,
 )
 from mountd.stats.costs import scheme_of
+from mountd.stats.users import UserStats
 from mountd.store.cache import Cache
 from mountd.store.evictions import EvictionJournal
 from mountd.store.supplied import SuppliedBytes
@@ -203,6 +204,8 @@ class Server:
         self.connections: dict[int, Connection] = {}
         self.requests_served = 0
         self.protocol_errors = 0
+        #: Requests per uid (``stats`` → ``users``).
+        self.users = UserStats()
         #: operation name → handler: exactly the names of mountd.rpc.protocol.OPERATIONS
         self.handlers: dict[str, Callable[[Connection, Request], Awaitable[Any]]] = {
             "hello": self._op_hello,
@@ -316,9 +319,12 @@ class Server:
             nursery.start_soon(self._run_request, conn, request)
 
     async def _run_request(self, conn: Connection, request: Request) -> None:
+        user = self.users[conn.peer.uid]
+        user.requests += 1
         try:
             try:
                 if OPERATIONS[request.op].admin and not conn.admin:
+                    user.refused += 1
                     raise PermissionDenied(
                         f"{request.op} needs root or uid {self.owner_uid} (mountd's owner); "
                         f"the caller is uid {conn.peer.uid}"
@@ -375,6 +381,7 @@ class Server:
         digest, size, where = check_item(request.args)
         dataset = check_text(request.args, "dataset", optional=True)
         self._note_scheme(dataset, where["url"])
+        self.users[conn.peer.uid].ensures += 1
         if not conn.fills:
             # Served from the cache by hash (the capability), or the caller must supply the
             # bytes it reads with its own rights; mountd never reads for it.
@@ -392,6 +399,10 @@ class Server:
         self._note_scheme(dataset, where["url"])
         source = SuppliedBytes(os.dup(request.fds[0]), offset, conn.peer.uid, holder=conn)
         path = await self.cache.ensure_supplied(digest, size, Location(**where), source, dataset)
+        if source.adopted:  # its bytes were stored (a hit, or another's fill, leaves it unused)
+            user = self.users[conn.peer.uid]
+            user.supplied += 1
+            user.supplied_bytes += size
         return {"path": os.fspath(path)}
 
     async def _op_release(self, conn: Connection, request: Request) -> dict[str, Any]:
@@ -418,6 +429,9 @@ class Server:
         hashes = [check_hash(h) for h in check_list(request.args, "hashes")]
         nbytes = check_int(request.args, "bytes")
         self.cache.record_hits(dataset, hashes, nbytes)
+        user = self.users[conn.peer.uid]
+        user.reported_hits += len(hashes)
+        user.reported_hit_bytes += nbytes
         return {"recorded": len(hashes)}
 
     async def _op_evictions(self, conn: Connection, request: Request) -> dict[str, Any]:
@@ -434,6 +448,12 @@ class Server:
         raw_sources = check_list(args, "sources") if args.get("sources") is not None else []
         sources = [check_text({"source": s}, "source") for s in raw_sources]
         assert dataset is not None
+        if digest is not None and not conn.fills:
+            try:
+                _check_opened(digest, request.fds, conn.peer)
+            except PermissionDenied:
+                self.users[conn.peer.uid].refused += 1
+                raise
         for url in sources:
             self._note_scheme(dataset, url)
         self._next_mount += 1
@@ -445,7 +465,7 @@ class Server:
                     "sources": sources}
             self.cache.register_dataset(dataset, info)
         if self.coop is not None:
-            self.coop.dataset_registered(dataset, digest)
+            self.coop.dataset_registered(dataset, digest, fills=conn.fills)
         self._dataset_refs[dataset] += 1
         self.mounts[record.id] = record
         conn.mounts.add(record.id)
@@ -497,6 +517,7 @@ class Server:
         """The ``stats`` answer: cache counters, URL schemes per dataset, server gauges."""
         return {
             "counters": self.cache.counters.snapshot(),
+            "users": self.users.snapshot(),
             "schemes": self._schemes_json(),
             "server": {
                 "pid": os.getpid(),
@@ -603,6 +624,22 @@ class Server:
     async def _op_shutdown(self, conn: Connection, request: Request) -> dict[str, Any]:
         log.info("shutdown requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
         return {"stopping": True, "pid": os.getpid()}
+
+
+def _check_opened(digest: str, fds: tuple[int, ...], peer: Peer) -> None:
+    """A peer mountd does not read for may register a digest only by showing it opened it:
+    the descriptor it sent must be the file at ``digest`` (same device and inode). Otherwise
+    mountd would load, with its own rights, a digest the peer may not read."""
+    try:
+        named = os.stat(digest)
+        sent = os.fstat(fds[0]) if fds else None
+    except OSError:
+        sent = None
+        named = None
+    if sent is None or named is None or (sent.st_dev, sent.st_ino) != (named.st_dev, named.st_ino):
+        raise PermissionDenied(
+            f"uid {peer.uid} may register digest {digest} only with the file opened "
+            "(the mount sends it); this user cannot open it")
 
 
 def _session_args(request: Request, allowed: set[str]) -> dict[str, Any]:
