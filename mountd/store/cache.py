@@ -204,7 +204,8 @@ class Cache:
         await trio.to_thread.run_sync(disk.prepare, cache_dir)
         self._lock()
         try:
-            self._index, self.recovery = await recover(cache_dir, reconcile)
+            self._index, self.recovery = await recover(cache_dir, reconcile,
+                                                       self.config.store_modes)
         except BaseException:
             self._unlock()
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mountd.store.access import StoreModes, store_modes
 from quiverfs.errors import UsageError
 
 
@@ -44,6 +45,15 @@ class CacheConfig:
     #: Seconds between durable checkpoints while fills land (one ``syncfs`` each; after a
     #: power cut, recovery re-verifies at most this much of the newest fills).
     sync_interval: float = 1.0
+    #: Keep the store private to mountd's user (folders ``0700``, files ``0400``) instead of
+    #: traversable by every local user (``0711``, ``0444``): ``--private-store``
+    #: (mountd/store/access.py, docs/operations.md "Security").
+    private_store: bool = False
+
+    @property
+    def store_modes(self) -> StoreModes:
+        """The modes the store is given on open (:mod:`mountd.store.access`)."""
+        return store_modes(self.private_store)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir))

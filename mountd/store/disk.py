@@ -4,7 +4,8 @@ The protocol for one fill:
 
 1. create ``tmp/<hex>.<random>.tmp`` (``O_EXCL``), write the bytes at explicit offsets;
 2. the caller verifies blake3 and size (before writing for one-chunk objects);
-3. close the temp file, create the fan-out directories if needed;
+3. give it the store's file mode (``0444``, or ``0400`` in a private store; see
+   :mod:`.access`), close it, create the fan-out directories if needed;
 4. ``rename`` it to ``store/ab/cd/<hex>``; only then is it indexed.
 
 No step fsyncs. A file at its final name is complete and verified *for every process on the
@@ -22,19 +23,16 @@ import errno
 import logging
 import os
 import secrets
-import stat
 from pathlib import Path
 
-from mountd.errors import CacheDirUnsafe
 from mountd.store import layout
+from mountd.store.access import PRIVATE_DIR, StoreModes, check_private
 
 log = logging.getLogger("mountd.store.disk")
 
-#: Mode of the cache directory and every directory in it: mountd's user only.
-PRIVATE_DIR = 0o700
-
-#: Mode of store files (read-only: a store file is never written after its rename).
-STORE_FILE = 0o400
+#: Mode of a temp file while it is written (in the private ``tmp/``); :meth:`TempFile.commit`
+#: gives it the store's file mode (:class:`~mountd.store.access.StoreModes`) before the rename.
+TEMP_FILE = 0o400
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -47,11 +45,13 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def prepare(cache_dir: Path) -> None:
-    """Create the cache directory, ``store/`` and ``tmp/`` (durably), all private (``0700``).
+    """Create the cache directory, ``store/`` and ``tmp/`` (durably) where missing.
 
-    The cache is private to mountd's user whoever starts it (docs/operations.md "Security"):
-    a directory others can read lets them list every cached hash and read every cached file.
-    An existing cache directory is checked with :func:`check_private` first.
+    New folders are made private (``0700``, whatever the umask); the modes the store is
+    served with are set once the directory's lock is held (:mod:`mountd.store.access`,
+    docs/operations.md "Security"), so a second mountd that fails to take the lock changes
+    nothing. An existing cache directory is checked with
+    :func:`~mountd.store.access.check_private` first.
     """
     if cache_dir.exists():
         check_private(cache_dir)
@@ -60,36 +60,6 @@ def prepare(cache_dir: Path) -> None:
             path.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
             os.chmod(path, PRIVATE_DIR)  # mkdir's mode passes through the umask
             fsync_dir(path.parent)
-
-
-def check_private(cache_dir: Path) -> None:
-    """Refuse, or make private, an existing cache directory others could reach.
-
-    * not a directory, or owned by another user (who could change its mode and plant files
-      that would be served as verified content): :class:`CacheDirUnsafe`;
-    * writable by group or others: :class:`CacheDirUnsafe` as well (same reason);
-    * readable or traversable by group or others (an older quiverfs made ``0755``): made
-      ``0700`` with a warning, since nothing else may rely on reaching it yet.
-    """
-    try:
-        info = os.stat(cache_dir)
-    except OSError as exc:
-        raise CacheDirUnsafe(f"cannot use cache directory {cache_dir}: {exc.strerror}") from None
-    if not stat.S_ISDIR(info.st_mode):
-        raise CacheDirUnsafe(f"cache directory {cache_dir} is not a directory")
-    if info.st_uid != os.geteuid():
-        raise CacheDirUnsafe(
-            f"cache directory {cache_dir} belongs to uid {info.st_uid}, not to this user "
-            f"(uid {os.geteuid()}): pick a directory of your own with --cache-dir")
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise CacheDirUnsafe(
-            f"cache directory {cache_dir} is writable by other users (mode {mode:04o}), who could "
-            f"plant cache content: chmod 700 {cache_dir}")
-    if mode & 0o077:
-        os.chmod(cache_dir, PRIVATE_DIR)
-        log.warning("cache directory %s was readable by other users (mode %04o); made it %04o",
-                    cache_dir, mode, PRIVATE_DIR)
 
 
 def is_enospc(exc: BaseException) -> bool:
@@ -106,7 +76,7 @@ class TempFile:
         name = f"{hash.hex()}.{secrets.token_hex(6)}{layout.TMP_SUFFIX}"
         self.path = layout.tmp_dir(cache_dir) / name
         self.fd: int | None = os.open(
-            self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, STORE_FILE
+            self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, TEMP_FILE
         )
 
     def write_at(self, data: bytes | memoryview, offset: int) -> None:
@@ -118,12 +88,17 @@ class TempFile:
             offset += n
 
     def commit(self, fanout: Fanout | None = None) -> Path:
-        """Close and rename into the store (no fsync: see the module docstring); returns the
-        final path. ``fanout`` remembers the fan-out folders known to exist."""
+        """Give the file the store's file mode, close it and rename it into the store (no
+        fsync: see the module docstring); returns the final path. ``fanout`` remembers the
+        fan-out folders known to exist and the store's modes."""
+        fanout = fanout or Fanout()
+        final = layout.store_path(self.cache_dir, self.hash)
+        # Explicit, whatever the umask; before the rename, so a file at its final name
+        # always has its final mode.
+        os.fchmod(self.fd, fanout.modes(final).files)
         os.close(self.fd)
         self.fd = None
-        final = layout.store_path(self.cache_dir, self.hash)
-        (fanout or Fanout()).rename_into(self.path, final)
+        fanout.rename_into(self.path, final)
         return final
 
     def discard(self) -> None:
@@ -141,22 +116,35 @@ class TempFile:
 
 
 class Fanout:
-    """The ``store/ab/cd`` folders known to exist, so a fill does not ``stat`` its folder.
+    """The ``store/ab/cd`` folders known to exist, so a fill does not ``stat`` its folder,
+    and the store's modes.
 
     Folders are created on demand and never removed while mountd runs; if one vanished
     anyway (removed by hand), the rename fails with ENOENT and the folder is made again.
     At most 65,536 entries. Shared by fill threads: a set's ``add`` and ``in`` are atomic.
+
+    The modes are those ``store/``'s own mode stands for (:meth:`StoreModes.of_store`), read
+    at the first fill unless given: the cache sets ``store/``'s mode from its configuration
+    when it opens, before any fill (:mod:`mountd.store.access`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, modes: StoreModes | None = None) -> None:
         self._known: set[str] = set()
+        self._modes = modes
+
+    def modes(self, final: Path) -> StoreModes:
+        """The store's modes (``final`` is a store file's path: ``store/ab/cd/<hex>``)."""
+        if self._modes is None:
+            # Two fill threads may both read it the first time: the same answer, no harm.
+            self._modes = StoreModes.of_store(final.parent.parent.parent)
+        return self._modes
 
     def rename_into(self, source: str | os.PathLike[str], final: Path) -> None:
         """``rename(source, final)``, creating ``final``'s fan-out folders when missing."""
         leaf = final.parent
         key = str(leaf)
         if key not in self._known:
-            make_fanout(leaf)
+            make_fanout(leaf, self.modes(final).dirs)
             self._known.add(key)
         try:
             os.rename(source, final)
@@ -164,21 +152,21 @@ class Fanout:
             if not os.path.exists(source):
                 raise
             self._known.discard(key)
-            make_fanout(leaf)
+            make_fanout(leaf, self.modes(final).dirs)
             self._known.add(key)
             os.rename(source, final)
 
 
-def make_fanout(leaf: Path) -> None:
-    """Create ``store/ab/cd`` (and ``store/ab``) if missing, private (``0700``)."""
+def make_fanout(leaf: Path, mode: int) -> None:
+    """Create ``store/ab/cd`` (and ``store/ab``) with ``mode`` (the store's) if missing."""
     if leaf.is_dir():
         return
     for path in (leaf.parent, leaf):
         try:
-            path.mkdir(mode=PRIVATE_DIR)
+            path.mkdir(mode=mode & PRIVATE_DIR)  # others get in only once the mode is exact
         except FileExistsError:
             continue
-        os.chmod(path, PRIVATE_DIR)  # mkdir's mode passes through the umask
+        os.chmod(path, mode)  # mkdir's mode passes through the umask
 
 
 def write_file(cache_dir: Path, hash: bytes, data: bytes, fanout: Fanout | None = None) -> Path:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from mountd.store.access import PRIVATE_FILE
 from mountd.store.layout import LAYOUT_VERSION
 
 #: Bumped when the schema changes incompatibly; an index with another version is rebuilt.
@@ -40,6 +42,10 @@ SCHEMA = """
 --                   crash in the same boot lost nothing the kernel had (its page cache
 --                   survives a process); after a reboot recovery verifies the rows added
 --                   after synced_through (docs/store-layout.md "Durability").
+--   store_access:   "shared" or "private" (mountd.store.access.StoreModes.name): every folder
+--                   and file of the store has those modes. Absent (a store from a quiverfs
+--                   that made everything private, or a rebuilt index) or "changing" (a walk
+--                   changing them was cut short): open walks the store and sets it.
 CREATE TABLE IF NOT EXISTS meta (
     key   TEXT PRIMARY KEY,             -- fact name (see above)
     value TEXT NOT NULL                 -- its value, as text
@@ -171,10 +177,15 @@ class Index:
 
     @classmethod
     def open(cls, path: Path) -> Index:
-        """Open (creating if absent) the index at ``path``; :class:`IndexCorrupt` if unusable."""
+        """Open (creating if absent) the index at ``path``; :class:`IndexCorrupt` if unusable.
+
+        A new index file is created ``0600`` before SQLite opens it: SQLite makes ``-wal``
+        and ``-shm`` with the database file's mode, and its own default is ``0644``."""
         try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
+            os.close(fd)
             conn = sqlite3.connect(path, isolation_level=None, timeout=5.0)
-        except sqlite3.Error as exc:
+        except (OSError, sqlite3.Error) as exc:
             raise IndexCorrupt(f"cannot open {path}: {exc}") from exc
         try:
             conn.execute("PRAGMA journal_mode=WAL")
@@ -231,6 +242,23 @@ class Index:
             self.flush()
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
+
+    def get_meta(self, key: str) -> str | None:
+        """The value of ``meta.key`` (None when unset)."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str, *, durable: bool = False) -> None:
+        """Set ``meta.key`` in one transaction, durable at once (an fsync'd commit) or at the
+        next checkpoint."""
+        if durable:
+            self.conn.execute("PRAGMA synchronous=FULL")
+        try:
+            with self.transaction() as c:
+                c.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value))
+        finally:
+            if durable:
+                self.conn.execute("PRAGMA synchronous=NORMAL")
 
     def durable_mark(self) -> tuple[int | None, str | None]:
         """``(synced_through, boot_id)`` of the last durable checkpoint (None: never made).

@@ -25,6 +25,16 @@ F. **Fills newer than the last durable checkpoint, after a reboot** (power cut, 
    added after the checkpoint and every file to adopt is re-hashed (:func:`durability.verify_files`);
    those that do not match are deleted (file and row) before anything is served.
 
+Access (:mod:`.access`), on every open, with the lock held: the cache directory, ``store/``,
+``tmp/``, the lock and the index files get their modes first (a few ``chmod``). When the
+index's ``meta.store_access`` is not the configured one (a store written by a quiverfs that
+made everything private, a rebuilt index, ``--private-store`` switched on or off), every
+fan-out folder and store file is given its mode by one walk, at the end of the open:
+``store_access`` is set durably to ``"changing"`` first, the walk's ``chmod`` are made
+durable with one ``syncfs``, and only then is the new value recorded, so a walk cut short
+by a crash or a power cut is redone. Done once rather than lazily: FUSE clients and other
+users open store files without asking mountd, so no later moment would catch every file.
+
 Clean shutdown: :meth:`Cache.aclose` marks the index clean (``meta.clean = 1``) after the
 last change; ``open`` marks it dirty again (fsync'd) before any change. An open that finds it
 clean only sweeps ``tmp/`` and skips B–E: no crash happened, so the index matches the store.
@@ -51,7 +61,8 @@ from pathlib import Path
 
 import trio
 
-from mountd.store import disk, durability, layout
+from mountd.store import access, disk, durability, layout
+from mountd.store.access import SHARED, StoreModes
 from mountd.store.index import Index, IndexCorrupt, batched
 
 log = logging.getLogger("mountd.store.recovery")
@@ -73,6 +84,10 @@ class RecoveryReport:
     #: F: of those, the ones that did not match (removed, file and row).
     unsynced_dropped: int = 0
     index_rebuilt: bool = False
+    #: The modes the store was walked to set (``"shared"``, ``"private"``); "" = no walk.
+    access_set: str = ""
+    #: Store files given their mode by that walk.
+    access_changed: int = 0
     #: False when the index was clean (clean shutdown) and the store scan was skipped.
     reconciled: bool = True
     entries: int = 0
@@ -190,14 +205,17 @@ def set_aside(index_file: Path) -> None:
             os.unlink(str(index_file) + suffix)
 
 
-async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, RecoveryReport]:
-    """Repair states A–E and return the open, consistent index (marked dirty: owned).
+async def recover(cache_dir: Path, reconcile: bool = False,
+                  modes: StoreModes = SHARED) -> tuple[Index, RecoveryReport]:
+    """Repair states A–E, give the store ``modes``, and return the open, consistent index
+    (marked dirty: owned).
 
     Filesystem walks run in worker threads; SQL runs here, in the trio thread. Without
     ``reconcile`` an index left clean by a clean shutdown is trusted (only A is repaired).
     """
     start = trio.current_time()
     report = RecoveryReport()
+    await trio.to_thread.run_sync(access.secure_cache_dir, cache_dir, modes)
     report.temp_removed = await trio.to_thread.run_sync(clear_tmp, cache_dir)
     index_file = layout.index_path(cache_dir)
 
@@ -209,6 +227,7 @@ async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, Reco
         if index.is_clean() and not reconcile:
             index.set_clean(False)
             report.reconciled = False
+            await _settle_access(index, cache_dir, modes, report)
             return index, _finish(index, report, start, cache_dir)
     except (IndexCorrupt, sqlite3.DatabaseError) as exc:  # state D
         index = _discard(index, index_file, exc)
@@ -262,7 +281,26 @@ async def recover(cache_dir: Path, reconcile: bool = False) -> tuple[Index, Reco
         if bad:
             index.delete(bad)
             index.drop_dangling_refs()
+    await _settle_access(index, cache_dir, modes, report)
     return index, _finish(index, report, start, cache_dir)
+
+
+#: ``meta`` key recording the modes every folder and file of the store has.
+STORE_ACCESS = "store_access"
+
+
+async def _settle_access(index: Index, cache_dir: Path, modes: StoreModes,
+                         report: RecoveryReport) -> None:
+    """Walk the store to give it ``modes`` unless the index says it has them (see the
+    module doc, "Access")."""
+    if index.get_meta(STORE_ACCESS) == modes.name:
+        return
+    index.set_meta(STORE_ACCESS, "changing", durable=True)
+    report.access_changed = await trio.to_thread.run_sync(
+        access.set_store_access, cache_dir, modes)
+    report.access_set = modes.name
+    await trio.to_thread.run_sync(durability.syncfs, cache_dir)
+    index.set_meta(STORE_ACCESS, modes.name)
 
 
 async def _verify(cache_dir: Path, items: Sequence[tuple[bytes, int | None]],
@@ -301,7 +339,7 @@ def _finish(index: Index, report: RecoveryReport, start: float, cache_dir: Path)
     report.seconds = trio.current_time() - start
     log.info(
         "opened %s: %d entries (%d bytes), %d temp removed, %d adopted, %d rows dropped, "
-        "%d junk removed, %d verified after a reboot (%d dropped)%s%s in %.2fs",
+        "%d junk removed, %d verified after a reboot (%d dropped)%s%s%s in %.2fs",
         cache_dir,
         report.entries,
         report.bytes,
@@ -312,6 +350,8 @@ def _finish(index: Index, report: RecoveryReport, start: float, cache_dir: Path)
         report.verified,
         report.unsynced_dropped,
         ", index rebuilt" if report.index_rebuilt else "",
+        (f", store made {report.access_set} ({report.access_changed} files)"
+         if report.access_set else ""),
         "" if report.reconciled else " (clean shutdown: store scan skipped)",
         report.seconds,
     )
