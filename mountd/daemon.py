@@ -4,8 +4,10 @@ Start-up order (each step registers its teardown, which runs in reverse):
 
 1. ``Cache.open()`` takes the cache directory's lock and recovers from any crash; a second
    mountd on the same directory stops here with :class:`AlreadyRunning` (exit status 75).
-2. The socket file is (re)created ``0600`` at ``layout.socket_path`` — any old file is stale,
-   since we hold the lock — and removed again on the way out.
+2. The socket file is (re)created at ``layout.socket_path`` with the mode and group of
+   :class:`SocketAccess` (``0600`` by default) — any old file is stale, since we hold the
+   lock — and removed again on the way out. A socket other users may connect to needs a
+   cache directory they can traverse: a private store's (``0700``) is opened to ``0711``.
 3. ``cache.run`` (background workers) starts with ``nursery.start``, then the server and the
    optional metrics endpoint; only then is the process ready.
 
@@ -18,9 +20,11 @@ deals with half-written fills.
 from __future__ import annotations
 
 import contextlib
+import grp
 import logging
 import os
 import signal
+import stat
 import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -34,11 +38,84 @@ from mountd.coop.sessions import SessionRegistry
 from mountd.errors import AlreadyRunning, CacheLocked
 from mountd.rpc.server import Server, bind_socket, check_socket_path
 from mountd.stats.metrics import serve_metrics
-from mountd.store import layout
+from mountd.store import access, layout
 from mountd.store.cache import Cache, CacheConfig
 from quiverfs.errors import UsageError
 
 log = logging.getLogger("mountd")
+
+
+@dataclass(frozen=True)
+class SocketAccess:
+    """Who may connect to mountd's socket (docs/operations.md "Security"): its mode and group.
+
+    ``connect()`` on a unix socket needs write permission on its file (and search permission
+    on the folders above it). Whoever connects may ask for fills and read mountd's counters;
+    admin operations still need root or mountd's uid (``SO_PEERCRED``).
+    """
+
+    #: Permission bits of the socket file; read/write bits only, mountd's own user included.
+    mode: int = 0o600
+    #: Group of the socket file (None: mountd's primary group, untouched).
+    gid: int | None = None
+    #: That group's name, for messages and ``hello`` (None: no group given).
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode & ~0o666 or self.mode & 0o600 != 0o600:
+            raise UsageError(
+                f"--socket-mode {self.mode:04o}: give read/write bits only (at most 0666), "
+                "with 0600 for mountd's own user (e.g. 0600, 0660, 0666)")
+        if self.gid is not None and not self.mode & stat.S_IWGRP:
+            raise UsageError(
+                f"--socket-group {self.group or self.gid} needs a --socket-mode that lets the "
+                f"group connect (group write, e.g. 0660), not {self.mode:04o}")
+
+    @property
+    def admits_others(self) -> bool:
+        """True when users other than mountd's (and root) may connect."""
+        return bool(self.mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+    @property
+    def shared(self) -> bool:
+        """True when every local user may connect."""
+        return bool(self.mode & stat.S_IWOTH)
+
+    def describe(self) -> str:
+        """``"0660, group ml"``, ``"0600"`` …: for the log and ``hello``."""
+        return f"{self.mode:04o}" + (f", group {self.group}" if self.gid is not None else "")
+
+    @classmethod
+    def from_options(cls, mode: str | None = None, group: str | None = None,
+                     shared: bool = False) -> SocketAccess:
+        """From ``--socket-mode`` (octal text), ``--socket-group`` (name or number) and
+        ``--shared``: a group alone means ``0660``, ``--shared`` ``0666``, nothing ``0600``."""
+        if shared and (mode is not None or group is not None):
+            raise UsageError("--shared lets every local user connect: give it alone, "
+                             "or --socket-group/--socket-mode instead")
+        bits = 0o666 if shared else 0o660 if group is not None else 0o600
+        if mode is not None:
+            text = mode.strip().lower().removeprefix("0o")
+            try:
+                bits = int(text, 8)
+            except ValueError:
+                raise UsageError(f"--socket-mode must be octal (e.g. 0660), not {mode!r}") from None
+        if group is None:
+            return cls(bits)
+        gid, name = _group(group)
+        return cls(bits, gid, name)
+
+
+def _group(group: str) -> tuple[int, str]:
+    """``(gid, name)`` of a group given by name or number; :class:`UsageError` if unknown."""
+    try:
+        entry = grp.getgrgid(int(group)) if group.isdigit() else grp.getgrnam(group)
+    except (KeyError, OverflowError):
+        if group.isdigit():
+            return int(group), group  # a gid without a name is still a gid
+        raise UsageError(f"--socket-group {group!r}: no such group") from None
+    return entry.gr_gid, entry.gr_name
+
 
 @dataclass(frozen=True)
 class DaemonConfig:
@@ -57,6 +134,8 @@ class DaemonConfig:
     #: each job was given last are still cached when its DataLoader reads them
     #: (docs/substitutable-reads.md, "Grace").
     chunk_grace: float = DEFAULT_GRACE
+    #: Who may connect to the socket (``--socket-mode``, ``--socket-group``, ``--shared``).
+    socket: SocketAccess = SocketAccess()
 
     def __post_init__(self) -> None:
         if not self.chunk_grace >= 0:  # also refuses NaN
@@ -110,9 +189,12 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         stack.push_async_callback(cache.aclose)
 
         _remove_socket(socket_path)  # stale from a killed mountd: we hold the lock, nobody owns it
-        listener = bind_socket(socket_path)
+        listener = bind_socket(socket_path, mode=config.socket.mode, gid=config.socket.gid)
         stack.callback(_remove_socket, socket_path)
         stack.callback(listener.close)
+        if config.socket.admits_others:
+            # Those it admits must reach it: a private store's cache directory is 0700.
+            access.allow_traversal(cache_dir)
 
         server = make_server(cache, config)
         nursery = await stack.enter_async_context(trio.open_nursery())
@@ -127,7 +209,8 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
         if handle_signals:
             nursery.start_soon(_watch_signals, server.shutdown)
-        log.info("mountd %d ready: cache %s, socket %s", os.getpid(), cache_dir, socket_path)
+        log.info("mountd %d ready: cache %s (%s store), socket %s (%s)", os.getpid(), cache_dir,
+                 config.cache.store_modes.name, socket_path, config.socket.describe())
         task_status.started(Running(server, socket_path, metrics_port))
         await server.shutdown.wait()
         nursery.cancel_scope.cancel()

@@ -99,14 +99,29 @@ def mountd_command(
         1.0, "--sync-interval", metavar="SECONDS",
         help="Seconds between durable checkpoints (one syncfs of the cache's filesystem) while fills land; after a power cut, at most this much of the newest fills is re-verified.",
     ),
+    socket_mode: str | None = typer.Option(
+        None, "--socket-mode", metavar="OCTAL",
+        help="Mode of the socket DIR/mountd.sock: 0600 (default: mountd's user and root only), 0660 (its group too), 0666 (every local user).",
+    ),
+    socket_group: str | None = typer.Option(
+        None, "--socket-group", metavar="GROUP",
+        help="Let the members of GROUP connect: the socket belongs to GROUP, mode 0660 (unless --socket-mode says otherwise).",
+    ),
+    shared: bool = typer.Option(
+        False, "--shared", help="Let every local user connect (socket mode 0666).",
+    ),
+    private_store: bool = typer.Option(
+        False, "--private-store",
+        help="Keep the store private to mountd's user (folders 0700, files 0400) instead of traversable by every local user who knows a hash (0711, 0444).",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
-    It serves the control socket DIR/mountd.sock (mode 0600) until SIGTERM or SIGINT. Exit status 75 means another mountd already owns the cache directory.
+    It serves the control socket DIR/mountd.sock (mode 0600 unless --socket-group or --shared) until SIGTERM or SIGINT. Store files are readable by every local user who knows their hash, folders are not listable (--private-store: mountd's user only). Exit status 75 means another mountd already owns the cache directory.
 
-    Example: quiverfs mountd --cache-dir /var/cache/quiverfs --cache-size 200G --remote-bandwidth 500M
+    Example: quiverfs mountd --cache-dir /var/cache/quiverfs --cache-size 200G --socket-group quiverfs
     """
-    from mountd.daemon import DaemonConfig, main
+    from mountd.daemon import DaemonConfig, SocketAccess, main
     from mountd.store import layout
     from mountd.store.cache import CacheConfig
 
@@ -118,7 +133,9 @@ def mountd_command(
         remote_requests=remote_requests,
         remote_concurrency=remote_concurrency,
         sync_interval=sync_interval,
+        private_store=private_store,
     )
+    socket = SocketAccess.from_options(socket_mode, socket_group, shared)
     if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):
         raise UsageError(f"--dataset-mode must be full, chunked, off or lru, not {dataset_mode!r}")
     from mountd.coop.chunks import DEFAULT_GRACE
@@ -127,7 +144,7 @@ def mountd_command(
     if not 0 <= grace <= 3600:  # also refuses NaN and inf
         raise UsageError(f"--chunk-grace must be between 0 and 3600 seconds, not {chunk_grace}")
     main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode,
-                      chunk_slots=chunk_slots, chunk_grace=grace))
+                      chunk_slots=chunk_slots, chunk_grace=grace, socket=socket))
 
 
 @app.command()

@@ -9,7 +9,8 @@ closes that one connection.
 
 Peer credentials (``SO_PEERCRED``) are read once per connection; admin operations
 (``admin`` in :data:`~mountd.rpc.protocol.OPERATIONS`) are refused unless the peer is root or the uid that owns
-mountd. The socket itself is created ``0600`` by :func:`bind_socket`, so by default only that
+mountd. The socket itself is created ``0600`` by :func:`bind_socket` unless the operator
+chose a group or every local user (``--socket-group``, ``--shared``), so by default only that
 uid (and root) can connect at all; the credential check is the second line of defence.
 
 Invariant: the registration tables (``mounts``, ``_dataset_refs``) are changed only from the
@@ -96,27 +97,47 @@ def check_socket_path(path: str | os.PathLike[str]) -> None:
         )
 
 
-def bind_socket(path: str | os.PathLike[str], backlog: int = 128) -> trio.socket.SocketType:
-    """A listening unix socket at ``path``, mode 0600 from birth.
+def bind_socket(path: str | os.PathLike[str], backlog: int = 128, *, mode: int = 0o600,
+                gid: int | None = None) -> trio.socket.SocketType:
+    """A listening unix socket at ``path`` with ``mode`` (and group ``gid``), never wider.
 
-    ``bind()`` creates the socket file with the process umask applied, so the umask is set to
-    0o077 around it: there is no moment at which the file exists with wider permissions. The
-    umask is process-wide; nothing else here creates files between the two ``umask`` calls
-    (no ``await`` in between). A stale socket file must have been removed by the caller, who
-    knows (holding the cache-dir lock) that no other mountd can own it.
+    ``bind()`` creates the socket file with the process umask applied, so the umask is set
+    around it to leave only ``mode``'s owner bits: there is no moment at which the file is
+    reachable by anyone else. Then the group is changed (still owner-only), and only then is
+    the final mode set, so the group that may connect is never the wrong one (mountd's own).
+    The socket listens last: until then a connect is refused whatever the mode. The umask is
+    process-wide; nothing else here creates files between the two ``umask`` calls (no
+    ``await`` in between). A stale socket file must have been removed by the caller, who
+    knows (holding the cache-dir lock) that no other mountd can own it. Changing the group
+    needs root or membership of it: :class:`UsageError` otherwise.
     """
     check_socket_path(path)
+    if mode & ~0o777:
+        raise UsageError(f"socket mode {mode:o} is not a permission mode (0 to 0777)")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    bound = False
     try:
-        old = os.umask(0o077)
+        old = os.umask(0o777 & ~(mode & stat.S_IRWXU))
         try:
             sock.bind(os.fspath(path))  # the blocking stdlib bind: no await in the umask window
         finally:
             os.umask(old)
-        os.chmod(path, stat.S_IRUSR | stat.S_IWUSR)  # explicit, whatever the umask was
+        bound = True
+        if gid is not None:
+            try:
+                os.chown(path, -1, gid)
+            except PermissionError:
+                raise UsageError(
+                    f"cannot give the socket {os.fspath(path)} to group {gid}: mountd's user "
+                    f"(uid {os.geteuid()}) is not a member of it; add it, or run mountd as root"
+                ) from None
+        os.chmod(path, mode)  # explicit, whatever the umask was
         sock.listen(backlog)
     except BaseException:
         sock.close()
+        if bound:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         raise
     return trio.socket.from_stdlib_socket(sock)
 

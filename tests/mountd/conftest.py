@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +44,14 @@ class Source:
 
     def many(self, n: int, size: int, prefix: str = "obj") -> list[Obj]:
         return [self.add(f"{prefix}-{i:05d}", os.urandom(size)) for i in range(n)]
+
+
+@pytest.fixture
+def open_umask() -> Iterator[None]:
+    """The widest umask a careless service unit could have."""
+    old = os.umask(0)
+    yield
+    os.umask(old)
 
 
 @pytest.fixture

@@ -61,14 +61,6 @@ def forget_store_access(cache_dir: Path, value: str | None = None) -> None:
     conn.close()
 
 
-@pytest.fixture
-def open_umask():
-    """The widest umask a careless service unit could have."""
-    old = os.umask(0)
-    yield
-    os.umask(old)
-
-
 async def test_a_new_cache_is_traversable_not_listable_even_under_umask_0(
         tmp_path, source, backends, open_umask) -> None:
     cache_dir = tmp_path / "srv" / "cache"
