@@ -157,7 +157,8 @@ def make_server(cache: Cache, config: DaemonConfig) -> Server:
     # Before any dataset registers: each dataset's chunk manager takes it from here.
     registry.chunk_grace = config.chunk_grace
     coop = CoopService(cache, mode=config.dataset_mode, registry=registry)
-    return Server(cache, config.cache.cache_dir, coop=coop)
+    return Server(cache, config.cache.cache_dir, coop=coop, socket_mode=config.socket.mode,
+                  socket_group=config.socket.group)
 
 
 def _remove_socket(path: Path) -> None:

@@ -204,7 +204,8 @@ class Server:
 
     def __init__(self, cache: Cache, cache_dir: str | os.PathLike[str], *,
                  coop: CoopService | None = None, owner_uid: int | None = None,
-                 fill_uid: int | None = None) -> None:
+                 fill_uid: int | None = None, socket_mode: int = 0o600,
+                 socket_group: str | None = None) -> None:
         self.cache = cache
         self.coop = coop
         #: What left the store, for mounts to drop from the kernel's page cache.
@@ -214,6 +215,9 @@ class Server:
         self.owner_uid = os.getuid() if owner_uid is None else owner_uid
         #: The uid whose rights mountd's own reads have (see :meth:`fills_for`).
         self.fill_uid = os.geteuid() if fill_uid is None else fill_uid
+        #: Who may connect, as :func:`bind_socket` was asked (reported by ``hello``).
+        self.socket_mode = socket_mode
+        self.socket_group = socket_group
         self.started_at = time.time()
         self.shutdown = trio.Event()
         self.mounts: dict[int, MountRecord] = {}
@@ -393,6 +397,9 @@ class Server:
             # Who reads sources on a miss: mountd ("mountd"), or the client, which supplies
             # the bytes ("client": the answer to ``ensure`` may be ``{"supply": true}``).
             "fills": "mountd" if conn.fills else "client",
+            "socket": {"mode": f"{self.socket_mode:04o}", "group": self.socket_group,
+                       "shared": bool(self.socket_mode & stat.S_IWOTH)},
+            "store_access": self.cache.config.store_modes.name,
         }
 
     def _note_scheme(self, dataset: str | None, url: str) -> None:
