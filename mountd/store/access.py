@@ -52,9 +52,10 @@ PRIVATE_FILE = 0o600
 #: Mode of a folder others may traverse (open a name they know in it) but not list.
 TRAVERSABLE_DIR = 0o711
 
-#: Threads walking fan-out folders to change their files' modes (the walk waits on the disk
-#: with the GIL released, as recovery's scan does).
-WALK_THREADS = 16
+#: Threads walking fan-out folders to change their files' modes: a few overlap the disk's
+#: latency; more only fight over the GIL (a million files on the 2-core VM: 4 threads 10 s warm,
+#: 11-16 s cold; 16 threads 13 s warm, 22 s cold).
+WALK_THREADS = 4
 
 
 @dataclass(frozen=True)
@@ -191,12 +192,12 @@ def _set_top(path: str, modes: StoreModes) -> int:
 
 
 def set_store_access(cache_dir: Path, modes: StoreModes) -> int:
-    """Give every fan-out folder and store file ``modes`` (blocking; a thread pool walks the
+    """Give every fan-out folder and store file ``modes`` (blocking; a few threads walk the
     256 top folders); returns the number of files changed. ``store/`` itself is set by
     :func:`secure_cache_dir`, before.
 
     One ``scandir`` per fan-out folder and one ``chmod`` per file by name (no ``stat``, no
-    path walk): about a million files a few seconds (docs/store-layout.md "Access").
+    path walk): 10-16 s per million files (docs/store-layout.md "Access").
     """
     with os.scandir(layout.store_dir(cache_dir)) as level1:
         tops = [d.path for d in level1 if d.is_dir(follow_symlinks=False)]
