@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -202,8 +203,9 @@ def obj_other(path: Path) -> None:
 
 
 def _rewrite(path: Path, change) -> None:
-    """Change a store file behind mountd's back (store files are read-only: 0400)."""
+    """Change a store file behind mountd's back (store files are read-only: 0444 or 0400)."""
     data = path.read_bytes()
+    mode = stat.S_IMODE(os.stat(path).st_mode)
     os.chmod(path, 0o600)
     path.write_bytes(change(data))
-    os.chmod(path, 0o400)
+    os.chmod(path, mode)
