@@ -14,9 +14,10 @@ def local_users() -> Iterator[LocalUsers]:
     """Makes throwaway local users and groups (names ``qfs_test_*``) for tests of what other
     users of the machine can do; all are removed when the session ends. Skips without root.
 
-    ``local_users.user("qfs_test_b")``, ``local_users.group("qfs_test_g")``,
-    ``local_users.user("qfs_test_c", groups=[group])``; then ``user.probe(...)`` or
-    ``user.run([...])`` (quiverfs/testing/users.py)."""
+    ``local_users.user("qfs_test_other")``, ``local_users.group("qfs_test_socket")``,
+    ``local_users.user("qfs_test_member", groups=[group])``; then ``user.probe(...)`` or
+    ``user.run([...])`` (quiverfs/testing/users.py; not ``qfs_test_a``/``qfs_test_b``, which
+    tests/mount/test_multiuser.py makes and removes itself)."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)

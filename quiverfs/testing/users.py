@@ -6,15 +6,17 @@ They need real accounts (``SO_PEERCRED``, group membership and file modes all co
 kernel), made with ``useradd``/``groupadd`` as root and removed afterwards::
 
     with LocalUsers() as users:                     # or the session fixture ``local_users``
-        group = users.group("qfs_test_g")
-        member = users.user("qfs_test_c", groups=[group])
-        outsider = users.user("qfs_test_b")
+        group = users.group("qfs_test_socket")
+        member = users.user("qfs_test_member", groups=[group])
+        outsider = users.user("qfs_test_other")
         [listing, content] = outsider.probe(["listdir", store], ["read", path])
         assert listing == {"errno": "EACCES"} and content == {"ok": data.hex()}
 
 Every name must start with :data:`PREFIX`, so nothing but test accounts is ever removed. An
 account left by an earlier run that was killed is reused (and removed at the end like the
-others). Commands run as a user with exactly its uid, primary gid and supplementary groups
+others). Names must not be shared with tests that make and remove accounts on their own
+(tests/mount/test_multiuser.py, with :mod:`quiverfs.testing.as_user`, uses ``qfs_test_a``
+and ``qfs_test_b``): one would remove the other's user while it is still in use. Commands run as a user with exactly its uid, primary gid and supplementary groups
 (``subprocess.run(user=, group=, extra_groups=)``), never with root's.
 """
 

@@ -43,9 +43,9 @@ class Users:
 
 @pytest.fixture(scope="module")
 def users(local_users: LocalUsers) -> Users:
-    group = local_users.group("qfs_test_g")
-    return Users(outsider=local_users.user("qfs_test_b"),
-                 member=local_users.user("qfs_test_c", groups=[group]), group=group)
+    group = local_users.group("qfs_test_socket")
+    return Users(outsider=local_users.user("qfs_test_other"),
+                 member=local_users.user("qfs_test_member", groups=[group]), group=group)
 
 
 @pytest.fixture(scope="module")
