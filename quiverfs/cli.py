@@ -64,7 +64,7 @@ def _rate(text: str | None, what: str) -> float | None:
 
 @app.command("mountd")
 def mountd_command(
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
     cache_size: str = typer.Option(
         DEFAULT_CACHE_SIZE, "--cache-size",
         help="Cap on cached bytes: 10G, 512M, or a percentage of the cache filesystem (20%).",
@@ -149,7 +149,7 @@ def mountd_command(
 
 @app.command()
 def stats(
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     in_region: bool = typer.Option(
         False, "--in-region",
@@ -187,7 +187,7 @@ def stats(
 
 @app.command("ls")
 def ls_command(
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """List cached datasets, registered mounts and cache usage.
@@ -210,7 +210,7 @@ def ls_command(
 def evict(
     dataset: str | None = typer.Argument(None, help="Dataset id whose cached files to remove."),
     everything: bool = typer.Option(False, "--all", help="Remove every cached file."),
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Evict one dataset's files (or --all) from the cache. Needs root or mountd's user.
@@ -233,7 +233,7 @@ def evict(
 
 @app.command()
 def scrub(
-    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+    cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Re-hash every cached file and remove those that no longer match. Needs root or mountd's user.

@@ -52,7 +52,10 @@ class NotFound(BackendError):
 
 
 class AccessDenied(BackendError):
-    """The credentials from the SDK's standard chain are missing or not allowed to do this."""
+    """The credentials from the SDK's standard chain are missing or not allowed to do this
+    (or, on a shared mountd, the reading user may not open the ``file://`` source)."""
+
+    errno = _errno.EACCES
 
 
 class TemporaryFailure(BackendError):

@@ -34,6 +34,7 @@ import dataclasses
 import errno
 import fcntl
 import gc
+import hashlib
 import logging
 import os
 import select
@@ -82,6 +83,23 @@ FSTYPE = "fuse.quiverfs"
 
 #: Log of detached mount processes, in the cache directory.
 LOG_FILE = "mount.log"
+
+
+def mount_state_dir(cache_dir: Path) -> Path:
+    """Where a mount keeps its digest snapshot and log: the cache directory when it is this
+    user's own (a personal mountd), else a private folder of this user's, because a mountd
+    shared by every user (docs/operations.md "Security") lets nobody else write there.
+    ``$XDG_RUNTIME_DIR/quiverfs/`` (or ``~/.cache/quiverfs/``) ``mounts-<cache dir hash>``."""
+    try:
+        if cache_dir.stat().st_uid == os.geteuid():
+            return cache_dir
+    except FileNotFoundError:
+        return cache_dir  # created by us, below
+    base = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache") / "quiverfs"
+    tag = hashlib.blake2b(os.fsencode(cache_dir.resolve()), digest_size=6).hexdigest()
+    state = base / f"mounts-{tag}"
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return state
 
 #: Who can speak FUSE for a mount (docs/mount.md "Front ends"): our own protocol code with
 #: forked workers, or pyfuse3 in the main process (quiverfs/frontend_pyfuse3.py).
@@ -184,7 +202,8 @@ def fuse_unavailable() -> str | None:
     if not os.path.exists("/dev/fuse"):
         return "/dev/fuse does not exist (load the fuse module, or give the container the device)"
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        return "/dev/fuse is not readable and writable by this user"
+        return ("/dev/fuse is not readable and writable by this user (distributions make it "
+                "0666; a container may need: chmod 666 /dev/fuse)")
     if shutil.which("fusermount3") is None:
         return "fusermount3 is not installed (apt-get install fuse3)"
     return None
@@ -585,7 +604,7 @@ def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
         check_cache_dir(options.cache_dir)
         options.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Serve a private copy: the user's file may be changed or truncated under the mount.
-        snapshot = Snapshot.take(options.digest, options.cache_dir)
+        snapshot = Snapshot.take(options.digest, mount_state_dir(options.cache_dir))
         try:
             digest = snapshot.open()
             try:
@@ -701,7 +720,7 @@ def mount_detached(options: MountOptions, timeout: float = READY_TIMEOUT) -> int
     assert options.cache_dir is not None
     check_cache_dir(options.cache_dir)
     options.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    log_path = options.cache_dir / LOG_FILE
+    log_path = mount_state_dir(options.cache_dir) / LOG_FILE
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     read_fd, write_fd = os.pipe()
     # Fork rather than spawn: this process has already imported everything the server needs,

@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
     def mount_command(
         digest: Path = typer.Argument(..., help="The dataset's digest file (from `digests build`)."),
         mountpoint: Path = typer.Argument(..., help="An existing empty directory (see --nonempty)."),
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
         cache_size: str | None = typer.Option(
             None, "--cache-size",
             help="Cache size for a mountd this mount starts (10G, 20%); a running mountd keeps its own.",
@@ -193,7 +193,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("mounts")
     def mounts_command(
-        cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP),
+        cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
         """List the mounts registered with mountd and each one's own counters.

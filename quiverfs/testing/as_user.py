@@ -2,10 +2,10 @@
 
 The multi-user tests (one mountd shared by every user, docs/operations.md "Security") need
 real uids. CI runs as root, so a test creates throwaway users with ``useradd`` and runs code
-as them in a **forked** child that drops to their uid/gid before doing anything: no ``exec``,
-because the interpreter may live where other users cannot reach it (``/root/.pyenv``). Modules
-the child needs must therefore be imported before the fork (the child may not be able to read
-the source tree either).
+as them: small checks (reads, a request to mountd) in a **forked** child that drops to their
+uid/gid first (:func:`run_as`: only what the caller already imported is used), whole CLI
+commands as subprocesses (:func:`spawn_as`) once :func:`interpreter_reachable` let every user
+traverse to the interpreter (pyenv puts it under ``/root``, ``0700``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,54 +95,51 @@ def run_as(user: User, fn: Callable[[], Any], timeout: float = 120.0) -> Any:
     return payload["result"]
 
 
-def spawn_as(user: User, argv: list[str], log: Path) -> int:
-    """``quiverfs ARGV`` (the CLI, in-process) as ``user`` in a forked child, with stdout and
-    stderr appended to ``log``; the child's pid (reap it with :func:`stop`)."""
-    from quiverfs.cli import main  # imported here, in the parent, before the fork
-
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            os.dup2(log_fd, 1)
-            os.dup2(log_fd, 2)
-            null = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(null, 0)
-            os.setsid()
-            _become(user)
-            sys.argv = ["quiverfs", *argv]
-            try:
-                main()
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            os._exit(code)
-    os.close(log_fd)
-    return pid
-
-
-def exit_status(pid: int, timeout: float = 60.0) -> int | None:
-    """The exit code of child ``pid`` once it ended within ``timeout`` (None: still running)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.02)
-
-
-def stop(pid: int, timeout: float = 20.0) -> None:
-    """SIGTERM, then SIGKILL after ``timeout``; reaped."""
+@contextmanager
+def interpreter_reachable(*paths: Path) -> Iterator[None]:
+    """Let every user traverse the folders above this interpreter and ``paths`` (``o+x``,
+    never ``o+r``) for the duration, so children of other users can run the CLI: the
+    interpreter often lives under ``/root`` (pyenv), which is ``0700``. Modes are restored."""
+    changed: dict[Path, int] = {}
+    targets = [Path(os.path.realpath(sys.executable)), Path(sys.prefix), *paths]
+    for target in targets:
+        for folder in [target, *target.parents] if target.is_dir() else list(target.parents):
+            mode = folder.stat().st_mode
+            if not mode & 0o001 and folder not in changed:
+                changed[folder] = mode & 0o7777
+                folder.chmod((mode & 0o7777) | 0o001)
     try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+        yield
+    finally:
+        for folder, mode in changed.items():
+            folder.chmod(mode)
+
+
+def spawn_as(user: User, argv: list[str], log: Path) -> subprocess.Popen:
+    """``quiverfs ARGV`` as ``user`` (see :func:`interpreter_reachable`), with stdout and
+    stderr appended to ``log``."""
+    env = dict(os.environ, HOME=str(user.home), USER=user.name, LOGNAME=user.name)
+    env.pop("XDG_RUNTIME_DIR", None)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "quiverfs.cli", *argv], stdin=subprocess.DEVNULL, stdout=out,
+            stderr=out, cwd=user.home, env=env, user=user.uid, group=user.gid, extra_groups=[],
+            start_new_session=True)
+
+
+def exit_status(proc: subprocess.Popen, timeout: float = 60.0) -> int | None:
+    """The exit code of ``proc`` once it ended within ``timeout`` (None: still running)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; reaped."""
+    if proc.poll() is not None:
         return
-    if exit_status(pid, timeout) is None:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    proc.send_signal(signal.SIGTERM)
+    if exit_status(proc, timeout) is None:
+        proc.kill()
+        proc.wait()

@@ -14,7 +14,9 @@ import hashlib
 import os
 import shutil
 import sqlite3
+import subprocess
 import tempfile
+import zoneinfo  # noqa: F401  (a lazy import of the CLI; the children cannot read /root)
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from mountd.store import layout
 from quiverfs.testing.as_user import (
     User,
     exit_status,
+    interpreter_reachable,
     make_user,
     remove_user,
     run_as,
@@ -34,9 +37,11 @@ from quiverfs.testing.as_user import (
     stop,
 )
 from tests.mount.conftest import (
+    REPO,
     MountdProcess,
     build_digest,
     force_unmount,
+    is_mounted,
     wait_for,
     write_tree,
 )
@@ -53,7 +58,24 @@ def files_of(tag: str, n: int) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def world() -> Iterator[dict]:
+def dev_fuse_for_users() -> Iterator[None]:
+    """/dev/fuse as every distribution's udev rules make it (0666): users mount through it
+    (the workers open it to clone the connection). Some containers give it 0600."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
+@pytest.fixture(scope="module")
+def world(dev_fuse_for_users: None) -> Iterator[dict]:
+    with interpreter_reachable(REPO):
+        yield from _world()
+
+
+def _world() -> Iterator[dict]:
     work = Path(tempfile.mkdtemp(prefix="quiverfs-multiuser-"))
     work.chmod(0o711)
     users = {name: make_user(f"qfs_test_{name}", work / "homes") for name in ("a", "b")}
@@ -90,26 +112,27 @@ class UserMount:
     def __init__(self, user: User, digest: Path, mountpoint: Path, cache: Path) -> None:
         self.user, self.digest, self.mountpoint, self.cache = user, digest, mountpoint, cache
         self.log = mountpoint.parent / f"{mountpoint.name}.log"
-        self.pid: int | None = None
+        self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> UserMount:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         os.chown(self.mountpoint, self.user.uid, self.user.gid)
-        self.pid = spawn_as(self.user, ["mount", "--foreground", "--cache-dir", str(self.cache),
+        self.proc = spawn_as(self.user, ["mount", "--foreground", "--cache-dir", str(self.cache),
                                         str(self.digest), str(self.mountpoint)], self.log)
-        wait_for(lambda: os.path.ismount(self.mountpoint), f"{self.user.name}'s mount",
+        # is_mounted reads the mount table: root may not stat another user's FUSE mount.
+        wait_for(lambda: is_mounted(self.mountpoint), f"{self.user.name}'s mount",
                  alive=self._died)
         return self
 
     def _died(self) -> str | None:
-        assert self.pid is not None
-        code = exit_status(self.pid, 0)
+        assert self.proc is not None
+        code = self.proc.poll()
         return None if code is None else f"exited {code}: {self.log.read_text()[-2000:]}"
 
     def __exit__(self, *exc_info: object) -> None:
         force_unmount(self.mountpoint)
-        if self.pid is not None:
-            stop(self.pid)
+        if self.proc is not None:
+            stop(self.proc)
 
 
 def read_as(user: User, paths: list[Path]) -> dict[str, str]:
@@ -146,10 +169,10 @@ def test_a_user_cannot_mount_a_digest_it_cannot_read(world: dict):
     mnt.mkdir()
     os.chown(mnt, b.uid, b.gid)
     log = world["work"] / "b-tries-a.log"
-    pid = spawn_as(b, ["mount", "--foreground", "--cache-dir", str(world["cache"]),
-                       str(world["a_digest"]), str(mnt)], log)
-    assert exit_status(pid, 60) not in (None, 0)
-    assert not os.path.ismount(mnt)
+    proc = spawn_as(b, ["mount", "--foreground", "--cache-dir", str(world["cache"]),
+                        str(world["a_digest"]), str(mnt)], log)
+    assert exit_status(proc, 60) not in (None, 0)
+    assert not is_mounted(mnt)
     assert "a.qd" in log.read_text() and "Traceback" not in log.read_text()
 
 
@@ -192,6 +215,7 @@ def test_a_forged_digest_cannot_poison_the_cache(world: dict):
     with sqlite3.connect(forged) as db:
         db.execute("UPDATE files SET hash = ?, size = ? WHERE name = 'evil.bin'",
                    (a_hashes[victim], len(world["a_files"][victim])))
+        db.execute("UPDATE meta SET value = (SELECT sum(size) FROM files) WHERE key = 'total_bytes'")
     os.chown(forged, b.uid, b.gid)
     store_file = layout.store_path(cache, a_hashes[victim])
     with UserMount(b, forged, work / "b-forged-mnt", cache) as bm:
@@ -208,8 +232,7 @@ def test_other_users_cannot_run_admin_operations_and_stats_are_per_uid(world: di
     log = world["work"] / "b-admin.log"
     codes = {}
     for argv in (["evict", "--all"], ["scrub"]):
-        pid = spawn_as(b, [*argv, "--cache-dir", str(cache)], log)
-        codes[argv[0]] = exit_status(pid, 60)
+        codes[argv[0]] = exit_status(spawn_as(b, [*argv, "--cache-dir", str(cache)], log), 60)
     assert all(code not in (None, 0) for code in codes.values()), codes
     text = log.read_text()
     assert text.count("needs root or uid") == 2 and "Traceback" not in text

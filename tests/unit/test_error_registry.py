@@ -31,7 +31,7 @@ EXPECTED = {
     "UsageError": (errno.EINVAL, 2),
     "BackendError": (errno.EIO, 3),
     "NotFound": (errno.EIO, 3),
-    "AccessDenied": (errno.EIO, 3),
+    "AccessDenied": (errno.EACCES, 3),
     "TemporaryFailure": (errno.EIO, 3),
     "PermanentFailure": (errno.EIO, 3),
     "CorruptObject": (errno.EIO, 3),

@@ -803,7 +803,7 @@ async def test_failure_memory_is_per_file(env: Env, mock_clock) -> None:
     [
         (NotFound("gone", url="file:///x", key="k"), errno.EIO),
         (CorruptObject("bad hash"), errno.EIO),
-        (AccessDenied("denied"), errno.EIO),
+        (AccessDenied("denied"), errno.EACCES),
         (TemporaryFailure("slow down"), errno.EIO),
         (MountdUnavailable("no mountd"), errno.EIO),
         (CacheFull("full"), errno.ENOSPC),
