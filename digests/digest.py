@@ -297,6 +297,37 @@ class Digest:
         except sqlite3.Error as exc:
             raise _db_error(self.path, exc) from None
 
+    def content(self, parent_id: int, name: str) -> tuple[int, bytes] | None:
+        """``(size, hash)`` of the file called ``name`` in directory ``parent_id``, or ``None``
+        (no such file, or a row whose size or hash is malformed).
+
+        For hot paths that open content by hash and need nothing else (the direct loader,
+        quiverfs/direct.py): one indexed read and no :class:`Location`. Only the two columns
+        it returns are checked; :meth:`lookup` checks the whole row.
+        """
+        if "\0" in name or not name.isprintable() and _unencodable(name):
+            return None
+        try:
+            row = self._conn.execute(
+                "SELECT size, hash FROM files WHERE dir = ? AND name = ?", (parent_id, name)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise _db_error(self.path, exc) from None
+        return row if row is not None and _content_ok(row[0], row[1]) else None
+
+    def dir_contents(self, dir_id: int) -> list[tuple[str, int, bytes]]:
+        """``(name, size, hash)`` of every file directly in directory ``dir_id``, in name
+        order: one index range scan, for a caller that keeps a directory's mapping in memory
+        (the direct loader). Rows whose size or hash is malformed are left out (their files
+        then read through the mount, which reports the damaged row)."""
+        try:
+            rows = self._conn.execute(
+                "SELECT name, size, hash FROM files WHERE dir = ? ORDER BY id", (dir_id,)
+            ).fetchall()
+        except sqlite3.Error as exc:
+            raise _db_error(self.path, exc) from None
+        return [row for row in rows if type(row[0]) is str and _content_ok(row[1], row[2])]
+
     def lookup_path(self, path: str) -> Entry | None:
         """The entry at relative POSIX ``path`` (``""`` = root), or ``None`` (also for invalid paths)."""
         if path in ("", "/"):
@@ -473,6 +504,11 @@ def _file_hash(path: str) -> str:
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     hasher.update_mmap(path)
     return hasher.hexdigest()
+
+
+def _content_ok(size: object, content_hash: object) -> bool:
+    """Whether a row's size and hash have the types and lengths the format says."""
+    return type(size) is int and size >= 0 and type(content_hash) is bytes and len(content_hash) == 32
 
 
 def _unencodable(name: str) -> bool:

@@ -430,8 +430,11 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         )
 
         def extra_stats() -> dict:
+            # cache_dir and digest let a process read hits from the store itself, bypassing
+            # FUSE (quiverfs/direct.py); both are paths, never contents.
             return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint),
-                    "workers": len(pool.workers) if pool else 0, "frontend": options.frontend}
+                    "workers": len(pool.workers) if pool else 0, "frontend": options.frontend,
+                    "cache_dir": os.fspath(cache_dir), "digest": os.fspath(digest.path)}
 
         workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())

@@ -19,8 +19,15 @@ and the misses it claims are already being fetched when the DataLoader's workers
     sampler.close()
 
 Claims happen in the process that iterates the sampler (the DataLoader's main process); the
-workers only open files, so any number of workers works. This module imports torch; quiverfs
-itself never does. See docs/shim.md.
+workers only open files, so any number of workers works.
+
+Cached files can also be read without FUSE, straight from the store (:mod:`quiverfs.direct`,
+which needs a traversable store; misses and evicted files go through the mount)::
+
+    dataset = ImageFolder("/mnt/imagenet/train", transform=..., loader=direct_loader)
+    dataset = DirectDataset(paths_or_samples, decode=my_decoder)    # any path-based dataset
+
+This module imports torch; quiverfs itself never does. See docs/shim.md.
 """
 
 from __future__ import annotations
@@ -36,15 +43,16 @@ import warnings
 import weakref
 from array import array
 from collections import deque
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, BinaryIO
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler
 
 from quiverfs.control import ControlClient, find_mount_root
+from quiverfs.direct import DirectReader
 
-__all__ = ["QuiverBatchSampler"]
+__all__ = ["DirectDataset", "QuiverBatchSampler", "direct_loader", "direct_reader", "pil_rgb"]
 
 _warned_off_mount = False
 
@@ -341,3 +349,86 @@ def _warn_off_mount(path: str) -> None:
             "reading in a seeded shuffled order instead",
             RuntimeWarning, stacklevel=3,
         )
+
+
+# -- direct reads: cached files straight from the store ------------------------------------------
+
+#: The reader behind :func:`direct_loader` and, by default, :class:`DirectDataset`: one per
+#: process (its state is per process: workers open their own digest and mountd connection).
+_reader = DirectReader()
+
+
+def direct_reader() -> DirectReader:
+    """The shared :class:`~quiverfs.direct.DirectReader` (``flush()``, ``counts()``)."""
+    return _reader
+
+
+def pil_rgb(f: BinaryIO) -> Any:
+    """An open image file decoded as torchvision's default loader does (PIL, RGB)."""
+    from PIL import Image  # pillow comes with torchvision, which this module does not need
+
+    image = Image.open(f)
+    return image.convert("RGB")
+
+
+def direct_loader(path: str | os.PathLike[str]) -> Any:
+    """torchvision's default image loader, reading cached files from the store:
+    ``ImageFolder(root, loader=direct_loader)`` (misses and evicted files through the mount)."""
+    with _reader.open(path) as f:
+        return pil_rgb(f)
+
+
+class DirectDataset(Dataset):
+    """A path-based dataset whose files are read from the store when cached (docs/shim.md).
+
+    ``samples``: one path per index, or ``(path, target)`` pairs (an ``ImageFolder``'s
+    ``.samples``). Item ``i`` is ``transform(decode(file))``, with
+    ``target_transform(target)`` beside it when the samples carry targets. ``decode`` takes
+    the open file (default :func:`pil_rgb`, as ``ImageFolder``; ``lambda f: f.read()`` for
+    bytes). :meth:`of` wraps a dataset that has ``.samples`` (or ``.imgs``), keeping its
+    transforms. The mount's digest is opened, and the samples' directories mapped, here in
+    the process that builds the dataset, so that forked DataLoader workers share them.
+    """
+
+    def __init__(self, samples: Sequence[Any], decode: Callable[[BinaryIO], Any] = pil_rgb,
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[Any], Any] | None = None,
+                 reader: DirectReader | None = None) -> None:
+        pairs = [(os.fspath(s[0]), s[1]) if isinstance(s, tuple | list) else (os.fspath(s), None)
+                 for s in samples]
+        self.has_targets = bool(samples) and isinstance(samples[0], tuple | list)
+        self.samples = pairs
+        self.targets = [t for _, t in pairs] if self.has_targets else []
+        self.decode = decode
+        self.transform = transform
+        self.target_transform = target_transform
+        self.reader = reader or _reader
+        for directory in dict.fromkeys(os.path.dirname(path) for path, _ in pairs):
+            if not self.reader.prepare(directory):
+                break  # on no mount read directly here: most likely the rest neither
+
+    @classmethod
+    def of(cls, dataset: Any, decode: Callable[[BinaryIO], Any] = pil_rgb,
+           reader: DirectReader | None = None) -> DirectDataset:
+        """``dataset`` (an ``ImageFolder``, any dataset with ``.samples`` or ``.imgs``) read
+        directly, with its ``transform`` and ``target_transform``."""
+        samples = getattr(dataset, "samples", None) or getattr(dataset, "imgs", None)
+        if samples is None:
+            raise TypeError("DirectDataset.of needs a dataset with .samples (path, target) pairs")
+        return cls(samples, decode, getattr(dataset, "transform", None),
+                   getattr(dataset, "target_transform", None), reader)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int) -> Any:
+        path, target = self.samples[index]
+        with self.reader.open(path) as f:
+            item = self.decode(f)
+        if self.transform is not None:
+            item = self.transform(item)
+        if not self.has_targets:
+            return item
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return item, target

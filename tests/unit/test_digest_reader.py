@@ -96,6 +96,20 @@ def test_lookup_and_entries(small):
     assert small.lookup(ROOT_ID, "a\0b") is None
 
 
+def test_content_and_dir_contents_agree_with_lookup(small):
+    """The direct loader's lean lookups (size and hash only) give what lookup() gives."""
+    n02 = small.lookup_path("train/n02").id
+    assert small.content(n02, "c.JPEG") == (1, h(b"c"))
+    assert small.content(ROOT_ID, "README") == (6, h(b"readme"))
+    assert small.content(n02, "deep") is None  # a directory is not a file
+    assert small.content(n02, "nope") is None and small.content(n02, "a\0b") is None
+    assert small.dir_contents(n02) == [("c.JPEG", 1, h(b"c"))]
+    n01 = small.lookup_path("train/n01").id
+    assert small.dir_contents(n01) == [("a.JPEG", 5, h(b"alpha")), ("b.JPEG", 6, h(b"bravo!"))]
+    assert [name for name, _, _ in small.dir_contents(ROOT_ID)] == ["README", "train-notes.txt"]
+    assert small.dir_contents(small.lookup_path("train").id) == []  # only subdirectories
+
+
 def test_listdir_order_and_paging(small):
     names = [e.name for e in small.listdir(ROOT_ID)]
     assert names == ["train", "val", "README", "train-notes.txt"]  # dirs, then files, by name

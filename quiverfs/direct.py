@@ -1,0 +1,688 @@
+"""Cached files of a quiverfs mount read straight from the store, with the mount as fallback.
+
+A hit through the mount costs FUSE round trips: a first pass over warm files reads at about a
+tenth of the store files' own speed (docs/mount.md "Measured"). Yet a cached file is an
+immutable, verified file at ``store_path(cache_dir, hash)``, and the store is traversable by
+any local user who knows a hash (DESIGN.md "Many users, one cache"). :class:`DirectReader`
+maps a path on a mount to its content hash with the mount's digest, opened read-only in each
+process, and opens the store file itself::
+
+    reader = DirectReader()
+    with reader.open("/mnt/imagenet/train/n01440764/x.JPEG") as f:   # store file or mount
+        data = f.read()
+
+* **Mapping.** The first file read in a directory loads that directory's names, sizes and
+  hashes from the digest (one index range scan); later files of it cost one dict lookup.
+  An SQLite query per file would cost about as much as reading a warm 110 KiB file (its
+  caches are cold after each read), which is what the direct read should approach.
+  The mapping takes about 200 bytes a file, for the directories read, up to
+  ``table_files`` files per mount and process; files of directories beyond that are looked
+  up in the digest one by one. A DataLoader's workers forked from a process that already
+  read (or :meth:`DirectReader.prepare`\\ d) share its mapping copy-on-write.
+* **Fallback.** A store file that is not there (evicted, never cached) is read through the
+  mount path, which fetches it through mountd, so the next read of it is direct. So is every
+  file when this process cannot open the store (``EACCES``: a store that is not traversable),
+  the mount's digest, or when the mount does not say where they are: each reason is logged
+  once. A path on no quiverfs mount is opened as it is.
+* **Hit reports.** mountd sees no request for a direct read, so its LRU recency and the hit
+  counters of ``quiverfs stats`` would miss them. Each store file opened is queued as a hit
+  and sent to mountd (the ``hits`` operation) by a thread of the process, every
+  ``flush_hits`` hits or ``flush_seconds`` seconds, and when the reader or the process ends.
+  Reports are advisory: a read never waits for mountd and never fails because it is away
+  (the hits are then dropped, logged once).
+* **Processes.** All state is per process, created on first use and checked against
+  ``os.getpid()``: a reader can be pickled (DataLoader workers started with spawn, where it
+  carries only its settings) or inherited (fork: the child opens its own digest connection,
+  mountd connection and hit queue, and reuses what the parent had mapped and validated).
+  A process that exits reports its last hits first, DataLoader workers included
+  (``multiprocessing`` finalizers).
+
+Torch-free; :mod:`quiverfs.torch` builds the ``ImageFolder`` loader and the dataset on it.
+See docs/shim.md "Direct reads".
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import multiprocessing.util
+import os
+import threading
+import time
+import weakref
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from digests.digest import Digest
+from digests.schema import ROOT_ID
+from mountd.rpc.client import SyncClient
+from mountd.store import layout
+from quiverfs.control import find_mount_root
+from quiverfs.errors import QuiverError
+from quiverfs.fs import XATTR_STATS
+
+__all__ = ["DirectReader", "HitReporter", "MountInfo", "mount_info"]
+
+log = logging.getLogger("quiverfs.direct")
+
+#: Hits queued before the reporter thread is woken to send them.
+FLUSH_HITS = 1024
+#: Seconds between two reports while hits come in slower than FLUSH_HITS.
+FLUSH_SECONDS = 1.0
+#: Hashes per ``hits`` message (mountd takes at most 100,000 items in one).
+REPORT_BATCH = 50_000
+#: Hits queued at most while mountd does not answer; more are dropped (reports are advisory).
+MAX_QUEUED = 200_000
+#: Seconds to connect to mountd; seconds after a failure before it is tried again (reports
+#: in between are dropped rather than delaying anything).
+CONNECT_TIMEOUT = 1.0
+RETRY_SECONDS = 5.0
+#: Seconds ``close()`` (and a process's exit) waits for its last report to be answered.
+CLOSE_WAIT = 2.0
+#: Seconds between two checks that a mount is still the one whose digest maps its paths (one
+#: ``getxattr`` the mount answers; a new mount takes longer than this to start, so a mount
+#: replaced by another one at the same place is always noticed before a path is mapped).
+RECHECK_SECONDS = 0.25
+#: Files mapped in memory per mount and process (~200 bytes each); beyond, per-file queries.
+TABLE_FILES = 2_000_000
+#: Directories remembered per process as being on no quiverfs mount (cleared when full, and
+#: every RECHECK_SECONDS, as a mount may appear there).
+MAX_NOT_MOUNTED = 4096
+
+#: This process's id (kept by _after_fork_in_child): ``os.getpid()`` is a system call, ~0.2 µs
+#: that every read would pay to tell whether it runs in a new process.
+_pid = os.getpid()
+
+
+def _store_file(store: str, content_hash: bytes) -> str:
+    """``layout.store_path`` as a string: pathlib costs ~10 µs a path, a third of reading a
+    warm 110 KiB file; this ~0.4 µs. tests/unit/test_direct.py holds the two equal."""
+    name = content_hash.hex()
+    return f"{store}/{name[0:2]}/{name[2:4]}/{name}"
+
+
+_logged: set[str] = set()
+
+
+def _log_once(key: str, message: str, *args: object) -> None:
+    """Warn about ``key`` once per process: a fallback that holds for one file holds for
+    the next thousand, and a log line per read would bury the job's own output."""
+    if key not in _logged:
+        _logged.add(key)
+        log.warning(message, *args)
+
+
+# -- what a mount says about itself ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MountInfo:
+    """Where a mount's store and digest are, from its ``user.quiver.stats``."""
+
+    root: str  #: the mount point
+    dataset: str  #: the dataset id
+    cache_dir: str | None  #: None: a mount from before the direct loader (it does not say)
+    #: the mount's private copy of its digest (readable by its owner), a name no other mount
+    #: has: it tells this mount from a later one at the same place (``st_dev`` cannot: the
+    #: kernel gives a new FUSE mount the device number the last one freed)
+    digest: str | None
+
+
+def mount_info(root: str) -> MountInfo:
+    """What the quiverfs mount at ``root`` says about itself; ``OSError`` or ``ValueError``
+    when it says nothing readable."""
+    stats = json.loads(os.getxattr(root, XATTR_STATS))
+    if not isinstance(stats, dict) or not isinstance(stats.get("dataset"), str):
+        raise ValueError(f"{root}: {XATTR_STATS} names no dataset")
+    return MountInfo(root, stats["dataset"], stats.get("cache_dir"), stats.get("digest"))
+
+
+# -- hit reports -----------------------------------------------------------------------------------
+
+
+class _Marker:
+    """Put in a reporter's queue by :meth:`HitReporter.flush`: set once what came before it
+    was sent (or dropped)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+class HitReporter:
+    """Hits read from one cache's store, batched and sent to its mountd by a thread of their own.
+
+    :meth:`add` appends to a deque (atomic, no lock: a read never waits for mountd); the
+    thread sends every ``every`` hits or ``seconds`` seconds, as requests whose answer says
+    mountd recorded them, so :meth:`flush` knows when they arrived. When mountd is away or
+    slow, hits are dropped and counted, never kept as a backlog: they are advisory (LRU
+    recency, statistics), and the mount drops its own the same way.
+    """
+
+    def __init__(self, cache_dir: str, every: int = FLUSH_HITS, seconds: float = FLUSH_SECONDS) -> None:
+        self.cache_dir = cache_dir
+        self._every = max(1, every)
+        self._seconds = seconds
+        #: (dataset, hash, size) per hit, and flush markers, in order
+        self._queue: collections.deque[tuple[str, bytes, int] | _Marker] = collections.deque()
+        self._wake = threading.Event()
+        self._start_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self.reported = 0  #: hits mountd said it recorded
+        self.dropped = 0  #: hits lost: mountd away or refusing them, or too many queued
+        self._client: SyncClient | None = None
+        self._retry_at = 0.0
+
+    def add(self, dataset: str, content_hash: bytes, size: int) -> None:
+        """Queue one hit (a store file opened for ``dataset``)."""
+        queue = self._queue
+        if len(queue) >= MAX_QUEUED or self._closing:
+            self.dropped += 1
+            return
+        queue.append((dataset, content_hash, size))
+        if self._thread is None:
+            self._start()
+        if len(queue) >= self._every:
+            self._wake.set()
+
+    def flush(self, timeout: float = CLOSE_WAIT) -> bool:
+        """Send what is queued and wait (at most ``timeout`` seconds) for mountd's answer;
+        True when every hit queued before the call was recorded by mountd."""
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            return not self._queue  # nothing was ever queued, or closed
+        dropped = self.dropped
+        marker = _Marker()
+        self._queue.append(marker)
+        self._wake.set()
+        return marker.done.wait(timeout) and self.dropped == dropped
+
+    def close(self, timeout: float = CLOSE_WAIT) -> None:
+        """Send the last hits (waiting at most ``timeout`` seconds) and stop the thread."""
+        self._closing = True
+        thread = self._thread
+        if thread is not None:
+            self._wake.set()
+            thread.join(timeout)
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name=f"quiverfs-hits-{os.getpid()}",
+                                          daemon=True)
+                thread.start()
+                self._thread = thread
+
+    # -- the reporter's thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(self._seconds)
+            self._wake.clear()
+            closing = self._closing  # read before draining: what close() waits for is drained
+            self._drain()
+            if closing:
+                self._disconnect()
+                return
+
+    def _drain(self) -> None:
+        """Send everything queued, in order; set each flush marker once what precedes it is done."""
+        queue = self._queue
+        batch: dict[str, list[tuple[bytes, int]]] = {}
+        while queue:
+            item = queue.popleft()
+            if isinstance(item, _Marker):
+                self._send_all(batch)
+                batch = {}
+                item.done.set()
+            else:
+                batch.setdefault(item[0], []).append((item[1], item[2]))
+        self._send_all(batch)
+
+    def _send_all(self, batch: dict[str, list[tuple[bytes, int]]]) -> None:
+        for dataset, hits in batch.items():
+            recorded = self._send(dataset, hits)
+            self.reported += recorded
+            self.dropped += len(hits) - recorded
+
+    def _send(self, dataset: str, hits: list[tuple[bytes, int]]) -> int:
+        """Report ``hits`` of ``dataset``; how many mountd recorded (0 when it is away)."""
+        recorded = 0
+        for start in range(0, len(hits), REPORT_BATCH):
+            part = hits[start:start + REPORT_BATCH]
+            client = self._connect()
+            if client is None:
+                break
+            args = {"hashes": [h.hex() for h, _ in part], "bytes": sum(s for _, s in part),
+                    "dataset": dataset}
+            try:
+                recorded += int(client.call("hits", args)["recorded"])
+            except (QuiverError, OSError, KeyError, TypeError, ValueError) as exc:
+                self._failed(exc)
+        return recorded
+
+    def _connect(self) -> SyncClient | None:
+        if self._client is None and time.monotonic() >= self._retry_at:
+            try:
+                self._client = SyncClient.connect(self.cache_dir, timeout=CONNECT_TIMEOUT)
+            except (QuiverError, OSError) as exc:
+                self._failed(exc)
+        return self._client
+
+    def _failed(self, exc: BaseException) -> None:
+        _log_once(f"mountd:{self.cache_dir}",
+                  "direct reads: hit reports to mountd of %s are dropped while it does not take "
+                  "them (%s); reads go on", self.cache_dir, exc)
+        self._disconnect()
+        self._retry_at = time.monotonic() + RETRY_SECONDS
+
+    def _disconnect(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+# -- one mount, seen from one process -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Dir:
+    """One directory of a mount's digest in memory: name → index into ``hashes`` (32 bytes
+    each) and ``sizes``. ``names`` None: over the table's budget, asked file by file."""
+
+    id: int
+    names: dict[str, int] | None
+    hashes: bytes = b""
+    sizes: array | None = None
+
+
+class _MountFiles:
+    """A mount's paths mapped to store files in one process: its digest (one connection per
+    thread, as sqlite3 wants), its directories loaded so far (shared by the threads), the
+    store and the reporter. ``usable`` False: every file of this mount is read through it."""
+
+    def __init__(self, root: str, info: MountInfo | None = None, digest: Digest | None = None,
+                 reporter: HitReporter | None = None, parent: _MountFiles | None = None) -> None:
+        self.root = root
+        self.prefix = root.rstrip("/") + "/"
+        self.info = info
+        self.usable = info is not None and info.cache_dir is not None and digest is not None
+        self.dataset = info.dataset if info is not None else ""
+        self.store = os.fspath(layout.store_dir(info.cache_dir)) if self.usable else ""  # type: ignore[union-attr, arg-type]
+        self.reporter = reporter
+        self.check_at = time.monotonic() + RECHECK_SECONDS
+        self._template = digest
+        self._template_thread = threading.get_ident()
+        self._local = threading.local()
+        #: directory (relative path) → its files, or None when the digest has no such directory
+        self.dirs: dict[str, _Dir | None] = parent.dirs if parent is not None else {}
+        self.mapped = parent.mapped if parent is not None else 0  #: files held in ``dirs``
+
+    def still_mounted(self) -> bool:
+        """Whether the mount at the root is still this one (not unmounted, nor replaced by
+        another dataset: this digest would then map its paths to the wrong content)."""
+        self.check_at = time.monotonic() + RECHECK_SECONDS
+        try:
+            return mount_info(self.root) == self.info
+        except (OSError, ValueError):
+            return False
+
+    def content(self, rel: str) -> tuple[int, bytes] | None:
+        """``(size, hash)`` of the file at ``rel`` (relative to the root), or None."""
+        directory, _, name = rel.rpartition("/")
+        try:
+            found = self.dirs[directory]
+        except KeyError:
+            found = self._load(directory)
+        if found is None:
+            return None
+        if found.names is None:
+            return self._digest().content(found.id, name)
+        i = found.names.get(name)
+        if i is None:
+            return None
+        return found.sizes[i], found.hashes[32 * i:32 * i + 32]  # type: ignore[index]
+
+    def _load(self, directory: str) -> _Dir | None:
+        """Map ``directory``'s files (or only its id, once the table is full)."""
+        digest = self._digest()
+        if directory:
+            entry = digest.lookup_path(directory)
+            dir_id = entry.id if entry is not None and entry.is_dir else None
+        else:
+            dir_id = ROOT_ID
+        found = None
+        if dir_id is not None:
+            found = _Dir(dir_id, None)
+            if self.mapped < TABLE_FILES:
+                rows = digest.dir_contents(dir_id)
+                found.names = {name: i for i, (name, _, _) in enumerate(rows)}
+                found.hashes = b"".join(h for _, _, h in rows)
+                found.sizes = array("q", (s for _, s, _ in rows))
+                self.mapped += len(rows)
+        self.dirs[directory] = found
+        return found
+
+    def _digest(self) -> Digest:
+        local = self._local
+        digest = getattr(local, "digest", None)
+        if digest is None:
+            assert self._template is not None
+            if threading.get_ident() == self._template_thread:
+                digest = self._template
+            else:  # validated already: a connection of this thread's own
+                digest = self._template.reopen()
+            local.digest = digest
+        return digest
+
+
+# -- the per-process state of a reader -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Settings:
+    digests: tuple[str, ...]
+    flush_hits: int
+    flush_seconds: float
+    report: bool
+
+
+class _Process:
+    """Everything a :class:`DirectReader` holds in one process (see the module docstring)."""
+
+    def __init__(self, settings: _Settings, inherited: _Process | None) -> None:
+        self.pid = _pid
+        self.settings = settings
+        self.lock = threading.Lock()  # held while a mount is found and its digest opened
+        self.mounts: list[_MountFiles] = []
+        self.not_mounted: set[str] = set()
+        self.not_mounted_until = 0.0
+        self.reporters: dict[str, HitReporter] = {}
+        #: digests opened (validated) in this process, by path
+        self.digests: dict[str, Digest] = {}
+        #: a forked child's view of its parent: digests to reopen unchecked, mappings to reuse
+        self.parent_digests: dict[str, Digest] = {}
+        self.parent_mounts: dict[str, _MountFiles] = {}
+        if inherited is not None:  # only read here: the parent's objects are the parent's
+            self.parent_digests = {**inherited.parent_digests, **inherited.digests}
+            self.parent_mounts = {**inherited.parent_mounts,
+                                  **{m.root: m for m in inherited.mounts if m.usable}}
+        #: per-thread counters (no lock on the read path); summed by counts()
+        self.local = threading.local()
+        self.thread_counts: list[dict[str, int]] = []
+
+    def counter(self) -> dict[str, int]:
+        """This thread's counters."""
+        counts = getattr(self.local, "counts", None)
+        if counts is None:
+            counts = self.local.counts = {"store": 0, "mount": 0, "elsewhere": 0}
+            with self.lock:
+                self.thread_counts.append(counts)
+        return counts
+
+    def mount_of(self, path: str) -> _MountFiles | None:
+        """The mount holding absolute ``path`` (found once per mount and process), or None."""
+        for files in self.mounts:
+            if path.startswith(files.prefix):
+                if time.monotonic() < files.check_at or files.still_mounted():
+                    return files
+                with self.lock:
+                    self.mounts = [m for m in self.mounts if m is not files]
+                break
+        directory = os.path.dirname(path)
+        if directory in self.not_mounted and time.monotonic() < self.not_mounted_until:
+            return None
+        with self.lock:
+            for files in self.mounts:  # found by another thread meanwhile
+                if path.startswith(files.prefix):
+                    return files
+            root = find_mount_root(directory)
+            if root is None:
+                self._remember_not_mounted(directory)
+                return None
+            files = self._open_mount(root)
+            self.mounts = [*self.mounts, files]
+            return files
+
+    def _remember_not_mounted(self, directory: str) -> None:
+        now = time.monotonic()
+        if now >= self.not_mounted_until or len(self.not_mounted) >= MAX_NOT_MOUNTED:
+            self.not_mounted = set()
+            self.not_mounted_until = now + RECHECK_SECONDS
+        self.not_mounted.add(directory)
+
+    def _open_mount(self, root: str) -> _MountFiles:
+        try:
+            info = mount_info(root)
+        except (OSError, ValueError) as exc:
+            _log_once(f"info:{root}", "direct reads: %s does not say where its store is (%s); "
+                      "reading through the mount", root, exc)
+            return _MountFiles(root)
+        if not info.cache_dir or not info.digest:
+            _log_once(f"info:{root}", "direct reads: the mount at %s does not say where its "
+                      "store and digest are (mounted by an older quiverfs); reading through it", root)
+            return _MountFiles(root)
+        digest = self._digest_for(info)
+        if digest is None:
+            return _MountFiles(root)
+        reporter = self.reporters.get(info.cache_dir)
+        if reporter is None and self.settings.report:
+            reporter = self.reporters[info.cache_dir] = HitReporter(
+                info.cache_dir, self.settings.flush_hits, self.settings.flush_seconds)
+        parent = self.parent_mounts.get(root)
+        same = parent is not None and parent.info == info and parent._template is not None \
+            and parent._template.path == digest.path
+        return _MountFiles(root, info, digest, reporter, parent if same else None)
+
+    def _digest_for(self, info: MountInfo) -> Digest | None:
+        """The digest of ``info``'s dataset: one the caller gave, else the mount's own copy."""
+        for path in self.settings.digests:
+            digest = self._open_digest(path, info.root)
+            if digest is not None and digest.dataset_id == info.dataset:
+                return digest
+        assert info.digest is not None
+        digest = self._open_digest(info.digest, info.root)
+        if digest is not None and digest.dataset_id != info.dataset:
+            _log_once(f"digest:{info.digest}", "direct reads: digest %s is not the one of %s; "
+                      "reading through the mount", info.digest, info.root)
+            return None
+        return digest
+
+    def _open_digest(self, path: str, root: str) -> Digest | None:
+        digest = self.digests.get(path)
+        if digest is not None:
+            return digest
+        try:
+            parent = self.parent_digests.get(path)
+            digest = parent.reopen() if parent is not None else Digest.open(path)
+        except (QuiverError, OSError) as exc:
+            _log_once(f"digest:{path}", "direct reads of %s: cannot open digest %s (%s); "
+                      "reading through the mount", root, path, exc)
+            return None
+        self.digests[path] = digest
+        return digest
+
+    def close(self, timeout: float = CLOSE_WAIT) -> None:
+        """Send the last hit reports; the digests close when their threads let them go."""
+        deadline = time.monotonic() + timeout
+        for reporter in list(self.reporters.values()):
+            reporter.close(max(0.0, deadline - time.monotonic()))
+
+
+# Every process's live states, closed (their last hits reported) when that process exits.
+_live: list[_Process] = []
+_exit_hooked_pid = 0
+
+
+def _at_exit() -> None:
+    """Close this process's states (a forked child also holds its parent's: left alone)."""
+    pid = os.getpid()
+    for proc in [p for p in _live if p.pid == pid]:
+        proc.close()
+
+
+def _hook_exit() -> None:
+    """Report the last hits at exit: ``atexit`` for a plain process, a ``multiprocessing``
+    finalizer for its children (DataLoader workers), which leave through ``os._exit``."""
+    global _exit_hooked_pid
+    if _exit_hooked_pid != os.getpid():
+        _exit_hooked_pid = os.getpid()
+        atexit.register(_at_exit)
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=10)
+
+
+def _after_fork_in_child() -> None:
+    """Note the child's pid; and as a fork copies a lock held by another thread as held
+    forever, give each reader a new one (its per-process state is replaced anyway)."""
+    global _pid
+    _pid = os.getpid()
+    for reader in list(_readers):
+        reader._lock = threading.Lock()
+
+
+_readers: weakref.WeakSet[DirectReader] = weakref.WeakSet()
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class DirectReader:
+    """Opens files of quiverfs mounts from the store when they are cached (module docstring).
+
+    ``digests``: digest files this process may read, for mounts whose own copy it cannot
+    (another user's mount: the copy is private to its owner); each is used for the mount of
+    its dataset. ``flush_hits``/``flush_seconds``: a hit report is sent every so many hits or
+    seconds. ``report=False`` sends none: mountd's LRU then ages files read only this way
+    and ``quiverfs stats`` does not count them (for a user who cannot reach mountd's socket,
+    or to measure what the reports cost). Safe to share between threads; picklable (only the
+    settings travel).
+    """
+
+    def __init__(self, *, digests: Sequence[str | os.PathLike[str]] = (),
+                 flush_hits: int = FLUSH_HITS, flush_seconds: float = FLUSH_SECONDS,
+                 report: bool = True) -> None:
+        self._settings = _Settings(tuple(os.fspath(d) for d in digests), flush_hits,
+                                   flush_seconds, report)
+        self._proc: _Process | None = None
+        self._lock = threading.Lock()
+        _readers.add(self)
+
+    def __getstate__(self) -> dict:
+        return {"settings": self._settings}
+
+    def __setstate__(self, state: dict) -> None:
+        self._settings = state["settings"]
+        self._proc = None
+        self._lock = threading.Lock()
+        _readers.add(self)
+
+    def _state(self) -> _Process:
+        proc = self._proc
+        if proc is not None and proc.pid == _pid:
+            return proc
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.pid != _pid:
+                proc = self._proc = _Process(self._settings, proc)
+                _live.append(proc)
+                _hook_exit()
+        return proc
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def open(self, path: str | os.PathLike[str]) -> BinaryIO:
+        """``path`` opened for reading in binary: its store file when the path is on a
+        quiverfs mount and its content is cached, else the path itself (through the mount:
+        a miss is fetched)."""
+        path = os.fspath(path)
+        if not isinstance(path, str):
+            path = os.fsdecode(path)
+        if not path.startswith("/"):
+            path = os.path.abspath(path)
+        proc = self._state()
+        counts = proc.counter()
+        files = proc.mount_of(path)
+        if files is None:
+            counts["elsewhere"] += 1
+            return open(path, "rb")
+        if files.usable:
+            found = files.content(path[len(files.prefix):])
+            if found is None:  # maybe a path with "//", "/./" or "..": only then normalise
+                normal = os.path.normpath(path)
+                if normal != path:
+                    return self.open(normal)
+            elif found[0] > 0:
+                f = self._open_store(files, found[0], found[1])
+                if f is not None:
+                    counts["store"] += 1
+                    return f
+        counts["mount"] += 1
+        return open(path, "rb")
+
+    def read(self, path: str | os.PathLike[str]) -> bytes:
+        """The whole content of ``path`` (as :meth:`open`)."""
+        with self.open(path) as f:
+            return f.read()
+
+    @staticmethod
+    def _open_store(files: _MountFiles, size: int, content_hash: bytes) -> BinaryIO | None:
+        """The store file of ``content_hash``, or None when it is not there (or not ours to
+        open). Its size is not checked against the digest's, as the mount does (docs/mount.md
+        "Sizes"): the file holds the verified bytes of the hash, which is what a reader gets;
+        an fstat per file would cost a tenth of the read."""
+        try:
+            f = open(_store_file(files.store, content_hash), "rb")  # noqa: SIM115 (the caller closes it)
+        except FileNotFoundError:
+            return None  # evicted or never cached: the mount fetches it
+        except OSError as exc:
+            _log_once(f"store:{files.store}:{exc.errno}", "direct reads of %s: cannot open its "
+                      "store files (%s: is the store traversable? docs/shim.md); reading "
+                      "through the mount", files.root, exc)
+            return None
+        if files.reporter is not None:
+            files.reporter.add(files.dataset, content_hash, size)
+        return f
+
+    # -- mounts, reports, counts -----------------------------------------------------------
+
+    def prepare(self, path: str | os.PathLike[str]) -> bool:
+        """Find the mount holding directory ``path``, open its digest and map that directory
+        now (in a DataLoader's main process, say: forked workers then reuse all of it); True
+        when its files can be read directly."""
+        full = os.path.abspath(path)
+        proc = self._state()
+        files = proc.mount_of(os.path.join(full, ""))
+        if files is None or not files.usable:
+            return False
+        files.content(os.path.join(full, "")[len(files.prefix):])
+        return True
+
+    def flush(self, timeout: float = CLOSE_WAIT) -> bool:
+        """Send this process's queued hits now and wait (at most ``timeout`` seconds) for
+        mountd; True when all of them were recorded."""
+        proc = self._state()
+        return all([r.flush(timeout) for r in list(proc.reporters.values())])
+
+    def counts(self) -> dict[str, int]:
+        """Files this process opened: ``store`` (direct hits, reported to mountd), ``mount``
+        (through the mount: misses, evictions, a store or digest it cannot open, empty
+        files), ``elsewhere`` (on no quiverfs mount)."""
+        proc = self._state()
+        total = {"store": 0, "mount": 0, "elsewhere": 0}
+        with proc.lock:
+            for counts in proc.thread_counts:
+                for key, value in counts.items():
+                    total[key] += value
+        return total
+
+    def close(self) -> None:
+        """Report this process's last hits (waiting at most :data:`CLOSE_WAIT` seconds) and
+        forget its state; the reader may be used again (it starts anew)."""
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None and proc.pid == _pid:
+            proc.close()
+            if proc in _live:
+                _live.remove(proc)
