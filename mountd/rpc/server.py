@@ -413,9 +413,9 @@ class Server:
         if not conn.fills:
             # Served from the cache by hash (the capability), or the caller must supply the
             # bytes it reads with its own rights; mountd never reads for it.
-            path = await self.cache.lease(digest, size, dataset, holder=conn, uid=conn.peer.uid)
+            path = await self.cache.lease(digest, size, dataset, holder=conn)
             return {"supply": True} if path is None else {"path": os.fspath(path)}
-        path = await self.cache.ensure(digest, size, Location(**where), dataset, uid=conn.peer.uid)
+        path = await self.cache.ensure(digest, size, Location(**where), dataset)
         return {"path": os.fspath(path)}
 
     async def _op_supply(self, conn: Connection, request: Request) -> dict[str, Any]:
@@ -425,7 +425,7 @@ class Server:
         if len(request.fds) != 1:
             raise ProtocolError("supply carries exactly one descriptor (fds: 1)")
         self._note_scheme(dataset, where["url"])
-        source = SuppliedBytes(os.dup(request.fds[0]), offset, conn.peer.uid, holder=conn)
+        source = SuppliedBytes(os.dup(request.fds[0]), offset, holder=conn)
         path = await self.cache.ensure_supplied(digest, size, Location(**where), source, dataset)
         if source.adopted:  # its bytes were stored (a hit, or another's fill, leaves it unused)
             user = self.users[conn.peer.uid]

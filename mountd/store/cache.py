@@ -109,8 +109,7 @@ class _Flight:
     Whose authority fills it (docs/operations.md "Security"): ``source`` None means mountd's
     own, reading ``location``; otherwise the bytes a client supplied. ``lease`` is set on a
     flight that waits for a client to supply the bytes (:meth:`Cache.lease`): it has not
-    started, and belongs to that client until it supplies, releases, or the lease expires.
-    ``uid`` is the user the fill is for (statistics, quota)."""
+    started, and belongs to that client until it supplies, releases, or the lease expires."""
 
     hash: bytes
     size: int
@@ -119,7 +118,6 @@ class _Flight:
     prefetch: bool
     source: SuppliedBytes | None = None
     lease: object | None = None
-    uid: int | None = None
     done: trio.Event = field(default_factory=trio.Event)
     path: str | None = None
     error: BaseException | None = None
@@ -397,8 +395,7 @@ class Cache:
         return backend
 
     async def ensure(
-        self, hash: bytes, size: int, location: Location, dataset: str | None = None,
-        *, uid: int | None = None,
+        self, hash: bytes, size: int, location: Location, dataset: str | None = None
     ) -> str:
         """Path of the verified store file for ``hash``, fetching it from ``location`` if needed.
 
@@ -417,7 +414,7 @@ class Cache:
         if path is not None:
             return path
         self.counters.add_miss(dataset)
-        return await self._await_fill(hash, size, location, dataset, prefetch=False, uid=uid)
+        return await self._await_fill(hash, size, location, dataset, prefetch=False)
 
     def _hit(self, hash: bytes, size: int, dataset: str | None) -> str | None:
         """The store path of an indexed ``hash`` (counted as a hit), else None."""
@@ -440,6 +437,18 @@ class Cache:
         self._drop_entries([hash], reason="missing")
         return None
 
+    def _landed(self, hash: bytes, size: int, dataset: str | None) -> str | None:
+        """The path of ``hash`` once a fill landed it (referenced by ``dataset``), else None;
+        unlike :meth:`_hit` not counted (the caller's miss already was)."""
+        index = self._require_open()
+        stored = index.size_of(hash)
+        if stored is None:
+            return None
+        if stored != size:
+            raise self._size_mismatch(hash, stored, size, dataset)
+        index.touch([hash], dataset)
+        return self.store_path(hash)
+
     async def ensure_supplied(
         self, hash: bytes, size: int, location: Location, source: SuppliedBytes,
         dataset: str | None = None,
@@ -460,13 +469,12 @@ class Cache:
                 return path
             self.counters.add_miss(dataset)
             return await self._await_fill(hash, size, location, dataset, prefetch=False,
-                                          source=source, uid=source.owner)
+                                          source=source)
         finally:
             if not source.adopted:
                 source.close()
 
-    async def lease(self, hash: bytes, size: int, dataset: str | None, holder: object,
-                    uid: int | None = None) -> str | None:
+    async def lease(self, hash: bytes, size: int, dataset: str | None, holder: object) -> str | None:
         """Path of ``hash`` when it is cached (or once a fill in flight lands), else None:
         the caller must supply the bytes (:meth:`ensure_supplied`) with its own rights.
 
@@ -480,21 +488,15 @@ class Cache:
             return path
         self.counters.add_miss(dataset)
         while True:
-            index = self._require_open()
-            stored = index.size_of(hash)
-            if stored is not None:
-                if stored != size:
-                    raise self._size_mismatch(hash, stored, size, dataset)
-                index.touch([hash], dataset)
-                return self.store_path(hash)
+            path = self._landed(hash, size, dataset)
+            if path is not None:
+                return path
             flight = self._flights.get(hash)
             if flight is None:
                 if size > self.config.cache_size:
-                    raise CacheFull(
-                        f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
-                        f"({self.config.cache_size} bytes); raise --cache-size")
+                    raise self._larger_than_cache(hash, size)
                 flight = _Flight(hash, size, Location("", "", 0, size), dataset, prefetch=False,
-                                 lease=holder, uid=uid, started=False)
+                                 lease=holder, started=False)
                 self._flights[hash] = flight
                 if self._nursery is not None:
                     self._nursery.start_soon(self._expire_lease, flight)
@@ -504,7 +506,7 @@ class Cache:
             await flight.done.wait()
             if flight.path is not None and flight.error is None and not flight.cancelled:
                 if dataset is not None and dataset != flight.dataset:
-                    index.touch([hash], dataset)
+                    self.index.touch([hash], dataset)
                 return flight.path
             # Failed or given up by someone else: ask again (never their error).
 
@@ -533,19 +535,15 @@ class Cache:
 
     async def _await_fill(
         self, hash: bytes, size: int, location: Location, dataset: str | None, prefetch: bool,
-        source: SuppliedBytes | None = None, uid: int | None = None,
+        source: SuppliedBytes | None = None,
     ) -> str:
         """Join or start the flight of ``hash``: with mountd's authority (``source`` None) or
         from ``source``. A flight of another authority that fails is not this caller's
         failure: it looks again and fills with its own (see :meth:`_Flight.fills_for`)."""
         while True:
-            index = self._require_open()
-            stored = index.size_of(hash)
-            if stored is not None:  # filled while we looped
-                if stored != size:
-                    raise self._size_mismatch(hash, stored, size, dataset)
-                index.touch([hash], dataset)
-                return self.store_path(hash)
+            path = self._landed(hash, size, dataset)  # filled while we looped
+            if path is not None:
+                return path
             flight = self._flights.get(hash)
             if flight is not None and source is not None and flight.lease is not None \
                     and flight.lease is source.holder and not flight.started:
@@ -561,11 +559,9 @@ class Cache:
             if flight is None:
                 if size > self.config.cache_size:
                     if source is not None:
-                        raise CacheFull(
-                            f"object {hash.hex()} ({size} bytes) is larger than the whole "
-                            f"cache ({self.config.cache_size} bytes); raise --cache-size")
+                        raise self._larger_than_cache(hash, size)
                     raise await self._too_large(hash, size, location, dataset)
-                flight = _Flight(hash, size, location, dataset, prefetch, source=source, uid=uid)
+                flight = _Flight(hash, size, location, dataset, prefetch, source=source)
                 if source is not None:
                     source.adopted = True
                 self._flights[hash] = flight
@@ -586,7 +582,7 @@ class Cache:
                 raise flight.error.with_traceback(None)
             assert flight.path is not None
             if dataset is not None and dataset != flight.dataset:
-                index.touch([hash], dataset)
+                self.index.touch([hash], dataset)
             return flight.path
 
     def _size_mismatch(self, hash: bytes, stored: int, size: int, dataset: str | None) -> CorruptObject:
@@ -618,6 +614,9 @@ class Cache:
             log.warning("verify failure: %s", error)
             return error
         self.counters.add_fill_error(dataset)
+        return self._larger_than_cache(hash, size)
+
+    def _larger_than_cache(self, hash: bytes, size: int) -> CacheFull:
         return CacheFull(
             f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
             f"({self.config.cache_size} bytes); raise --cache-size")

@@ -37,17 +37,15 @@ SUPPLIED_URL = "supplied://"
 class SuppliedBytes:
     """Content at ``offset`` of descriptor ``fd``, read with ``pread`` in worker threads.
 
-    ``owner`` is the uid of the client that supplied it (statistics, quota); ``holder`` the
-    client's lease key (its connection: :meth:`mountd.store.cache.Cache.lease`). ``adopted``
-    is set when a fill took it over: the fill then closes it, not the request.
+    ``holder`` is the client's lease key (its connection: :meth:`mountd.store.cache.Cache.lease`).
+    ``adopted`` is set when a fill took it over: the fill then closes it, not the request.
     """
 
     url = SUPPLIED_URL
 
-    def __init__(self, fd: int, offset: int, owner: int | None, holder: object | None = None) -> None:
+    def __init__(self, fd: int, offset: int, holder: object | None = None) -> None:
         self.fd = fd
         self.offset = offset
-        self.owner = owner
         self.holder = holder
         self.adopted = False
 

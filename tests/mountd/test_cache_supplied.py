@@ -14,11 +14,11 @@ from quiverfs.errors import CorruptObject
 from tests.mountd.conftest import Backends, Source, config, running, store_files, wait_until
 
 
-def supplied(data: bytes, owner: int = 1000, holder: object | None = None, offset: int = 0) -> SuppliedBytes:
+def supplied(data: bytes, holder: object | None = None, offset: int = 0) -> SuppliedBytes:
     """A memfd holding ``data`` at ``offset``, as a mount would supply it."""
     fd = os.memfd_create("test-supply", os.MFD_CLOEXEC)
     os.pwrite(fd, b"\0" * offset + data, 0)
-    return SuppliedBytes(fd, offset, owner, holder)
+    return SuppliedBytes(fd, offset, holder)
 
 
 async def test_supplied_bytes_are_verified_stored_and_never_fetched(
@@ -94,7 +94,7 @@ async def test_another_users_failure_is_not_passed_on(
 
         async def other_user() -> None:
             results["b"] = await cache.ensure_supplied(
-                obj.hash, obj.size, obj.location, supplied(obj.data, owner=2000), "ds")
+                obj.hash, obj.size, obj.location, supplied(obj.data), "ds")
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(mountd_reader)
