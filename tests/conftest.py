@@ -16,8 +16,7 @@ def local_users() -> Iterator[LocalUsers]:
 
     ``local_users.user("qfs_test_other")``, ``local_users.group("qfs_test_socket")``,
     ``local_users.user("qfs_test_member", groups=[group])``; then ``user.probe(...)`` or
-    ``user.run([...])`` (quiverfs/testing/users.py; not ``qfs_test_a``/``qfs_test_b``, which
-    tests/mount/test_multiuser.py makes and removes itself)."""
+    ``user.run([...])`` (quiverfs/testing/users.py)."""
     reason = unavailable_reason()
     if reason:
         pytest.skip(reason)

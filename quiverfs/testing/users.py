@@ -14,10 +14,13 @@ kernel), made with ``useradd``/``groupadd`` as root and removed afterwards::
 
 Every name must start with :data:`PREFIX`, so nothing but test accounts is ever removed. An
 account left by an earlier run that was killed is reused (and removed at the end like the
-others). Names must not be shared with tests that make and remove accounts on their own
-(tests/mount/test_multiuser.py, with :mod:`quiverfs.testing.as_user`, uses ``qfs_test_a``
-and ``qfs_test_b``): one would remove the other's user while it is still in use. Commands run as a user with exactly its uid, primary gid and supplementary groups
+others). Commands run as a user with exactly its uid, primary gid and supplementary groups
 (``subprocess.run(user=, group=, extra_groups=)``), never with root's.
+
+Whole quiverfs commands (a mount, the admin CLI) run as a user with :func:`spawn_as` once
+:func:`interpreter_reachable` let every user traverse to the interpreter (pyenv puts it under
+``/root``, ``0700``); small checks that need the project's imports run in a forked child that
+drops to the user's ids first (:func:`run_as`: only what the caller already imported is used).
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,3 +236,90 @@ def traversable_tmpdir(prefix: str = "quiverfs-users-") -> Path:
     path = Path(tempfile.mkdtemp(prefix=prefix))
     path.chmod(0o711)
     return path
+
+
+# -- quiverfs itself as a user ------------------------------------------------------------------
+
+
+@contextmanager
+def interpreter_reachable(*paths: Path) -> Iterator[None]:
+    """Let every user traverse the folders above this interpreter and ``paths`` (``o+x``,
+    never ``o+r``) for the duration, so children of other users can run the CLI: the
+    interpreter often lives under ``/root`` (pyenv), which is ``0700``. Modes are restored."""
+    changed: dict[Path, int] = {}
+    targets = [Path(os.path.realpath(sys.executable)), Path(sys.prefix), *paths]
+    for target in targets:
+        for folder in [target, *target.parents] if target.is_dir() else list(target.parents):
+            mode = folder.stat().st_mode
+            if not mode & 0o001 and folder not in changed:
+                changed[folder] = mode & 0o7777
+                folder.chmod((mode & 0o7777) | 0o001)
+    try:
+        yield
+    finally:
+        for folder, mode in changed.items():
+            folder.chmod(mode)
+
+
+def spawn_as(user: LocalUser, home: Path, argv: list[str], log: Path) -> subprocess.Popen:
+    """``quiverfs ARGV`` as ``user`` with ``HOME=home`` (see :func:`interpreter_reachable`),
+    stdout and stderr appended to ``log``."""
+    env = dict(os.environ, HOME=str(home), USER=user.name, LOGNAME=user.name)
+    env.pop("XDG_RUNTIME_DIR", None)
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "quiverfs.cli", *argv], stdin=subprocess.DEVNULL, stdout=out,
+            stderr=out, cwd=home, env=env, user=user.uid, group=user.gid,
+            extra_groups=list(user.groups), start_new_session=True)
+
+
+def run_as(user: LocalUser, fn: Callable[[], Any], timeout: float = 120.0) -> Any:
+    """``fn()`` run as ``user`` in a forked child; its JSON-able result. An exception in the
+    child is raised here as an AssertionError with the child's traceback."""
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: never return into the caller
+        status = 0
+        try:
+            os.close(read_fd)
+            os.setgroups(list(user.groups))
+            os.setgid(user.gid)
+            os.setuid(user.uid)
+            payload = {"result": fn()}
+        except BaseException:  # report anything, assertion errors included
+            payload = {"error": traceback.format_exc()}
+            status = 1
+        try:
+            os.write(write_fd, json.dumps(payload).encode())
+        finally:
+            os._exit(status)
+    os.close(write_fd)
+    deadline = time.monotonic() + timeout
+    with os.fdopen(read_fd, "rb") as pipe:
+        data = pipe.read()
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+    payload = json.loads(data or b'{"error": "the child died without a word"}')
+    if "error" in payload:
+        raise AssertionError(f"as {user.name}: {payload['error']}")
+    return payload["result"]
+
+
+def exit_status(proc: subprocess.Popen, timeout: float = 60.0) -> int | None:
+    """The exit code of ``proc`` once it ended within ``timeout`` (None: still running)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL after ``timeout``; reaped."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    if exit_status(proc, timeout) is None:
+        proc.kill()
+        proc.wait()

@@ -26,12 +26,11 @@ import quiverfs.mount  # noqa: F401  (imported before forking children that run 
 import quiverfs.mount_cli  # noqa: F401
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
-from quiverfs.testing.as_user import (
-    User,
+from quiverfs.testing.users import (
+    LocalUser,
+    LocalUsers,
     exit_status,
     interpreter_reachable,
-    make_user,
-    remove_user,
     run_as,
     spawn_as,
     stop,
@@ -70,17 +69,20 @@ def dev_fuse_for_users() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def world(dev_fuse_for_users: None) -> Iterator[dict]:
+def world(dev_fuse_for_users: None, local_users: LocalUsers) -> Iterator[dict]:
     with interpreter_reachable(REPO):
-        yield from _world()
+        yield from _world(local_users)
 
 
-def _world() -> Iterator[dict]:
+def _world(local_users: LocalUsers) -> Iterator[dict]:
     work = Path(tempfile.mkdtemp(prefix="quiverfs-multiuser-"))
     work.chmod(0o711)
-    users = {name: make_user(f"qfs_test_{name}", work / "homes") for name in ("a", "b")}
+    a, b = local_users.user("qfs_test_a"), local_users.user("qfs_test_b")
+    for user in (a, b):  # each its own empty home (HOME of its commands)
+        home = work / "homes" / user.name
+        home.mkdir(parents=True)
+        os.chown(home, user.uid, user.gid)
     (work / "homes").chmod(0o711)
-    a, b = users["a"], users["b"]
     # A's private dataset: only A can read its files and its digest.
     a_src = work / "a-src"
     a_files = files_of("a", 8)
@@ -101,24 +103,28 @@ def _world() -> Iterator[dict]:
                "b_view": b_view, "cache": cache}
     finally:
         mountd.stop()
-        for user in users.values():
-            remove_user(user)
         shutil.rmtree(work, ignore_errors=True)
 
 
-class UserMount:
-    """``quiverfs mount --foreground`` as a user (a forked child); stopped on exit."""
+def quiverfs_as(world: dict, user: LocalUser, argv: list[str], log: Path) -> subprocess.Popen:
+    """``quiverfs ARGV`` as ``user``, in its home under the world."""
+    return spawn_as(user, world["work"] / "homes" / user.name, argv, log)
 
-    def __init__(self, user: User, digest: Path, mountpoint: Path, cache: Path) -> None:
-        self.user, self.digest, self.mountpoint, self.cache = user, digest, mountpoint, cache
+
+class UserMount:
+    """``quiverfs mount --foreground`` as a user; stopped on exit."""
+
+    def __init__(self, world: dict, user: LocalUser, digest: Path, mountpoint: Path) -> None:
+        self.world, self.user, self.digest, self.mountpoint = world, user, digest, mountpoint
         self.log = mountpoint.parent / f"{mountpoint.name}.log"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> UserMount:
         self.mountpoint.mkdir(parents=True, exist_ok=True)
         os.chown(self.mountpoint, self.user.uid, self.user.gid)
-        self.proc = spawn_as(self.user, ["mount", "--foreground", "--cache-dir", str(self.cache),
-                                        str(self.digest), str(self.mountpoint)], self.log)
+        self.proc = quiverfs_as(self.world, self.user, [
+            "mount", "--foreground", "--cache-dir", str(self.world["cache"]), str(self.digest),
+            str(self.mountpoint)], self.log)
         # is_mounted reads the mount table: root may not stat another user's FUSE mount.
         wait_for(lambda: is_mounted(self.mountpoint), f"{self.user.name}'s mount",
                  alive=self._died)
@@ -135,7 +141,7 @@ class UserMount:
             stop(self.proc)
 
 
-def read_as(user: User, paths: list[Path]) -> dict[str, str]:
+def read_as(user: LocalUser, paths: list[Path]) -> dict[str, str]:
     """Each path's bytes' sha256 as ``user`` reads them, or ``errno:NAME``."""
     def read_all() -> dict[str, str]:
         out = {}
@@ -169,7 +175,7 @@ def test_a_user_cannot_mount_a_digest_it_cannot_read(world: dict):
     mnt.mkdir()
     os.chown(mnt, b.uid, b.gid)
     log = world["work"] / "b-tries-a.log"
-    proc = spawn_as(b, ["mount", "--foreground", "--cache-dir", str(world["cache"]),
+    proc = quiverfs_as(world, b, ["mount", "--foreground", "--cache-dir", str(world["cache"]),
                         str(world["a_digest"]), str(mnt)], log)
     assert exit_status(proc, 60) not in (None, 0)
     assert not is_mounted(mnt)
@@ -182,14 +188,14 @@ def test_users_fill_with_their_own_rights_and_share_by_hash(world: dict):
     first, rest = names[:4], names[4:]
     with SyncClient.connect(cache) as admin:
         before = admin.stats()["users"]
-    with UserMount(a, world["a_digest"], world["work"] / "a-mnt", cache) as am:
+    with UserMount(world, a, world["a_digest"], world["work"] / "a-mnt") as am:
         got = read_as(a, [am.mountpoint / n for n in first])
         assert got == {str(am.mountpoint / n): sha(world["a_files"][n]) for n in first}
     with SyncClient.connect(cache) as admin:
         users = admin.stats()["users"]
         assert users[str(a.uid)]["supplied"] - before.get(str(a.uid), {}).get("supplied", 0) == 4
         assert admin.usage()["entries"] == 4
-    with UserMount(b, world["b_view"], world["work"] / "b-mnt", cache) as bm:
+    with UserMount(world, b, world["b_view"], world["work"] / "b-mnt") as bm:
         # What A cached, B gets by hash; what nobody cached, B cannot make mountd read.
         got = read_as(b, [bm.mountpoint / n for n in names])
     assert {n: got[str(bm.mountpoint / n)] for n in first} == {n: sha(world["a_files"][n]) for n in first}
@@ -218,11 +224,11 @@ def test_a_forged_digest_cannot_poison_the_cache(world: dict):
         db.execute("UPDATE meta SET value = (SELECT sum(size) FROM files) WHERE key = 'total_bytes'")
     os.chown(forged, b.uid, b.gid)
     store_file = layout.store_path(cache, a_hashes[victim])
-    with UserMount(b, forged, work / "b-forged-mnt", cache) as bm:
+    with UserMount(world, b, forged, work / "b-forged-mnt") as bm:
         got = read_as(b, [bm.mountpoint / "c0/evil.bin"])
     assert set(got.values()) <= {"errno:EIO", "errno:EINVAL"}  # refused: it does not verify
     assert not store_file.exists()
-    with UserMount(a, world["a_digest"], work / "a-mnt2", cache) as am:
+    with UserMount(world, a, world["a_digest"], work / "a-mnt2") as am:
         assert read_as(a, [am.mountpoint / victim]) == {str(am.mountpoint / victim): sha(world["a_files"][victim])}
     assert store_file.read_bytes() == world["a_files"][victim]
 
@@ -232,7 +238,7 @@ def test_other_users_cannot_run_admin_operations_and_stats_are_per_uid(world: di
     log = world["work"] / "b-admin.log"
     codes = {}
     for argv in (["evict", "--all"], ["scrub"]):
-        codes[argv[0]] = exit_status(spawn_as(b, [*argv, "--cache-dir", str(cache)], log), 60)
+        codes[argv[0]] = exit_status(quiverfs_as(world, b, [*argv, "--cache-dir", str(cache)], log), 60)
     assert all(code not in (None, 0) for code in codes.values()), codes
     text = log.read_text()
     assert text.count("needs root or uid") == 2 and "Traceback" not in text
