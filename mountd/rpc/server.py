@@ -659,12 +659,10 @@ def _check_opened(digest: str, fds: tuple[int, ...], peer: Peer) -> None:
     the descriptor it sent must be the file at ``digest`` (same device and inode). Otherwise
     mountd would load, with its own rights, a digest the peer may not read."""
     try:
-        named = os.stat(digest)
-        sent = os.fstat(fds[0]) if fds else None
+        same = bool(fds) and os.path.samestat(os.fstat(fds[0]), os.stat(digest))
     except OSError:
-        sent = None
-        named = None
-    if sent is None or named is None or (sent.st_dev, sent.st_ino) != (named.st_dev, named.st_ino):
+        same = False
+    if not same:
         raise PermissionDenied(
             f"uid {peer.uid} may register digest {digest} only with the file opened "
             "(the mount sends it); this user cannot open it")
