@@ -630,10 +630,8 @@ class DirectReader:
 
     @staticmethod
     def _open_store(files: _MountFiles, size: int, content_hash: bytes) -> BinaryIO | None:
-        """The store file of ``content_hash``, or None when it is not there (or not ours to
-        open). Its size is not checked against the digest's, as the mount does (docs/mount.md
-        "Sizes"): the file holds the verified bytes of the hash, which is what a reader gets;
-        an fstat per file would cost a tenth of the read."""
+        """The store file of ``content_hash``, or None when it is not there, not ours to
+        open, or not of the digest row's ``size``."""
         try:
             f = open(_store_file(files.store, content_hash), "rb")  # noqa: SIM115 (the caller closes it)
         except FileNotFoundError:
@@ -642,6 +640,12 @@ class DirectReader:
             _log_once(f"store:{files.store}:{exc.errno}", "direct reads of %s: cannot open its "
                       "store files (%s: is the store traversable? docs/shim.md); reading "
                       "through the mount", files.root, exc)
+            return None
+        if os.fstat(f.fileno()).st_size != size:
+            # A row whose size is not its content's names bytes that are not its own: the
+            # mount refuses it with EIO (docs/mount.md "Sizes", docs/store-layout.md), so it
+            # answers this read too. ~2 µs, a tenth of a warm 110 KiB read.
+            f.close()
             return None
         if files.reporter is not None:
             files.reporter.add(files.dataset, content_hash, size)

@@ -10,6 +10,7 @@ mountd's hit counter of ``counted`` moves only with direct reads and can be chec
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -19,9 +20,11 @@ import sys
 import time
 from pathlib import Path
 
+import blake3
 import pytest
 
 from digests.digest import Digest
+from digests.write import NewFile, write_digest
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.direct import RECHECK_SECONDS, DirectReader, mount_info
@@ -264,6 +267,28 @@ def test_files_never_cached_come_through_the_mount_then_from_the_store(world) ->
     for rel in rels:
         assert reader.read(world["mnt"]["images"] / rel) == (world["sources"]["images"] / rel).read_bytes()
     assert reader.counts() == {"store": IMAGES, "mount": IMAGES, "elsewhere": 0}
+    reader.close()
+
+
+def test_a_row_whose_size_is_not_its_contents_fails_as_through_the_mount(world, module_tmp: Path) -> None:
+    """A damaged digest row (a cached file's hash, another size) is refused by the mount with
+    EIO (docs/mount.md "Sizes"); the direct loader leaves it to the mount rather than serve
+    the store file."""
+    _warm_through_mount(world)
+    good, other = _files(world, "images")[:2]
+    good_bytes = (world["sources"]["images"] / good).read_bytes()
+    other_bytes = (world["sources"]["images"] / other).read_bytes()
+    digest = module_tmp / "damaged.qd"
+    write_digest(digest, [NewFile("good.jpg", len(good_bytes), blake3.blake3(good_bytes).digest()),
+                          NewFile("bad.jpg", len(other_bytes) + 1, blake3.blake3(other_bytes).digest())],
+                 ["file://" + str(world["sources"]["images"])])
+    reader = DirectReader()
+    with MountProcess(digest, module_tmp / "damaged-mnt", world["cache"]) as mount:
+        assert reader.read(mount.mountpoint / "good.jpg") == good_bytes
+        with pytest.raises(OSError) as info:
+            reader.read(mount.mountpoint / "bad.jpg")
+        assert info.value.errno == errno.EIO
+    assert reader.counts() == {"store": 1, "mount": 1, "elsewhere": 0}
     reader.close()
 
 
