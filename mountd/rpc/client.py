@@ -621,7 +621,7 @@ class AsyncClient:
 
     async def hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int) -> None:
         """Report reads served straight from the store (a notification: no answer awaited)."""
-        args: dict[str, Any] = {"hashes": [bytes(h).hex() for h in hashes], "bytes": nbytes}
+        args: dict[str, Any] = {"packed": b"".join(bytes(h) for h in hashes).hex(), "bytes": nbytes}
         if dataset is not None:
             args["dataset"] = dataset
         await self.notify("hits", args)

@@ -341,6 +341,23 @@ def check_item(value: Any) -> tuple[bytes, int, dict[str, Any]]:
     return check_hash(value.get("hash")), check_int(value, "size"), check_location(value.get("location"))
 
 
+def check_packed_hashes(args: Mapping[str, Any], name: str) -> list[bytes]:
+    """``args[name]``: content hashes written back to back as one string of hex digits
+    (64 per hash; at most :data:`MAX_ITEMS`), returned as 32-byte hashes. One string
+    costs a sender and mountd a fraction of a list of hex strings, which matters for hit
+    reports: a DataLoader sends tens of thousands a second."""
+    value = args.get(name)
+    if not isinstance(value, str) or len(value) % (2 * HASH_BYTES):
+        raise ProtocolError(f"{name!r} must be hex digits, {2 * HASH_BYTES} per hash")
+    if len(value) > MAX_ITEMS * 2 * HASH_BYTES:
+        raise ProtocolError(f"{name!r} has {len(value) // (2 * HASH_BYTES)} hashes; at most {MAX_ITEMS} per request")
+    try:
+        packed = bytes.fromhex(value)
+    except ValueError:
+        raise ProtocolError(f"{name!r} must be hex digits, {2 * HASH_BYTES} per hash") from None
+    return [packed[i:i + HASH_BYTES] for i in range(0, len(packed), HASH_BYTES)]
+
+
 def check_list(args: Mapping[str, Any], name: str) -> list[Any]:
     """``args[name]`` as a list of at most :data:`MAX_ITEMS` elements."""
     value = args.get(name)

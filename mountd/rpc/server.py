@@ -47,6 +47,7 @@ from mountd.rpc.protocol import (
     check_int,
     check_item,
     check_list,
+    check_packed_hashes,
     check_text,
 )
 from mountd.stats.costs import scheme_of
@@ -454,7 +455,10 @@ class Server:
 
     async def _op_hits(self, conn: Connection, request: Request) -> dict[str, Any]:
         dataset = check_text(request.args, "dataset", optional=True)
-        hashes = [check_hash(h) for h in check_list(request.args, "hashes")]
+        if "packed" in request.args:
+            hashes = check_packed_hashes(request.args, "packed")
+        else:
+            hashes = [check_hash(h) for h in check_list(request.args, "hashes")]
         nbytes = check_int(request.args, "bytes")
         self.cache.record_hits(dataset, hashes, nbytes)
         user = self.users[conn.peer.uid]

@@ -48,7 +48,7 @@ from mountd.stats.counters import Counters
 from mountd.store import disk, durability, layout
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
-from mountd.store.index import Index
+from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
 from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.recovery import RecoveryReport, recover
@@ -78,6 +78,13 @@ GROUP_COMMIT_DELAY = 0.005
 
 #: Rows after which the group commit is flushed at once.
 GROUP_COMMIT_ROWS = 512
+
+#: Seconds between writes of the dataset references hits add (``Index.touch``), and checks
+#: that the recency of hits held in memory stays under ``TOUCH_MEMORY`` hashes.
+TOUCH_INTERVAL = 1.0
+
+#: Rows of hit recency written per trio step when the memory bound is passed (~15 µs each).
+TOUCH_WRITE_STEP = 2048
 
 
 class CacheListener(Protocol):
@@ -252,6 +259,7 @@ class Cache:
                     nursery.start_soon(self._prefetch_worker)
                 nursery.start_soon(self._committer)
                 nursery.start_soon(self._checkpointer)
+                nursery.start_soon(self._toucher)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -324,6 +332,20 @@ class Cache:
             self._rows_waiting = trio.Event()
             await trio.sleep(GROUP_COMMIT_DELAY)
             self._flush_index()
+
+    async def _toucher(self) -> None:
+        """Every :data:`TOUCH_INTERVAL`, write the dataset references hits added, and the
+        recency of the oldest hits once the index holds more than ``TOUCH_MEMORY`` in
+        memory (``Index.touch``), a few thousand rows a trio step."""
+        while True:
+            await trio.sleep(TOUCH_INTERVAL)
+            index = self._index
+            if index is None:
+                continue
+            index.write_refs()
+            while index is self._index and index.touches_waiting > TOUCH_MEMORY:
+                index.write_touches(min(TOUCH_WRITE_STEP, index.touches_waiting - TOUCH_MEMORY * 3 // 4))
+                await trio.sleep(0)
 
     async def _checkpointer(self) -> None:
         """A durable checkpoint ``sync_interval`` seconds after the first fill that needs one."""

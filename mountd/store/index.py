@@ -14,7 +14,9 @@ statements never interleave with another task's.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -23,6 +25,8 @@ from pathlib import Path
 
 from mountd.store.access import PRIVATE_FILE
 from mountd.store.layout import LAYOUT_VERSION
+
+log = logging.getLogger("mountd.store.index")
 
 #: Bumped when the schema changes incompatibly; an index with another version is rebuilt.
 SCHEMA_VERSION = 1
@@ -87,6 +91,10 @@ CREATE TABLE IF NOT EXISTS datasets (
 ) WITHOUT ROWID;
 """
 
+#: Hashes whose hit recency :meth:`Index.touch` keeps in memory (~250 bytes each) before
+#: the cache writes the oldest to the table.
+TOUCH_MEMORY = 200_000
+
 #: Parameters per ``IN (...)`` batch (SQLite 3.32+ allows 32766; stay well below).
 BATCH = 500
 
@@ -115,6 +123,12 @@ class Index:
         #: their files exist but the index does not know them. The cache takes them
         #: (:meth:`take_lost`) and removes the files, so accounting and index agree again.
         self._lost: list[tuple[bytes, int, str | None]] = []
+        #: Recency of hits kept in memory (see :meth:`touch`): hash → (its newest hit's
+        #: stamp, the dataset whose reference to it is already recorded or queued), in
+        #: stamp order (oldest first).
+        self._touched: dict[bytes, tuple[int, str | None]] = {}
+        #: ``(dataset, hash)`` references added by hits and not written yet.
+        self._touched_refs: set[tuple[str, bytes]] = set()
 
     @property
     def pending(self) -> int:
@@ -127,7 +141,9 @@ class Index:
         full"), so a failed write never leaves a transaction open.
 
         Only new rows share a group commit: any other write commits the group first, so a
-        failure can never take a delete, a pin or a mark down with it."""
+        failure can never take a delete, a pin or a mark down with it. References added by
+        hits (:meth:`touch`) are written first too, so every write sees them."""
+        self.write_refs()
         self.flush()
         self.conn.execute("BEGIN")
         try:
@@ -239,6 +255,7 @@ class Index:
     def close(self) -> None:
         """Checkpoint and close (the WAL is folded back so a copy of the file is complete)."""
         with contextlib.suppress(sqlite3.Error):
+            self.write_touches(len(self._touched))
             self.flush()
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
@@ -355,21 +372,94 @@ class Index:
             )
 
     def touch(self, hashes: Sequence[bytes], dataset: str | None) -> None:
-        """Mark ``hashes`` used now (LRU) and referenced by ``dataset``; unknown hashes are ignored."""
+        """Mark ``hashes`` used now (LRU) and referenced by ``dataset``; unknown hashes are
+        ignored.
+
+        Hits are the hot path (a DataLoader reading cached files reports tens of thousands
+        a second), and writing ``last_use`` costs SQLite ~15 µs a row on this kind of
+        machine (the row and its ``entries_lru`` key are rewritten), as much as reading the
+        file. So a hit's recency stays in memory (~0.3 µs) and reaches the table only when
+        it matters:
+
+        * eviction (:meth:`least_recent`) writes the recency of the rows it meets at the
+          cold end before choosing, so the order is exactly LRU;
+        * past :data:`TOUCH_MEMORY` hashes the oldest are written (:meth:`write_touches`,
+          called by the cache), and all of them when the index closes.
+
+        A crash forgets the recency of hits still in memory (those files look as old as
+        their last written use), never an entry. A reference a hit adds is written within
+        a second (the cache calls :meth:`write_refs`), and before anything reads ``refs``
+        or writes."""
         if not hashes:
             return
         stamp = self.now()
+        touched = self._touched
+        pop = touched.pop
+        for h in hashes:
+            known = pop(h, (0, None))[1]  # re-inserted: the dict stays in stamp order
+            if dataset is not None and known != dataset:
+                self._touched_refs.add((dataset, h))
+                known = dataset
+            touched[h] = (stamp, known)
+
+    @property
+    def touches_waiting(self) -> int:
+        """Hashes whose recency is in memory only (see :meth:`touch`)."""
+        return len(self._touched)
+
+    def write_touches(self, count: int) -> int:
+        """Write the recency of the ``count`` least recent hits held in memory and forget
+        them there; the number written. Hits are advisory: a write that fails (disk full)
+        is logged and dropped, never raised."""
+        touched = self._touched
+        rows = []
+        for h in list(itertools.islice(touched, count)):
+            rows.append((touched.pop(h)[0], h))
+        self._write_stamps(rows)
+        return len(rows)
+
+    def _write_stamps(self, rows: list[tuple[int, bytes]]) -> None:
+        if not rows:
+            return
+        self.write_refs()
+        self.flush()
         c = self.conn
-        with self.transaction():
-            for part in batched(hashes):
-                marks = ",".join("?" * len(part))
-                c.execute(f"UPDATE entries SET last_use=? WHERE hash IN ({marks})", (stamp, *part))
-                if dataset is not None:
-                    c.execute(
-                        f"INSERT OR IGNORE INTO refs (dataset, hash) "
-                        f"SELECT ?, hash FROM entries WHERE hash IN ({marks})",
-                        (dataset, *part),
-                    )
+        try:
+            c.execute("BEGIN")
+            try:
+                # Never back: a fill may have stamped the row since (INSERT OR REPLACE).
+                c.executemany("UPDATE entries SET last_use=?1 WHERE hash=?2 AND last_use<?1",
+                              sorted(rows, key=lambda row: row[1]))  # neighbours share pages
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.warning("could not record the last use of %d cached files: %s", len(rows), exc)
+
+    def write_refs(self) -> int:
+        """Write the dataset references that hits added (:meth:`touch`); how many. Like
+        recency they are advisory: a failed write is logged, never raised."""
+        refs = self._touched_refs
+        if not refs:
+            return 0
+        self._touched_refs = set()
+        self.flush()
+        c = self.conn
+        try:
+            c.execute("BEGIN")
+            try:
+                c.executemany("INSERT OR IGNORE INTO refs (dataset, hash) "
+                              "SELECT ?, hash FROM entries WHERE hash=?", sorted(refs))
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    c.execute("ROLLBACK")
+                raise
+            c.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.warning("could not record %d dataset references of cached files: %s", len(refs), exc)
+        return len(refs)
 
     def set_pinned(self, hashes: Sequence[bytes], pinned: bool) -> int:
         """Pin or unpin indexed hashes; returns rows changed."""
@@ -399,6 +489,8 @@ class Index:
     def delete(self, hashes: Sequence[bytes]) -> None:
         """Drop entries and every reference to them."""
         c = self.conn
+        for h in hashes:
+            self._touched.pop(h, None)
         with self.transaction():
             for part in batched(hashes):
                 marks = ",".join("?" * len(part))
@@ -407,13 +499,35 @@ class Index:
 
     def lru(self, limit: int, after: tuple[int, bytes] = (-1, b"")) -> list[tuple[bytes, int, int]]:
         """Up to ``limit`` evictable ``(hash, size, last_use)`` after the ``(last_use, hash)``
-        cursor ``after``, oldest first (ties broken by hash, so equal stamps are not skipped)."""
+        cursor ``after``, oldest first (ties broken by hash, so equal stamps are not skipped),
+        by the recency written to the table (see :meth:`least_recent`)."""
         stamp, hash = after
         return self.conn.execute(
             "SELECT hash, size, last_use FROM entries WHERE pinned=0 "
             "AND (last_use>? OR (last_use=? AND hash>?)) ORDER BY last_use, hash LIMIT ?",
             (stamp, stamp, hash, limit),
         ).fetchall()
+
+    def least_recent(self, page: int = 256) -> Iterator[tuple[bytes, int]]:
+        """Evictable ``(hash, size)``, least recently used first, counting the hits whose
+        recency is still in memory (:meth:`touch`): rows met at the cold end that were hit
+        since their ``last_use`` was written get it written now and are met again where it
+        puts them. So eviction order is exact, and only hits of files about to be evicted
+        cost a row write."""
+        touched = self._touched
+        after: tuple[int, bytes] = (-1, b"")
+        while True:
+            rows = self.lru(page, after)
+            stale = [(touched.pop(h)[0], h) for h, _, _ in rows if h in touched]
+            if stale:
+                self._write_stamps(stale)
+                continue  # this page again: those rows moved to where their hits put them
+            if not rows:
+                return
+            for h, size, last_use in rows:
+                after = (last_use, h)
+                if h not in touched:  # else hit since this page was read: recent now
+                    yield h, size
 
     def all_hashes(self) -> set[bytes]:
         """Every indexed hash (one full scan; also proves the table's pages are readable)."""
@@ -438,6 +552,7 @@ class Index:
 
     def refs_of(self, hashes: Sequence[bytes]) -> dict[bytes, list[str]]:
         """The datasets referencing each of ``hashes`` (absent when none)."""
+        self.write_refs()
         out: dict[bytes, list[str]] = {}
         for part in batched(hashes):
             marks = ",".join("?" * len(part))
@@ -449,6 +564,7 @@ class Index:
 
     def exclusive_to(self, dataset: str) -> list[tuple[bytes, int]]:
         """Unpinned ``(hash, size)`` referenced by ``dataset`` and by no other dataset."""
+        self.write_refs()
         return self.conn.execute(
             "SELECT e.hash, e.size FROM refs r JOIN entries e ON e.hash = r.hash "
             "WHERE r.dataset = ? AND e.pinned = 0 AND NOT EXISTS "
@@ -461,11 +577,13 @@ class Index:
         sql = "DELETE FROM refs WHERE dataset = ?"
         if keep_pinned:
             sql += " AND hash NOT IN (SELECT hash FROM entries WHERE pinned = 1)"
+        self.write_refs()
         self.flush()
         self.conn.execute(sql, (dataset,))
 
     def drop_dangling_refs(self) -> int:
         """Delete references to hashes that have no entry (after recovery dropped rows)."""
+        self.write_refs()
         self.flush()
         return self.conn.execute(
             "DELETE FROM refs WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.hash = refs.hash)"
@@ -484,6 +602,7 @@ class Index:
 
     def dataset_usage(self) -> dict[str, dict]:
         """``{dataset: {"entries", "bytes", "registered", "info"}}`` for registered or referenced ones."""
+        self.write_refs()
         out: dict[str, dict] = {}
         for dataset, info in self.conn.execute("SELECT id, info FROM datasets"):
             out[dataset] = {"entries": 0, "bytes": 0, "registered": True, "info": json.loads(info)}
@@ -497,6 +616,7 @@ class Index:
 
     def set_chunk(self, dataset: str, hashes: Iterable[bytes], chunk: int) -> None:
         """Record which chunk of ``dataset`` holds ``hashes`` (-1 = not chunked)."""
+        self.write_refs()
         self.flush()
         self.conn.executemany(
             "UPDATE refs SET chunk = ? WHERE dataset = ? AND hash = ?",

@@ -34,27 +34,21 @@ class EvictionPolicy(ABC):
         """A file was stored."""
 
     def on_access(self, hashes: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
-        """Files were read (the index's last_use is already updated)."""
+        """Files were read (the index has noted their recency already)."""
 
     def on_remove(self, hashes: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
         """Files were removed (evicted, scrubbed or dropped by recovery)."""
 
 
 class LRUPolicy(EvictionPolicy):
-    """Least recently used first, by the index's ``last_use`` column (hits and fills update it)."""
+    """Least recently used first: the index's ``last_use`` column (fills write it) and the
+    recency of hits the index keeps in memory (``Index.least_recent``)."""
 
     name = "lru"
     page = 256
 
     def victims(self) -> Iterator[tuple[bytes, int]]:
-        after: tuple[int, bytes] = (-1, b"")
-        while True:
-            rows = self.index.lru(self.page, after)
-            if not rows:
-                return
-            for hash, size, last_use in rows:
-                after = (last_use, hash)
-                yield hash, size
+        return self.index.least_recent(self.page)
 
 
 #: Policy name → class; :class:`mountd.store.config.CacheConfig.policy` picks one.

@@ -13,7 +13,8 @@ import trio
 
 from mountd.errors import CacheLocked
 from mountd.store import layout
-from mountd.store.cache import Cache
+from mountd.store import cache as cache_module
+from mountd.store.cache import TOUCH_INTERVAL, Cache
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, NotFound
 from tests.mountd.conftest import (
@@ -240,6 +241,34 @@ async def test_record_hits_counts_and_refreshes(tmp_path: Path, source: Source, 
         assert snap["datasets"]["ds"]["hits"] == 3
         assert snap["datasets"]["ds"]["bytes_from_cache"] == 3000
         assert cache.usage()["datasets"]["ds"]["entries"] == 3
+
+
+async def test_hit_references_reach_the_index_within_the_touch_interval(tmp_path: Path, source: Source,
+                                                                       backends: Backends):
+    objs = source.many(2, 1000)
+    async with running(config(tmp_path / "c"), backends) as cache:
+        for o in objs:
+            await cache.ensure(o.hash, o.size, o.location, "a")
+        cache.record_hits("b", [objs[0].hash], 1000)
+        await trio.sleep(TOUCH_INTERVAL * 1.5)  # the cache's own writer, not a reader, wrote it
+        refs = cache.index.conn.execute("SELECT dataset, hash FROM refs WHERE dataset='b'").fetchall()
+        assert refs == [("b", objs[0].hash)]
+
+
+async def test_hit_recency_in_memory_stays_bounded(tmp_path: Path, source: Source, backends: Backends,
+                                                  monkeypatch):
+    monkeypatch.setattr(cache_module, "TOUCH_MEMORY", 4)
+    objs = source.many(10, 100)
+    async with running(config(tmp_path / "c"), backends) as cache:
+        for o in objs:
+            await cache.ensure(o.hash, o.size, o.location)
+        cache.record_hits(None, [o.hash for o in objs], 1000)
+        assert cache.index.touches_waiting == 10
+        await trio.sleep(TOUCH_INTERVAL * 1.5)
+        assert cache.index.touches_waiting == 3  # written down to three quarters of the bound
+        stamps = dict(cache.index.conn.execute("SELECT hash, last_use FROM entries"))
+        written = [stamps[o.hash] for o in objs[:7]]
+        assert written == sorted(written) and written[0] > max(stamps[o.hash] for o in objs[7:])
 
 
 async def test_second_owner_of_a_cache_dir_is_refused(tmp_path: Path):

@@ -48,6 +48,107 @@ def test_lru_order_and_touch(index: Index):
     assert index.totals() == (5, 150)
 
 
+def _stored_last_use(index: Index, hash: bytes) -> int:
+    return index.conn.execute("SELECT last_use FROM entries WHERE hash=?", (hash,)).fetchone()[0]
+
+
+def test_hits_are_noted_in_memory_and_written_once(index: Index):
+    for i in range(3):
+        index.insert(h(i), 1, "ds")
+    before = _stored_last_use(index, h(0))
+    index.touch([h(0)], "other")
+    index.touch([h(0), h(1)], None)
+    assert index.touches_waiting == 2
+    assert _stored_last_use(index, h(0)) == before  # no SQLite work per hit
+    assert index.write_touches(1) == 1  # the least recent: h(0), hit twice, written once
+    assert index.touches_waiting == 1
+    assert _stored_last_use(index, h(0)) > _stored_last_use(index, h(2))
+    assert _stored_last_use(index, h(1)) < _stored_last_use(index, h(2))  # still in memory
+    assert index.refs_of([h(0)]) == {h(0): ["ds", "other"]}
+
+
+def test_eviction_order_counts_hits_in_memory_and_writes_only_the_cold_end(index: Index):
+    for i in range(600):  # more than a page of LRUPolicy
+        index.insert(h(i), 1, None)
+    index.touch([h(0), h(5)], None)
+    index.touch([h(3)], None)
+    index.touch([h(599)], None)
+    lru = LRUPolicy(index)
+    victims = lru.victims()
+    assert [next(victims)[0] for _ in range(3)] == [h(1), h(2), h(4)]
+    # Meeting h(0) and h(3) at the cold end wrote their recency; h(599) was never met.
+    assert index.touches_waiting == 1
+    order = [x for x, _ in lru.victims()]
+    assert order[-4:] == [h(0), h(5), h(3), h(599)]
+    assert len(order) == 600
+    assert index.touches_waiting == 0
+
+
+def test_a_hit_while_eviction_walks_makes_the_file_recent(index: Index):
+    for i in range(3):
+        index.insert(h(i), 1, None)
+    victims = LRUPolicy(index).victims()
+    assert next(victims)[0] == h(0)
+    index.touch([h(1)], None)
+    assert [x for x, _ in victims] == [h(2)]
+
+
+@pytest.mark.parametrize("reader", ["refs_of", "exclusive_to", "dataset_usage", "write"])
+def test_every_reader_of_refs_sees_references_hits_added(index: Index, reader: str):
+    for i in range(3):
+        index.insert(h(i), 1, "a")
+    index.touch([h(0)], "b")
+    if reader == "refs_of":
+        assert index.refs_of([h(0)]) == {h(0): ["a", "b"]}
+    elif reader == "exclusive_to":
+        assert sorted(index.exclusive_to("a")) == [(h(1), 1), (h(2), 1)]
+    elif reader == "dataset_usage":
+        assert index.dataset_usage()["b"]["entries"] == 1
+    else:
+        index.set_pinned([h(2)], True)  # any other write writes them first
+        assert index.conn.execute("SELECT COUNT(*) FROM refs WHERE dataset='b'").fetchone()[0] == 1
+
+
+def test_a_reference_is_queued_once_per_dataset(index: Index):
+    index.insert(h(0), 1, "a")
+    index.touch([h(0)], "b")
+    assert index.write_refs() == 1
+    index.touch([h(0)], "b")
+    assert index.write_refs() == 0  # already recorded: repeated hits cost no SQLite work
+
+
+def test_a_noted_hit_never_moves_a_newer_fill_back(index: Index):
+    index.insert(h(0), 1, None)
+    index.touch([h(0)], None)
+    index.insert(h(0), 1, None)  # stored again (a refill), stamped after the hit
+    refilled = _stored_last_use(index, h(0))
+    index.write_touches(1)
+    assert _stored_last_use(index, h(0)) == refilled
+
+
+def test_hits_of_deleted_entries_are_dropped(index: Index):
+    index.insert(h(0), 1, "a")
+    index.touch([h(0)], "b")
+    index.delete([h(0)])
+    assert index.touches_waiting == 0
+    assert index.size_of(h(0)) is None
+    assert index.refs_of([h(0)]) == {}
+
+
+def test_close_writes_noted_hits(tmp_path: Path):
+    idx = Index.open(tmp_path / "index.sqlite")
+    idx.insert(h(0), 1, None)
+    idx.insert(h(1), 1, None)
+    idx.touch([h(0)], "b")
+    idx.close()
+    idx = Index.open(tmp_path / "index.sqlite")
+    try:
+        assert [row[0] for row in idx.lru(10)] == [h(1), h(0)]
+        assert idx.refs_of([h(0)]) == {h(0): ["b"]}
+    finally:
+        idx.close()
+
+
 def test_lru_pages_through_equal_stamps(index: Index):
     index.adopt([(h(i), 1, 42) for i in range(600)])  # all adopted with the same mtime
     lru = LRUPolicy(index)

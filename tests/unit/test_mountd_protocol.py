@@ -341,3 +341,14 @@ async def test_only_advisory_ops_may_be_sent_as_notifications(wire):
 async def test_hello_lists_the_operations_of_the_table(wire):
     await wire.send({"id": 1, "op": "hello", "args": {"version": 1}})
     assert (await wire.receive())["result"]["ops"] == sorted(protocol.OPERATIONS)
+
+
+def test_packed_hashes_round_trip_and_refuse_junk():
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    assert protocol.check_packed_hashes({"p": b"".join(hashes).hex()}, "p") == hashes
+    assert protocol.check_packed_hashes({"p": ""}, "p") == []
+    for bad in ("ab" * 31, "zz" * 32, ["00" * 32], None):
+        with pytest.raises(protocol.ProtocolError, match="'p' must be hex digits, 64 per hash"):
+            protocol.check_packed_hashes({"p": bad}, "p")
+    with pytest.raises(protocol.ProtocolError, match="at most 100000 per request"):
+        protocol.check_packed_hashes({"p": "00" * 32 * (protocol.MAX_ITEMS + 1)}, "p")
