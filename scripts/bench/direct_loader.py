@@ -15,7 +15,7 @@ mount (harness/world.py's ``World``). Each round measures, in one run:
     readers' last reports are sent, and answered, inside the timed span). Target: direct ÷
     plain **>= 0.8**;
   - *direct, hits not reported*: the same with ``DirectReader(report=False)``: what the
-    reads cost without mountd's share (mountd spends ~6 µs of CPU on each reported hit, on
+    reads cost without mountd's share (mountd spends ~1–2 µs of CPU on each reported hit, on
     the same two cores);
   - *mount, cold*: the first pass through the mount after every file was evicted (misses,
     filled by mountd from the ``file://`` bucket), once;

@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from mountd.errors import CacheLocked
-from mountd.store import layout
 from mountd.store import cache as cache_module
+from mountd.store import layout
 from mountd.store.cache import TOUCH_INTERVAL, Cache
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, NotFound
