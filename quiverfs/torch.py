@@ -424,7 +424,24 @@ class DirectDataset(Dataset):
     def __getitem__(self, index: int) -> Any:
         path, target = self.samples[index]
         with self.reader.open(path) as f:
-            item = self.decode(f)
+            return self._item(self.decode(f), target)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """Items ``indices``, as a DataLoader worker fetches a whole batch (PyTorch calls
+        this instead of ``__getitem__`` per index): the files are opened together
+        (:meth:`~quiverfs.direct.DirectReader.open_many`), so a reader that asks mountd for
+        descriptors (hand-off) sends one request per batch (of up to 64 files)."""
+        samples = [self.samples[i] for i in indices]
+        files = self.reader.open_many([path for path, _ in samples])
+        try:
+            decoded = [self.decode(f) for f in files]
+        finally:
+            for f in files:
+                f.close()
+        return [self._item(item, target) for item, (_, target) in zip(decoded, samples, strict=True)]
+
+    def _item(self, item: Any, target: Any) -> Any:
+        """A decoded file as the dataset gives it: transformed, with its target if any."""
         if self.transform is not None:
             item = self.transform(item)
         if not self.has_targets:
