@@ -21,8 +21,9 @@ and the misses it claims are already being fetched when the DataLoader's workers
 Claims happen in the process that iterates the sampler (the DataLoader's main process); the
 workers only open files, so any number of workers works.
 
-Cached files can also be read without FUSE, straight from the store (:mod:`quiverfs.direct`,
-which needs a traversable store; misses and evicted files go through the mount)::
+Cached files can also be read without FUSE, straight from the store (:mod:`quiverfs.direct`:
+from a traversable store, else by descriptors mountd hands over; misses and evicted files go
+through the mount)::
 
     dataset = ImageFolder("/mnt/imagenet/train", transform=..., loader=direct_loader)
     dataset = DirectDataset(paths_or_samples, decode=my_decoder)    # any path-based dataset
