@@ -83,7 +83,8 @@ class DescriptorStream:
     ``max_fds``: most descriptors one message carries (mountd reads requests, at most
     :data:`~mountd.rpc.protocol.MAX_FDS`; a client reads responses, at most
     :data:`~mountd.rpc.protocol.MAX_OPEN`). ``max_queued``: most kept unclaimed (the oldest
-    are closed beyond it).
+    are closed beyond it). The blocking client reads with :func:`receive_with_fds_blocking`
+    and uses only the queue (:meth:`queue`, :meth:`take`, :meth:`close`).
     """
 
     def __init__(self, sock: Any, max_fds: int = MAX_FDS, max_queued: int = MAX_QUEUED) -> None:

@@ -429,13 +429,14 @@ class Cache:
             for hash, want in zip(hashes, sizes, strict=True):
                 hash = layout.check_hash(hash)
                 stored = index.size_of(hash)
-                fd = None
-                if stored is not None and want in (None, stored):
-                    fd = self._open_entry(hash, stored)
-                opened.append(None if fd is None else (fd, stored))  # type: ignore[arg-type]
+                if stored is None or want not in (None, stored):
+                    opened.append(None)
+                    continue
+                fd = self._open_entry(hash, stored)
+                opened.append(None if fd is None else (fd, stored))
                 if fd is not None:
                     hits.append(hash)
-                    nbytes += stored  # type: ignore[operator]
+                    nbytes += stored
             if hits:
                 self.record_hits(dataset, hits, nbytes)
         except BaseException:

@@ -3,6 +3,10 @@ cached files and passes their descriptors, one request per batch; the bytes and 
 the sources'; each file handed over is exactly one hit for mountd, and is not reported again;
 files not cached, and damaged rows, go to the mount; a process that may not open the store
 uses hand-off by itself. (Another user and a private store: test_handoff_private.py.)
+
+Two datasets share one mountd: ``images`` is never read through its mount, so mountd's hit
+counter of it moves only with what is handed over and can be checked exactly; ``fallback``
+is read through its mount (whose own hit reports come when they come).
 """
 
 from __future__ import annotations
@@ -37,23 +41,35 @@ from quiverfs.torch import DirectDataset  # noqa: E402
 FILES = 2 * 10
 
 
+def _dataset(module_tmp: Path, cache: Path, name: str, size: int) -> dict:
+    source = module_tmp / name
+    write_tree(source, generate_images(n_classes=2, per_class=10, size=size))
+    digest = module_tmp / f"{name}.qd"
+    return {"cache": cache, "dataset": build_digest(source, digest), "source": source,
+            "digest": digest, "mount": MountProcess(digest, module_tmp / f"{name}-mnt", cache)}
+
+
 @pytest.fixture(scope="module")
-def world(fuse, module_tmp: Path):
-    """One dataset, one mountd (of this uid), mounted."""
-    source = module_tmp / "images"
-    write_tree(source, generate_images(n_classes=2, per_class=10, size=40))
-    digest = module_tmp / "images.qd"
-    dataset = build_digest(source, digest)
+def worlds(fuse, module_tmp: Path):
+    """Both datasets, one mountd (of this uid), both mounted."""
     cache = module_tmp / "cache"
+    worlds = {"images": _dataset(module_tmp, cache, "images", 40),
+              "fallback": _dataset(module_tmp, cache, "fallback", 32)}
     mountd = MountdProcess(cache).start()
-    mount = MountProcess(digest, module_tmp / "mnt", cache)
     try:
-        mount.start()
-        yield {"cache": cache, "dataset": dataset, "source": source, "digest": digest,
-               "mnt": mount.mountpoint}
+        for w in worlds.values():
+            w["mnt"] = w["mount"].start().mountpoint
+        yield worlds
     finally:
-        mount.stop()
+        for w in worlds.values():
+            w["mount"].stop()
         mountd.stop()
+
+
+@pytest.fixture
+def world(worlds) -> dict:
+    """The dataset never read through its mount."""
+    return worlds["images"]
 
 
 def rels(world: dict) -> list[str]:
@@ -68,14 +84,15 @@ def warm(world: dict) -> None:
 
 
 def counters(world: dict) -> dict:
-    """mountd's hits of the dataset and this uid's hand-off counters."""
+    """mountd's hits of the dataset and this uid's hand-off counters (the mounts, of this
+    uid too, report hits of their own: the uid's ``reported_hits`` is not checked here)."""
     with SyncClient.connect(world["cache"]) as client:
         stats = client.stats()
     dataset = stats["counters"]["datasets"].get(world["dataset"], {})
     user = stats["users"].get(str(os.getuid()), {})
     return {"hits": dataset.get("hits", 0), "bytes": dataset.get("bytes_from_cache", 0),
             "misses": dataset.get("misses", 0), "opens": user.get("opens", 0),
-            "opened": user.get("opened", 0), "reported": user.get("reported_hits", 0)}
+            "opened": user.get("opened", 0)}
 
 
 def delta(before: dict, after: dict) -> dict:
@@ -107,7 +124,7 @@ def test_a_batch_is_one_request_and_each_file_one_hit(world) -> None:
     assert reader.counts() == {"store": FILES, "mount": 0, "elsewhere": 3}
     size = sum((world["source"] / n).stat().st_size for n in names)
     assert delta(before, after) == {"hits": FILES, "bytes": size, "misses": 0, "opens": 1,
-                                    "opened": FILES, "reported": FILES}
+                                    "opened": FILES}
     reader.close()
 
 
@@ -128,7 +145,8 @@ def test_open_is_a_batch_of_one_and_a_batch_over_64_takes_more_requests(world) -
     reader.close()
 
 
-def test_files_not_cached_come_through_the_mount_then_by_hand_off(world) -> None:
+def test_files_not_cached_come_through_the_mount_then_by_hand_off(worlds) -> None:
+    world = worlds["fallback"]
     names = rels(world)
     with SyncClient.connect(world["cache"]) as client:
         client.evict(world["dataset"])
@@ -202,8 +220,7 @@ def test_dataloader_workers_fetch_each_batch_with_one_request(world) -> None:
     for (want, label), image, got_label in zip(source, images, labels, strict=True):
         assert got_label == label and torch.equal(image, want)
     assert delta(before, after) | {"bytes": 0} == {"hits": FILES, "bytes": 0, "misses": 0,
-                                                   "opens": FILES // 4, "opened": FILES,
-                                                   "reported": FILES}
+                                                   "opens": FILES // 4, "opened": FILES}
 
 
 _NO_STORE_READER = """
