@@ -73,10 +73,10 @@ PROGRESS_INTERVAL = 0.25
 #: sizeof(sockaddr_un.sun_path) on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 108
 
-_PEERCRED = struct.Struct("3i")
+_PEERCRED = struct.Struct("3i")  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
 
 #: Errors of a send that mean the client went away.
-_PEER_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF})  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+_PEER_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF})
 
 
 @dataclass(frozen=True, slots=True)
