@@ -11,8 +11,9 @@ every module of ours is named in it:
 2. :mod:`digests`: dataset manifests; imports the base.
 3. :mod:`mountd`: the per-machine cache server; imports digests and the base.
 4. **the mount, control channel, shim and CLI** (the rest of this package: ``fs``,
-   ``readahead``, ``tree``, ``fuse_*``, ``mount``, ``control*``, ``torch``, ``direct``, ``cli``,
-   ``mount_cli``, ``mountd_views``, ``testing``); may import everything below.
+   ``readahead``, ``tree``, ``fuse_*``, ``mount``, ``control*``, ``torch``, ``direct``,
+   ``handoff``, ``cli``, ``mount_cli``, ``mountd_views``, ``testing``); may import everything
+   below.
 
 This ``__init__`` imports nothing, so importing the base costs nothing more.
 """

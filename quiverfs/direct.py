@@ -32,6 +32,12 @@ process, and opens the store file itself::
   ``flush_hits`` hits or ``flush_seconds`` seconds, and when the reader or the process ends.
   Reports are advisory: a read never waits for mountd and never fails because it is away
   (the hits are then dropped, logged once).
+* **Hand-off.** Where this process may not open the store (a ``--private-store``: its
+  folders are not searchable), or when asked with ``handoff=True``, mountd opens the store
+  files instead and passes their descriptors over its socket (:mod:`quiverfs.handoff`):
+  :meth:`DirectReader.open_many` maps a batch of paths and asks for all of its cached files
+  in one request (per 64), :meth:`DirectReader.open` is a batch of one. mountd counts what it
+  hands over as hits, so those are not reported again.
 * **Processes.** All state is per process, created on first use and checked against
   ``os.getpid()``: a reader can be pickled (DataLoader workers started with spawn, where it
   carries only its settings) or inherited (fork: the child opens its own digest connection,
@@ -62,10 +68,12 @@ from typing import BinaryIO
 from digests.digest import Digest
 from digests.schema import ROOT_ID
 from mountd.rpc.client import SyncClient
+from mountd.rpc.fdpass import close_all
 from mountd.store import layout
 from quiverfs.control import find_mount_root
 from quiverfs.errors import QuiverError
 from quiverfs.fs import XATTR_STATS
+from quiverfs.handoff import HandOff, can_open_store
 
 __all__ = ["DirectReader", "HitReporter", "MountInfo", "mount_info"]
 
@@ -98,6 +106,14 @@ MAX_NOT_MOUNTED = 4096
 #: This process's id (kept by _after_fork_in_child): ``os.getpid()`` is a system call, ~0.2 µs
 #: that every read would pay to tell whether it runs in a new process.
 _pid = os.getpid()
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    """``path`` as an absolute text path, as :meth:`DirectReader.open` takes it."""
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        path = os.fsdecode(path)
+    return path if path.startswith("/") else os.path.abspath(path)
 
 
 def _store_file(store: str, content_hash: bytes) -> str:
@@ -341,6 +357,8 @@ class _MountFiles:
         #: directory (relative path) → its files, or None when the digest has no such directory
         self.dirs: dict[str, _Dir | None] = parent.dirs if parent is not None else {}
         self.mapped = parent.mapped if parent is not None else 0  #: files held in ``dirs``
+        #: set when this process asks mountd for the store files' descriptors (hand-off)
+        self.handoff: HandOff | None = None
 
     def still_mounted(self) -> bool:
         """Whether the mount at the root is still this one (not unmounted, nor replaced by
@@ -412,6 +430,8 @@ class _Settings:
     flush_hits: int
     flush_seconds: float
     report: bool
+    #: True: always hand-off; False: never; None: where the store cannot be opened
+    handoff: bool | None = None
 
 
 class _Process:
@@ -425,6 +445,8 @@ class _Process:
         self.not_mounted: set[str] = set()
         self.not_mounted_until = 0.0
         self.reporters: dict[str, HitReporter] = {}
+        #: cache directory -> this process's hand-off connections to its mountd
+        self.handoffs: dict[str, HandOff] = {}
         #: digests opened (validated) in this process, by path
         self.digests: dict[str, Digest] = {}
         #: a forked child's view of its parent: digests to reopen unchecked, mappings to reuse
@@ -499,7 +521,27 @@ class _Process:
         parent = self.parent_mounts.get(root)
         same = parent is not None and parent.info == info and parent._template is not None \
             and parent._template.path == digest.path
-        return _MountFiles(root, info, digest, reporter, parent if same else None)
+        files = _MountFiles(root, info, digest, reporter, parent if same else None)
+        files.handoff = self._handoff_for(files)
+        return files
+
+    def _handoff_for(self, files: _MountFiles) -> HandOff | None:
+        """The hand-off to read ``files``' cached files with, or None to open them from the
+        store directly: with ``handoff=None``, only where this process may not search the
+        store's folders (decided once per mount and process)."""
+        if not files.usable or self.settings.handoff is False:
+            return None
+        if self.settings.handoff is None:
+            if can_open_store(files.store):
+                return None
+            _log_once(f"handoff:{files.store}", "direct reads of %s: this process may not open "
+                      "its store files (%s is not traversable for it); mountd hands them over "
+                      "instead", files.root, files.store)
+        assert files.info is not None and files.info.cache_dir is not None
+        handoff = self.handoffs.get(files.info.cache_dir)
+        if handoff is None:
+            handoff = self.handoffs[files.info.cache_dir] = HandOff(files.info.cache_dir)
+        return handoff
 
     def _digest_for(self, info: MountInfo) -> Digest | None:
         """The digest of ``info``'s dataset: one the caller gave, else the mount's own copy."""
@@ -534,6 +576,8 @@ class _Process:
         deadline = time.monotonic() + timeout
         for reporter in list(self.reporters.values()):
             reporter.close(max(0.0, deadline - time.monotonic()))
+        for handoff in list(self.handoffs.values()):
+            handoff.close()
 
 
 # Every process's live states, closed (their last hits reported) when that process exits.
@@ -579,15 +623,18 @@ class DirectReader:
     its dataset. ``flush_hits``/``flush_seconds``: a hit report is sent every so many hits or
     seconds. ``report=False`` sends none: mountd's LRU then ages files read only this way
     and ``quiverfs stats`` does not count them (for a user who cannot reach mountd's socket,
-    or to measure what the reports cost). Safe to share between threads; picklable (only the
-    settings travel).
+    or to measure what the reports cost). ``handoff``: ask mountd for the descriptors of
+    cached files (:meth:`open_many`; mountd counts them as hits) instead of opening the
+    store files: None (default) where this process may not open the store, True always,
+    False never (the mount then reads them). Safe to share between threads; picklable (only
+    the settings travel).
     """
 
     def __init__(self, *, digests: Sequence[str | os.PathLike[str]] = (),
                  flush_hits: int = FLUSH_HITS, flush_seconds: float = FLUSH_SECONDS,
-                 report: bool = True) -> None:
+                 report: bool = True, handoff: bool | None = None) -> None:
         self._settings = _Settings(tuple(os.fspath(d) for d in digests), flush_hits,
-                                   flush_seconds, report)
+                                   flush_seconds, report, handoff)
         self._proc: _Process | None = None
         self._lock = threading.Lock()
         _readers.add(self)
@@ -627,6 +674,8 @@ class DirectReader:
         proc = self._state()
         counts = proc.counter()
         files = proc.mount_of(path)
+        if files is not None and files.handoff is not None:
+            return self.open_many([path])[0]
         if files is None:
             counts["elsewhere"] += 1
             return open(path, "rb")
@@ -648,6 +697,57 @@ class DirectReader:
         """The whole content of ``path`` (as :meth:`open`)."""
         with self.open(path) as f:
             return f.read()
+
+    def open_many(self, paths: Sequence[str | os.PathLike[str]]) -> list[BinaryIO]:
+        """Each path opened as :meth:`open` would, in order; the cached files of mounts read
+        by hand-off come from one ``open`` request to mountd (per 64 files and mount), the
+        rest as :meth:`open` opens them. Raises what opening a path raises (through the
+        mount: ``EIO`` for a damaged digest row, say), with none of the files left open."""
+        proc = self._state()
+        counts = proc.counter()
+        out: list[BinaryIO | None] = [None] * len(paths)
+        asks: dict[_MountFiles, list[tuple[int, str, int, bytes]]] = {}
+        through_mount: list[tuple[int, str]] = []
+        try:
+            for i, raw in enumerate(paths):
+                path = _absolute(raw)
+                files = proc.mount_of(path)
+                if files is None or files.handoff is None:
+                    out[i] = self.open(path)
+                    continue
+                found = files.content(path[len(files.prefix):])
+                normal = os.path.normpath(path)
+                if found is None and normal != path:  # "//", "/./" or "..": as open() does
+                    out[i] = self.open(normal)
+                elif found is None or found[0] == 0:
+                    through_mount.append((i, path))  # not a file of the digest, or empty
+                else:
+                    asks.setdefault(files, []).append((i, path, found[0], found[1]))
+            for files, group in asks.items():
+                assert files.handoff is not None
+                opened = files.handoff.open([h for *_, h in group], [s for _, _, s, _ in group],
+                                            files.dataset)
+                for n, ((i, path, size, _), item) in enumerate(zip(group, opened, strict=True)):
+                    if item is not None and item[1] == size:
+                        try:
+                            out[i] = open(item[0], "rb")  # noqa: SIM115 (the caller closes it)
+                        except BaseException:
+                            close_all([it[0] for it in opened[n:] if it is not None])
+                            raise
+                        counts["store"] += 1
+                    else:  # not cached (or mountd not reached): the mount fetches it
+                        if item is not None:
+                            os.close(item[0])
+                        through_mount.append((i, path))
+            for i, path in through_mount:
+                counts["mount"] += 1  # as open() counts: before opening, which may fail (EIO)
+                out[i] = open(path, "rb")  # noqa: SIM115 (the caller closes it)
+        except BaseException:
+            for f in out:
+                if f is not None:
+                    f.close()
+            raise
+        return out  # type: ignore[return-value]
 
     @staticmethod
     def _open_store(files: _MountFiles, size: int, content_hash: bytes, folder: _Dir | None,

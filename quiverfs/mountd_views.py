@@ -95,12 +95,14 @@ def print_users(users: Mapping[str, Mapping[str, Any]], console: Console | None 
     """One row per local user that used mountd (requests are attributed by SO_PEERCRED)."""
     table = Table(title="mountd: users", title_justify="left")
     for column in ("user", "requests", "misses asked", "supplied", "supplied bytes", "hits reported",
-                   "refused"):
+                   "handed over", "refused"):
         table.add_column(column, justify="left" if column == "user" else "right", no_wrap=True)
     for uid, row in sorted(users.items(), key=lambda item: int(item[0])):
         table.add_row(
             _user_name(uid), str(row["requests"]), str(row["ensures"]), str(row["supplied"]),
-            human_bytes(row["supplied_bytes"]), str(row["reported_hits"]), str(row["refused"]),
+            human_bytes(row["supplied_bytes"]), str(row["reported_hits"]),
+            str(row.get("opened", 0)),  # descriptors (hand-off); absent from an older mountd
+            str(row["refused"]),
         )
     (console or _console()).print(table)
 

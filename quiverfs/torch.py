@@ -21,8 +21,9 @@ and the misses it claims are already being fetched when the DataLoader's workers
 Claims happen in the process that iterates the sampler (the DataLoader's main process); the
 workers only open files, so any number of workers works.
 
-Cached files can also be read without FUSE, straight from the store (:mod:`quiverfs.direct`,
-which needs a traversable store; misses and evicted files go through the mount)::
+Cached files can also be read without FUSE, straight from the store (:mod:`quiverfs.direct`:
+from a traversable store, else by descriptors mountd hands over; misses and evicted files go
+through the mount)::
 
     dataset = ImageFolder("/mnt/imagenet/train", transform=..., loader=direct_loader)
     dataset = DirectDataset(paths_or_samples, decode=my_decoder)    # any path-based dataset
@@ -424,7 +425,24 @@ class DirectDataset(Dataset):
     def __getitem__(self, index: int) -> Any:
         path, target = self.samples[index]
         with self.reader.open(path) as f:
-            item = self.decode(f)
+            return self._item(self.decode(f), target)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """Items ``indices``, as a DataLoader worker fetches a whole batch (PyTorch calls
+        this instead of ``__getitem__`` per index): the files are opened together
+        (:meth:`~quiverfs.direct.DirectReader.open_many`), so a reader that asks mountd for
+        descriptors (hand-off) sends one request per batch (of up to 64 files)."""
+        samples = [self.samples[i] for i in indices]
+        files = self.reader.open_many([path for path, _ in samples])
+        try:
+            decoded = [self.decode(f) for f in files]
+        finally:
+            for f in files:
+                f.close()
+        return [self._item(item, target) for item, (_, target) in zip(decoded, samples, strict=True)]
+
+    def _item(self, item: Any, target: Any) -> Any:
+        """A decoded file as the dataset gives it: transformed, with its target if any."""
         if self.transform is not None:
             item = self.transform(item)
         if not self.has_targets:

@@ -40,8 +40,14 @@ import trio
 
 from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable, PermissionDenied, ProtocolError
 from mountd.rpc import protocol
-from mountd.rpc.fdpass import send_with_fds, send_with_fds_blocking
-from mountd.rpc.protocol import PROTOCOL_VERSION
+from mountd.rpc.fdpass import (
+    DescriptorStream,
+    close_all,
+    receive_with_fds_blocking,
+    send_with_fds,
+    send_with_fds_blocking,
+)
+from mountd.rpc.protocol import MAX_OPEN, PROTOCOL_VERSION
 from mountd.store import layout
 from quiverfs.backends.base import Location
 
@@ -60,6 +66,15 @@ LOG_FILE = "mountd.log"
 
 
 ProgressFn = Callable[[dict[str, Any]], None]
+
+#: What ``open`` gives for one hash: ``(descriptor, size)`` of its store file, or None (not
+#: cached, or cached with another size than asked: read it through the mount).
+Opened = tuple[int, int] | None
+
+#: Descriptors a client keeps received but not yet claimed by a response (the oldest are
+#: closed beyond it; a response then finds too few, a ProtocolError). Responses take theirs
+#: as soon as they are parsed, so a few responses' worth is plenty.
+MAX_QUEUED_FDS = 4 * MAX_OPEN
 
 
 def resolve_socket(cache_dir: str | os.PathLike[str] | None) -> tuple[Path, Path]:
@@ -83,6 +98,33 @@ def ensure_args(hash: bytes, size: int, location: Location | Mapping[str, Any],
     if dataset is not None:
         args["dataset"] = dataset
     return args
+
+
+def open_args(hashes: Sequence[bytes], dataset: str | None = None,
+              sizes: Sequence[int] | None = None) -> dict[str, Any]:
+    """The ``args`` of an ``open`` request (at most :data:`MAX_OPEN` hashes)."""
+    if len(hashes) > MAX_OPEN:
+        raise ValueError(f"open takes at most {MAX_OPEN} hashes per request, not {len(hashes)}")
+    args: dict[str, Any] = {"hashes": [bytes(h).hex() for h in hashes]}
+    if sizes is not None:
+        args["sizes"] = list(sizes)
+    if dataset is not None:
+        args["dataset"] = dataset
+    return args
+
+
+def _opened(result: Any, fds: Sequence[int], hashes: Sequence[bytes]) -> list[Opened]:
+    """An ``open`` answer: each hash's ``(descriptor, size)`` or None, in the order asked.
+    Takes ``fds`` over: all are closed when the answer does not match them."""
+    sizes = result.get("sizes") if isinstance(result, dict) else None
+    if (not isinstance(sizes, list) or len(sizes) != len(hashes)
+            or sum(size is not None for size in sizes) != len(fds)
+            or any(size is not None and (isinstance(size, bool) or not isinstance(size, int))
+                   for size in sizes)):
+        close_all(fds)
+        raise ProtocolError("mountd's answer to open does not match the descriptors it sent")
+    given = iter(fds)
+    return [None if size is None else (next(given), size) for size in sizes]
 
 
 def _unavailable(path: Path, exc: OSError) -> Exception:
@@ -118,6 +160,8 @@ class SyncClient:
         self._decoder = protocol.FrameDecoder()
         self._ids = itertools.count(1)
         self._ready: list[bytes] = []
+        #: descriptors received with responses (``open``), in arrival order
+        self._descriptors = DescriptorStream(sock, MAX_OPEN, MAX_QUEUED_FDS)
         #: mountd's answer to ``hello`` when connected with ``handshake=True``.
         self.hello_info: dict[str, Any] = {}
 
@@ -150,8 +194,9 @@ class SyncClient:
         return client
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection (and any descriptor received that no response claimed)."""
         self._sock.close()
+        self._descriptors.close()
 
     def __enter__(self) -> SyncClient:
         return self
@@ -164,23 +209,53 @@ class SyncClient:
         self._sock.sendall(data)
 
     def receive(self) -> dict[str, Any]:
-        """The next message from mountd."""
+        """The next message from mountd (descriptors that came with it are closed)."""
+        message, fds = self._receive()
+        close_all(fds)
+        return message
+
+    def _receive(self) -> tuple[dict[str, Any], tuple[int, ...]]:
+        """The next message from mountd and the descriptors it carries (the caller's).
+
+        Every message takes its own (its top-level ``fds`` says how many) from the front of
+        the queue of received ones, in order (mountd/rpc/fdpass.py): they came with its
+        first byte, so they are there once the message is complete. A message whose
+        descriptors cannot be matched closes the connection (:class:`ProtocolError`).
+        """
         while not self._ready:
             try:
-                data = self._sock.recv(65536)
+                data, fds = receive_with_fds_blocking(self._sock, 65536, MAX_OPEN)
             except TimeoutError:
                 raise MountdUnavailable(f"mountd at {self.path} did not answer in time") from None
+            except ProtocolError:
+                self.close()  # descriptors lost: the rest cannot be matched to messages
+                raise
             except OSError as exc:
                 raise MountdUnavailable(f"lost the connection to mountd at {self.path}: {exc}") from None
+            self._descriptors.queue(fds)
             if not data:
                 raise MountdUnavailable(f"mountd at {self.path} closed the connection")
             self._ready.extend(self._decoder.feed(data))
-        return protocol.decode_body(self._ready.pop(0))
+        message = protocol.decode_body(self._ready.pop(0))
+        try:
+            return message, self._descriptors.take(protocol.response_fds(message))
+        except ProtocolError:
+            self.close()
+            raise
 
     def call(self, op: str, args: Mapping[str, Any] | None = None, *, progress: ProgressFn | None = None,
              fds: Sequence[int] = ()) -> Any:
         """Send one request (with ``fds`` attached: ops that carry descriptors) and wait for
         its answer; mountd's errors are raised here."""
+        result, received = self.call_with_fds(op, args, progress=progress, fds=fds)
+        close_all(received)  # none expected
+        return result
+
+    def call_with_fds(self, op: str, args: Mapping[str, Any] | None = None, *,
+                      progress: ProgressFn | None = None,
+                      fds: Sequence[int] = ()) -> tuple[Any, tuple[int, ...]]:
+        """:meth:`call`, also giving the descriptors that came with the answer (ops with
+        ``reply_fds``): the caller owns them. An error answer carries none."""
         rid = next(self._ids)
         if fds:
             args = {**(args or {}), "fds": len(fds)}
@@ -193,16 +268,22 @@ class SyncClient:
         except OSError as exc:
             raise MountdUnavailable(f"lost the connection to mountd at {self.path}: {exc}") from None
         while True:
-            message = self.receive()
+            message, received = self._receive()
             if message.get("id") != rid:
+                close_all(received)
                 if message.get("id") is None and message.get("ok") is False:
                     raise protocol.exception_from_payload(message.get("error"))
                 continue  # a late answer to something else: not ours
             if "progress" in message:
+                close_all(received)
                 if progress is not None:
                     progress(message["progress"])
                 continue
-            return _result(message)
+            try:
+                return _result(message), received
+            except BaseException:
+                close_all(received)
+                raise
 
     def notify(self, op: str, args: Mapping[str, Any] | None = None) -> None:
         """Send a request that gets no answer (``hits``, ``prefetch``)."""
@@ -233,6 +314,16 @@ class SyncClient:
     def release(self, hashes: Sequence[bytes]) -> int:
         """Give up leases: this client will not supply these hashes."""
         return self.call("release", {"hashes": [bytes(h).hex() for h in hashes]})["released"]
+
+    def open(self, hashes: Sequence[bytes], dataset: str | None = None,
+             sizes: Sequence[int] | None = None) -> list[Opened]:
+        """Descriptor hand-off: the store files of up to :data:`MAX_OPEN` hashes, opened by
+        mountd (read-only, close-on-exec) and sent in one answer. For each hash, in order,
+        ``(descriptor, size)`` (the caller closes the descriptor) or None: not cached, or
+        cached with another size than ``sizes`` gives (read those through the mount). Each
+        descriptor counts as a hit of ``dataset``: report no hit for it."""
+        result, fds = self.call_with_fds("open", open_args(hashes, dataset, sizes))
+        return _opened(result, fds, hashes)
 
     def stats(self) -> dict[str, Any]:
         return self.call("stats")
@@ -398,6 +489,8 @@ class _Waiter:
     done: trio.Event = field(default_factory=trio.Event)
     message: dict[str, Any] | None = None
     progress: ProgressFn | None = None
+    #: descriptors that came with the answer: the waiting call's to close or hand on
+    fds: tuple[int, ...] = ()
 
 
 @dataclass(eq=False)
@@ -506,25 +599,30 @@ class AsyncClient:
                 raise
 
     async def _reader(self, conn: _Connection) -> None:
-        reader = protocol.ExactReader(conn.stream)
+        # Every answer takes the descriptors it announces from the queue, in order, whoever
+        # waits for it (mountd/rpc/fdpass.py); those nobody waits for are closed at once.
+        descriptors = DescriptorStream(conn.stream.socket, MAX_OPEN, MAX_QUEUED_FDS)
+        reader = protocol.ExactReader(descriptors)
         try:
             while True:
                 message = await reader.read_frame()
                 if message is None:
                     break
+                fds = descriptors.take(protocol.response_fds(message))
                 rid = message.get("id")
                 waiter = conn.waiters.get(rid) if isinstance(rid, int) else None
-                if waiter is None:
-                    continue  # a cancelled request's answer, or an error with id null
-                if "progress" in message:
-                    if waiter.progress is not None:
+                if waiter is None or "progress" in message:
+                    close_all(fds)
+                    if waiter is not None and waiter.progress is not None:
                         waiter.progress(message["progress"])
-                    continue
+                    continue  # else a cancelled request's answer, or an error with id null
                 waiter.message = message
+                waiter.fds = fds
                 waiter.done.set()
         except (ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
+            descriptors.close()
             conn.alive = False
             for waiter in conn.waiters.values():
                 waiter.done.set()  # message None: the connection was lost
@@ -532,21 +630,34 @@ class AsyncClient:
             with trio.CancelScope(shield=True):
                 await conn.stream.aclose()
 
-    async def _call_on(self, conn: _Connection, op: str, args: Mapping[str, Any] | None,
-                       progress: ProgressFn | None, fds: Sequence[int] = ()) -> Any:
+    async def _exchange(self, conn: _Connection, op: str, args: Mapping[str, Any] | None,
+                        progress: ProgressFn | None, fds: Sequence[int] = ()
+                        ) -> tuple[dict[str, Any], tuple[int, ...]]:
+        """Send one request and wait for its answer: the message and the descriptors that
+        came with it (the caller's; closed here if the call ends any other way)."""
         rid = next(self._ids)
         waiter = _Waiter(progress=progress)
         conn.waiters[rid] = waiter
         if fds:
             args = {**(args or {}), "fds": len(fds)}
+        delivered = False
         try:
             await self._send(conn, protocol.encode_frame(protocol.make_request(rid, op, args)), fds)
             await waiter.done.wait()
+            if waiter.message is None:
+                raise _ConnectionLost("mountd closed the connection")
+            delivered = True
+            return waiter.message, waiter.fds
         finally:
             conn.waiters.pop(rid, None)
-        if waiter.message is None:
-            raise _ConnectionLost("mountd closed the connection")
-        return _result(waiter.message)
+            if not delivered:  # cancelled after the answer came, say
+                close_all(waiter.fds)
+
+    async def _call_on(self, conn: _Connection, op: str, args: Mapping[str, Any] | None,
+                       progress: ProgressFn | None, fds: Sequence[int] = ()) -> Any:
+        message, received = await self._exchange(conn, op, args, progress, fds)
+        close_all(received)  # none expected
+        return _result(message)
 
     async def call(self, op: str, args: Mapping[str, Any] | None = None, *,
                    progress: ProgressFn | None = None, fds: Sequence[int] = ()) -> Any:
@@ -555,17 +666,32 @@ class AsyncClient:
         If the connection drops first, an idempotent request is retried once on a new
         connection; otherwise :class:`MountdUnavailable` is raised.
         """
+        result, received = await self.call_with_fds(op, args, progress=progress, fds=fds)
+        close_all(received)  # none expected
+        return result
+
+    async def call_with_fds(self, op: str, args: Mapping[str, Any] | None = None, *,
+                            progress: ProgressFn | None = None,
+                            fds: Sequence[int] = ()) -> tuple[Any, tuple[int, ...]]:
+        """:meth:`call`, also giving the descriptors that came with the answer (ops with
+        ``reply_fds``): the caller owns them. An error answer carries none."""
         operation = protocol.OPERATIONS.get(op)
         attempts = 2 if operation is not None and operation.idempotent else 1
         for attempt in range(attempts):
             conn = await self._connection()
             try:
-                return await self._call_on(conn, op, args, progress, fds)
+                message, received = await self._exchange(conn, op, args, progress, fds)
             except _ConnectionLost as exc:
                 if attempt + 1 == attempts:
                     raise MountdUnavailable(
                         f"lost the connection to mountd at {self.socket_path} during {op}: {exc}"
                     ) from None
+                continue
+            try:
+                return _result(message), received
+            except BaseException:
+                close_all(received)
+                raise
         raise AssertionError("unreachable")
 
     async def notify(self, op: str, args: Mapping[str, Any] | None = None) -> None:
@@ -607,6 +733,15 @@ class AsyncClient:
     async def release(self, hashes: Sequence[bytes]) -> int:
         """Give up leases: this client will not supply these hashes."""
         return (await self.call("release", {"hashes": [bytes(h).hex() for h in hashes]}))["released"]
+
+    async def open(self, hashes: Sequence[bytes], dataset: str | None = None,
+                   sizes: Sequence[int] | None = None) -> list[Opened]:
+        """Descriptor hand-off (:meth:`SyncClient.open`): for each of up to
+        :data:`MAX_OPEN` hashes, ``(descriptor, size)`` of its store file, opened by mountd,
+        or None; the caller closes the descriptors. Each one counts as a hit of ``dataset``.
+        Not retried after a lost connection (mountd may have counted the hits)."""
+        result, fds = await self.call_with_fds("open", open_args(hashes, dataset, sizes))
+        return _opened(result, fds, hashes)
 
     async def prefetch(self, items: Iterable[tuple[bytes, int, Location | Mapping[str, Any]]],
                        dataset: str | None = None, *, wait: bool = True) -> int | None:

@@ -48,8 +48,13 @@ MAX_ITEMS = 100_000
 #: Longest dataset id, mountpoint, URL or key accepted, in characters.
 MAX_TEXT = 4096
 
-#: Most descriptors one request may carry, and one ``recvmsg`` may take.
+#: Most descriptors one request may carry, and one ``recvmsg`` of mountd's may take.
 MAX_FDS = 4
+
+#: Most hashes one ``open`` request may name, so most descriptors one response carries (and
+#: one ``recvmsg`` of a client's may take). The kernel allows 253 per message (SCM_MAX_FD);
+#: 64 keeps the ancillary buffer small and bounds what a client holds open per request.
+MAX_OPEN = 64
 
 @dataclass(frozen=True, slots=True)
 class Operation:
@@ -69,6 +74,10 @@ class Operation:
     #: May carry file descriptors (``SCM_RIGHTS``; the request says how many in ``fds``):
     #: bytes or a digest a client opened with its own rights (mountd/store/supplied.py).
     fds: bool = False
+    #: Its response may carry file descriptors (``SCM_RIGHTS``, attached to the response's
+    #: first byte; the response says how many in its top-level ``fds``): store files mountd
+    #: opened for a client that may not open them itself (descriptor hand-off).
+    reply_fds: bool = False
 
 
 #: Every operation the server knows, declared once (docs/mountd-protocol.md "Operations");
@@ -84,6 +93,8 @@ OPERATIONS: dict[str, Operation] = {
         Operation("register", idempotent=True, fds=True),
         Operation("unregister", idempotent=True),
         Operation("hits", idempotent=False, notification=True),
+        # Not retried: each descriptor handed over counts as a hit, as a ``hits`` report would.
+        Operation("open", idempotent=False, reply_fds=True),
         Operation("evictions", idempotent=False),
         Operation("stats", idempotent=True),
         Operation("usage", idempotent=True),
@@ -371,9 +382,26 @@ def check_list(args: Mapping[str, Any], name: str) -> list[Any]:
 # -- responses and error transport ------------------------------------------------------------
 
 
-def ok_response(rid: RequestId, result: Any) -> dict[str, Any]:
-    """A successful response."""
-    return {"id": rid, "ok": True, "result": result}
+def ok_response(rid: RequestId, result: Any, fds: int = 0) -> dict[str, Any]:
+    """A successful response; ``fds``: how many descriptors are sent with it (ops with
+    ``reply_fds``), said in a top-level ``fds`` field so that a client takes them from its
+    queue of received descriptors whether or not anybody still waits for the answer."""
+    response: dict[str, Any] = {"id": rid, "ok": True, "result": result}
+    if fds:
+        response["fds"] = fds
+    return response
+
+
+def response_fds(message: Mapping[str, Any]) -> int:
+    """How many descriptors came with a response (its ``fds``; 0 if none), for a client.
+
+    Raises :class:`ProtocolError` for a count that is not an integer from 0 to
+    :data:`MAX_OPEN`: the client's descriptors can then no longer be matched to responses.
+    """
+    count = message.get("fds", 0)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_OPEN:
+        raise ProtocolError(f"a response announces {count!r} descriptors")
+    return count
 
 
 def progress_message(rid: RequestId, progress: Any) -> dict[str, Any]:

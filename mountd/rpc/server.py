@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import socket
@@ -36,10 +37,11 @@ from typing import Any
 import trio
 
 from mountd.coop.service import CoopService, info_json
-from mountd.errors import PermissionDenied, ProtocolError
+from mountd.errors import CacheError, PermissionDenied, ProtocolError
 from mountd.rpc import protocol
-from mountd.rpc.fdpass import DescriptorStream, close_all
+from mountd.rpc.fdpass import DescriptorStream, close_all, send_with_fds
 from mountd.rpc.protocol import (
+    MAX_OPEN,
     OPERATIONS,
     PROTOCOL_VERSION,
     Request,
@@ -72,6 +74,9 @@ PROGRESS_INTERVAL = 0.25
 MAX_SOCKET_PATH = 108
 
 _PEERCRED = struct.Struct("3i")  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
+
+#: Errors of a send that mean the client went away.
+_PEER_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF})
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +148,16 @@ def bind_socket(path: str | os.PathLike[str], backlog: int = 128, *, mode: int =
     return trio.socket.from_stdlib_socket(sock)
 
 
+@dataclass(frozen=True, slots=True)
+class WithDescriptors:
+    """A handler's result that travels with descriptors (ops with ``reply_fds``). The server
+    owns them once the handler returns: it sends them with the response (or not, when the
+    client is gone) and always closes its own copies."""
+
+    result: Any
+    fds: list[int]
+
+
 @dataclass(slots=True)
 class MountRecord:
     """A registered mount (or any registered user of a dataset)."""
@@ -178,18 +193,36 @@ class Connection:
     mounts: set[int] = field(default_factory=set)
     closed: bool = False
 
-    async def send(self, message: dict[str, Any]) -> None:
-        """Send one frame; a client that went away is not an error (its answers are dropped)."""
+    async def send(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
+        """Send one frame (with ``fds`` attached to its first byte: the message says how
+        many); a client that went away is not an error (its answers are dropped). The
+        caller still closes ``fds``: the kernel passes copies."""
         try:
             frame = protocol.encode_frame(message)
         except ProtocolError as exc:  # a result too large for a frame: say so instead
             frame = protocol.encode_frame(protocol.error_response(message.get("id"), exc))
+            fds = ()
         if self.closed:
             return
         async with self.send_lock:
             try:
-                await self.stream.send_all(frame)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                if fds:
+                    try:
+                        await send_with_fds(self.stream.socket, frame, fds)
+                    except OSError as exc:
+                        if exc.errno in _PEER_GONE:
+                            raise
+                        # Refused before a byte went (ETOOMANYREFS: too many descriptors in
+                        # flight to readers that do not read): the client must still get an
+                        # answer, or it would wait forever; it reads through its mount.
+                        log.warning("cannot send %d descriptors: %s", len(fds), exc)
+                        frame = protocol.encode_frame(protocol.error_response(message.get("id"), CacheError(
+                            f"mountd could not hand over descriptors ({os.strerror(exc.errno or 0)})")))
+                        await self.stream.send_all(frame)
+                else:
+                    await self.stream.send_all(frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                # OSError: sendmsg on the raw socket (EPIPE, ECONNRESET: the client left).
                 self.closed = True
 
 
@@ -242,6 +275,7 @@ class Server:
             "register": self._op_register,
             "unregister": self._op_unregister,
             "hits": self._op_hits,
+            "open": self._op_open,
             "evictions": self._op_evictions,
             "stats": self._op_stats,
             "usage": self._op_usage,
@@ -347,6 +381,7 @@ class Server:
     async def _run_request(self, conn: Connection, request: Request) -> None:
         user = self.users[conn.peer.uid]
         user.requests += 1
+        reply_fds: list[int] = []
         try:
             try:
                 if OPERATIONS[request.op].admin and not conn.admin:
@@ -356,7 +391,9 @@ class Server:
                         f"the caller is uid {conn.peer.uid}"
                     )
                 result = await self.handlers[request.op](conn, request)
-                response = protocol.ok_response(request.id, result)
+                if isinstance(result, WithDescriptors):
+                    result, reply_fds = result.result, result.fds
+                response = protocol.ok_response(request.id, result, len(reply_fds))
             except QuiverError as exc:
                 if isinstance(exc, ProtocolError):
                     self.protocol_errors += 1
@@ -366,11 +403,12 @@ class Server:
                 response = protocol.error_response(request.id, exc)
             self.requests_served += 1
             if request.wants_response:
-                await conn.send(response)
+                await conn.send(response, reply_fds)
             elif not response["ok"]:
                 log.warning("notification %s failed: %s", request.op, response["error"]["message"])
         finally:
             close_all(request.fds)  # handlers dup what they keep
+            close_all(reply_fds)  # sent (the client has its own copies), or the client is gone
             conn.slots.release()
         if request.op == "shutdown" and response["ok"]:
             self.shutdown.set()
@@ -465,6 +503,37 @@ class Server:
         user.reported_hits += len(hashes)
         user.reported_hit_bytes += nbytes
         return {"recorded": len(hashes)}
+
+    async def _op_open(self, conn: Connection, request: Request) -> WithDescriptors:
+        """Descriptor hand-off: the store files of cached hashes, opened by mountd for a
+        client that may not open them itself (a private store). Anyone connected may ask: a
+        hash is the capability to its content (DESIGN.md "Many users, one cache"), and only
+        hashes the store holds, verified, are ever opened."""
+        args = request.args
+        unknown = set(args) - {"dataset", "hashes", "sizes"}
+        if unknown:
+            raise ProtocolError(f"unknown arguments of open: {', '.join(sorted(unknown))[:200]}")
+        dataset = check_text(args, "dataset", optional=True)
+        raw = check_list(args, "hashes")
+        if len(raw) > MAX_OPEN:
+            raise ProtocolError(f"open takes at most {MAX_OPEN} hashes per request, not {len(raw)}")
+        hashes = [check_hash(h) for h in raw]
+        sizes: list[int | None] = [None] * len(hashes)
+        if args.get("sizes") is not None:
+            given = check_list(args, "sizes")
+            if len(given) != len(hashes):
+                raise ProtocolError("'sizes' must give one size per hash")
+            sizes = [check_int({"size": v}, "size") for v in given]
+        if conn.descriptors is None:
+            raise ProtocolError("this connection cannot carry descriptors")
+        opened = self.cache.open_cached(hashes, sizes, dataset)
+        fds = [item[0] for item in opened if item is not None]
+        user = self.users[conn.peer.uid]
+        user.opens += 1
+        user.opened += len(fds)
+        user.reported_hits += len(fds)
+        user.reported_hit_bytes += sum(item[1] for item in opened if item is not None)
+        return WithDescriptors({"sizes": [None if item is None else item[1] for item in opened]}, fds)
 
     async def _op_evictions(self, conn: Connection, request: Request) -> dict[str, Any]:
         seq = None if request.args.get("since") is None else check_int(request.args, "since")

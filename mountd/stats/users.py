@@ -23,9 +23,13 @@ class UserCounters:
     #: Fills from bytes this user supplied (read with its own rights), and their bytes.
     supplied: int = 0
     supplied_bytes: int = 0
-    #: Hits its mounts served straight from the store and reported (``hits``).
+    #: Hits its mounts and loaders served straight from the store and reported (``hits``),
+    #: and the store files mountd opened for it (``open``: a descriptor handed over is a hit).
     reported_hits: int = 0
     reported_hit_bytes: int = 0
+    #: ``open`` requests (descriptor hand-off), and the descriptors handed over to it.
+    opens: int = 0
+    opened: int = 0
     #: Requests refused for lack of rights (admin ops, a digest it could not open).
     refused: int = 0
 

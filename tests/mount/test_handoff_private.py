@@ -1,0 +1,159 @@
+"""A private store (``mountd --private-store --shared``, run by root) read by another user's
+loader through descriptor hand-off: a real throwaway user, its own real mount.
+
+The user may not open store files (``EACCES``), and its mount cannot serve their bytes
+either (it opens store files too: ``EIO``); the direct loader notices the store is closed to
+it and asks mountd for the descriptors, one request per batch. So every byte the user gets
+here came by hand-off, and mountd counts each file as one hit of the dataset and of the
+user's uid.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from digests.digest import Digest
+from mountd.rpc.client import SyncClient
+from mountd.store import layout
+from quiverfs.direct import DirectReader
+from quiverfs.testing.sample_data import generate_images, write_tree
+from quiverfs.testing.users import (
+    LocalUser,
+    LocalUsers,
+    interpreter_reachable,
+    run_as,
+    spawn_as,
+    stop,
+)
+from tests.mount.conftest import (
+    REPO,
+    MountdProcess,
+    build_digest,
+    force_unmount,
+    is_mounted,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.mount, pytest.mark.usefixtures("fuse")]
+
+torch = pytest.importorskip("torch")
+
+from quiverfs.torch import DirectDataset  # noqa: E402
+
+if os.geteuid() != 0:
+    pytest.skip("creates local users and changes uids: needs root", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def dev_fuse_for_users() -> Iterator[None]:
+    """/dev/fuse as distributions make it (0666), so that the user can mount."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
+@pytest.fixture(scope="module")
+def world(dev_fuse_for_users: None, local_users: LocalUsers) -> Iterator[dict]:
+    work = Path(tempfile.mkdtemp(prefix="quiverfs-handoff-private-"))
+    work.chmod(0o711)
+    user = local_users.user("qfs_test_reader")
+    home = work / "home"
+    home.mkdir()
+    os.chown(home, user.uid, user.gid)
+    source = work / "source"
+    write_tree(source, generate_images(n_classes=2, per_class=6, size=24))
+    digest = work / "images.qd"
+    dataset = build_digest(source, digest)
+    digest.chmod(0o644)
+    cache = work / "cache"
+    mountd = MountdProcess(cache, "1G", "--private-store", "--shared").start()
+    mountpoint = work / "mnt"
+    mountpoint.mkdir()
+    os.chown(mountpoint, user.uid, user.gid)
+    mount = None
+    try:
+        with Digest.open(digest) as d, SyncClient.connect(cache) as client:  # root fills
+            files = {entry.path: (entry.hash, entry.size) for entry in d.iter_files()}
+            for entry in d.iter_files():
+                client.ensure(entry.hash, entry.size, entry.location, dataset)
+        with interpreter_reachable(REPO):
+            log = work / "mount.log"
+            mount = spawn_as(user, home, ["mount", "--foreground", "--cache-dir", str(cache),
+                                          str(digest), str(mountpoint)], log)
+            wait_for(lambda: is_mounted(mountpoint), "the user's mount",
+                     alive=lambda: None if mount.poll() is None else log.read_text()[-2000:])
+            yield {"user": user, "cache": cache, "mnt": mountpoint, "source": source,
+                   "dataset": dataset, "files": files}
+    finally:
+        force_unmount(mountpoint)
+        if mount is not None:
+            stop(mount)
+        mountd.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_another_user_reads_a_private_store_by_hand_off_only(world: dict) -> None:
+    user: LocalUser = world["user"]
+    rels = sorted(world["files"])
+    paths = [os.fspath(world["mnt"] / rel) for rel in rels]
+    store_files = [os.fspath(layout.store_path(world["cache"], world["files"][rel][0])) for rel in rels]
+    cache, dataset = world["cache"], world["dataset"]
+
+    def as_user() -> dict:
+        def counters() -> dict:
+            with SyncClient.connect(cache) as client:
+                stats = client.stats()
+                access = client.hello_info["store_access"]
+            mine = stats["users"].get(str(os.getuid()), {})
+            return {"access": access, "hits": stats["counters"]["datasets"][dataset]["hits"],
+                    "opens": mine.get("opens", 0), "opened": mine.get("opened", 0)}
+
+        def failure(path: str) -> str:
+            try:
+                with open(path, "rb") as f:
+                    f.read()
+            except OSError as exc:
+                return errno.errorcode[exc.errno]
+            return "read"
+
+        reader = DirectReader()  # nothing forced: it finds out the store is closed to it
+        before = counters()
+        batch = reader.open_many(paths)
+        got = []
+        for f in batch:
+            with f:
+                got.append(sha(f.read()))
+        items = DirectDataset(paths, decode=lambda f: f.read(), reader=reader).__getitems__(list(range(len(paths))))
+        one = reader.read(paths[0])
+        after = counters()
+        return {"got": got, "items": [sha(i) for i in items], "one": sha(one), "counts": reader.counts(),
+                "before": before, "after": after,
+                "store": failure(store_files[0]), "mount": failure(paths[0])}
+
+    result = run_as(user, as_user)
+    want = [sha((world["source"] / rel).read_bytes()) for rel in rels]
+    assert result["got"] == result["items"] == want and result["one"] == want[0]
+    assert result["counts"] == {"store": 2 * len(rels) + 1, "mount": 0, "elsewhere": 0}
+    before, after = result["before"], result["after"]
+    assert before["access"] == "private"
+    assert (after["opens"] - before["opens"], after["opened"] - before["opened"]) == (3, 2 * len(rels) + 1)
+    assert after["hits"] - before["hits"] == 2 * len(rels) + 1
+    # The only way it had: the store file is closed to it, and so is its mount's hit path.
+    assert result["store"] == "EACCES"
+    assert result["mount"] == "EIO"
+
