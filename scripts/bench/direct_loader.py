@@ -17,6 +17,9 @@ mount (harness/world.py's ``World``). Each round measures, in one run:
   - *direct, hits not reported*: the same with ``DirectReader(report=False)``: what the
     reads cost without mountd's share (mountd spends ~1–2 µs of CPU on each reported hit, on
     the same two cores);
+  - *direct, hand-off*: ``DirectReader(handoff=True).open_many`` in batches of 64: mountd
+    opens the store files and passes their descriptors (``SCM_RIGHTS``, one request per
+    batch), what a ``--private-store`` costs (docs/shim.md "Hand-off");
   - *mount, cold*: the first pass through the mount after every file was evicted (misses,
     filled by mountd from the ``file://`` bucket), once;
   - *mount, second pass*: the same files again, the kernel keeping their pages;
@@ -80,16 +83,26 @@ def _direct(paths: list[str], reader) -> int:
     return total
 
 
+def _handed_over(paths: list[str], reader) -> int:
+    total = 0
+    for start in range(0, len(paths), BATCH):
+        for f in reader.open_many(paths[start:start + BATCH]):
+            with f:
+                total += len(f.read())
+    return total
+
+
 def _reader(kind: str, paths: list[str], repeat: int, barrier, results) -> None:
     from quiverfs.direct import DirectReader
 
-    reader = DirectReader(report=kind != "unreported")
+    reader = DirectReader(report=kind != "unreported", handoff=kind == "handoff")
     if kind != "plain":
         reader.prepare(os.path.dirname(paths[0]))  # find the mount, open the digest: untimed
     barrier.wait()
     start = time.perf_counter()
     if kind != "plain":
-        total = sum(_direct(paths, reader) for _ in range(repeat))
+        read = _handed_over if kind == "handoff" else _direct
+        total = sum(read(paths, reader) for _ in range(repeat))
         if reader.counts()["store"] != len(paths) * repeat:
             raise SystemExit(f"direct: only {reader.counts()} of {len(paths) * repeat} from the store")
         reader.close()  # the last hits reported, and answered, inside the timed span
@@ -249,6 +262,7 @@ def main() -> None:
                              / (args.files * args.repeat) * 1e6)
             record("direct loader, hits not reported",
                    read_pass("unreported", mount_paths, args.readers, args.repeat))
+            record("direct loader, hand-off", read_pass("handoff", mount_paths, args.readers, args.repeat))
             record("DataLoader, mount (warm store)",
                    loader_pass(folder, args.files, args.workers, args.epochs,
                                lambda: drop_pages(mount_paths)))
@@ -261,7 +275,7 @@ def main() -> None:
           f"DataLoader with {args.workers} workers, {os.cpu_count()} CPUs, best of {args.rounds} rounds")
     print(f"{'measure':<36}{'files/s':>10}{'÷ plain':>9}{'÷ direct':>10}")
     for name in ("plain store files", "direct loader", "direct loader, hits not reported",
-                 "mount, cold (misses)", "mount, warm store", "mount, second pass"):
+                 "direct loader, hand-off", "mount, cold (misses)", "mount, warm store", "mount, second pass"):
         print(f"{name:<36}{best[name]:>10,.0f}{best[name] / plain:>9.3f}{best[name] / direct:>10.3f}")
     verdict = "PASS" if direct / plain >= TARGET else "FAIL"
     print(f"direct ÷ plain = {direct / plain:.3f} (target >= {TARGET}): {verdict}")
