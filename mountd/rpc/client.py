@@ -392,6 +392,13 @@ def probe(cache_dir: str | os.PathLike[str] | None = None, timeout: float = CONN
         return None
 
 
+def _owner_of(path: Path) -> str:
+    try:
+        return str(path.stat().st_uid)
+    except OSError:
+        return "?"
+
+
 @contextmanager
 def _start_lock(cache_dir: Path, deadline: float) -> Any:
     fd = os.open(cache_dir / START_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -444,7 +451,18 @@ def ensure_running(
     if info is not None:
         return info
     deadline = time.monotonic() + timeout
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "not writable", os.fspath(directory))
+    except PermissionError:
+        # Another user's cache dir (a shared mountd's, docs/operations.md "Security"): a
+        # mountd of ours cannot serve it, and starting one would only fail later.
+        raise MountdUnavailable(
+            f"no mountd is serving {directory}, and uid {os.geteuid()} may not start one "
+            f"there (it belongs to uid {_owner_of(directory)}): start the machine's shared "
+            f"mountd (docs/operations.md), or pass a --cache-dir of your own"
+        ) from None
     with _start_lock(directory, deadline):
         info = probe(directory)  # someone may have started it while we waited for the lock
         if info is not None:

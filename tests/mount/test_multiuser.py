@@ -256,3 +256,23 @@ def test_other_users_cannot_run_admin_operations_and_stats_are_per_uid(world: di
         assert admin.usage()["entries"] >= 4  # nothing was evicted
         users = admin.stats()["users"]
     assert users[str(b.uid)]["refused"] >= 3
+
+
+def test_a_users_mount_says_so_in_one_line_when_the_shared_mountd_is_down(world: dict):
+    """Root's cache dir with no mountd serving it: the user's mount cannot start one there
+    (the dir is root's), and says so plainly instead of a traceback."""
+    b = world["b"]
+    cache = world["work"] / "cache-down"
+    MountdProcess(cache, "1G", "--shared").start().stop()  # root's store, nobody serving it
+    mnt = world["work"] / "b-no-mountd"
+    mnt.mkdir()
+    os.chown(mnt, b.uid, b.gid)
+    log = world["work"] / "b-no-mountd.log"
+    proc = quiverfs_as(world, b, ["mount", "--foreground", "--cache-dir", str(cache),
+                                  str(world["b_view"]), str(mnt)], log)
+    assert exit_status(proc, 60) not in (None, 0)
+    assert not is_mounted(mnt)
+    text = log.read_text()
+    assert "Traceback" not in text and "internal error" not in text, text
+    assert f"no mountd is serving {cache}, and uid {b.uid} may not start one there" in text, text
+    assert not (cache / "mountd.log").exists() or os.stat(cache / "mountd.log").st_uid == 0
