@@ -192,13 +192,18 @@ class QuiverOperations:
 
     # -- hit reports -----------------------------------------------------------------------
 
-    def add_hits(self, message: bytes) -> None:
-        """Queue a worker's hit report (``u64 bytes``, then a hash + inode record per file)."""
+    def add_hits(self, message: bytes, *, report: bool = True) -> None:
+        """Queue a worker's hit report (``u64 bytes``, then a hash + inode record per file).
+
+        ``report=False``: files whose descriptor mountd handed over (it counted those hits
+        itself): remembered for eviction notices and read-ahead, not reported to mountd."""
         (nbytes,) = struct.unpack_from("<Q", message)
-        self._pending_bytes += nbytes
+        if report:
+            self._pending_bytes += nbytes
         readahead = self.readahead
         for content_hash, inode in HIT_RECORD.iter_unpack(message[8:]):
-            self._pending_hashes.append(content_hash)
+            if report:
+                self._pending_hashes.append(content_hash)
             self._served_from(content_hash, inode)
             if readahead is not None and readahead.sequential:
                 self._read_ahead(readahead.reported(inode))
@@ -293,7 +298,9 @@ class QuiverOperations:
                     hit = False  # fetched for a later READ of this very read of the file
                 self._served_from(entry.hash, inode)
                 reads.first_read(hit)
-                if hit:  # reported to mountd like a worker's hits (the pyfuse3 front end's every hit)
+                # Reported to mountd like a worker's hits (the pyfuse3 front end's every hit),
+                # unless mountd handed the descriptor over: it counted that hit itself.
+                if hit and not reads.handed(inode):
                     self._pending_hashes.append(entry.hash)
                     self._pending_bytes += entry.size
             elif not hit:

@@ -22,7 +22,8 @@ answered ENOSYS for the same reason, and IOCTL with ENOTTY (Python's ``open()`` 
 whether every file is a terminal).
 
 Counters live in a shared memory block, one slot per process (quiverfs/reads.py); hit
-reports for mountd are batched and sent to the main process every :data:`FLUSH_INTERVAL`, and
+reports for mountd are batched and sent to the main process every :data:`FLUSH_INTERVAL` (files
+mountd handed over, which it counted already, go as :data:`SERVED`, not as hits), and
 kept store files that mountd evicted are closed as often (both from a timer signal, which is
 also what interrupts a worker blocked in ``read`` while the mount is idle).
 
@@ -60,6 +61,7 @@ FLUSH_BATCH = 512
 #: Message kinds on the socket between workers and the main process.
 FORWARD = b"Q"  # a raw request for the main process to answer
 HITS = b"H"  # u64 bytes, then one record per file read from the store: 32-byte hash, u64 inode
+SERVED = b"S"  # as HITS, for files whose descriptor mountd handed over: it counted them as hits
 HIT_RECORD = struct.Struct("<32sQ")
 
 _UNIQUE = struct.Struct("<Q")  # a request's unique id, at offset 8 of its header
@@ -78,6 +80,8 @@ class Worker:
         self.in_flight = in_flight  # see SharedCounters.in_flight (quiverfs/reads.py)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._served: list[bytes] = []  # records of handed-over files (SERVED)
+        self._served_bytes = 0
         self._in_read = False
         self._tick_due = False
 
@@ -132,12 +136,18 @@ class Worker:
     def flush(self) -> None:
         """Send the pending hit reports to the main process."""
         self._tick_due = False
-        if not self._pending:
-            return
-        records, nbytes = self._pending, self._pending_bytes
-        self._pending, self._pending_bytes = [], 0
+        if self._pending:
+            records, nbytes = self._pending, self._pending_bytes
+            self._pending, self._pending_bytes = [], 0
+            self._send(HITS, records, nbytes)
+        if self._served:
+            records, nbytes = self._served, self._served_bytes
+            self._served, self._served_bytes = [], 0
+            self._send(SERVED, records, nbytes)
+
+    def _send(self, kind: bytes, records: list[bytes], nbytes: int) -> None:
         try:
-            self.main.send(HITS + struct.pack("<Q", nbytes) + b"".join(records))
+            self.main.send(kind + struct.pack("<Q", nbytes) + b"".join(records))
         except OSError as exc:
             log.debug("dropped %d hit reports: %s", len(records), exc)
 
@@ -204,9 +214,13 @@ class Worker:
                 return w.error(unique, errno.EIO)  # counted and logged by reads.open
             if offset == 0:
                 reads.first_read(hit=True)
-                self._pending.append(HIT_RECORD.pack(entry.hash, inode))
-                self._pending_bytes += entry.size
-                if len(self._pending) >= FLUSH_BATCH:
+                if reads.handed(inode):  # mountd counted it when it handed it over
+                    self._served.append(HIT_RECORD.pack(entry.hash, inode))
+                    self._served_bytes += entry.size
+                else:
+                    self._pending.append(HIT_RECORD.pack(entry.hash, inode))
+                    self._pending_bytes += entry.size
+                if len(self._pending) + len(self._served) >= FLUSH_BATCH:
                     self._tick_due = True
         try:
             data = reads.read(inode, fd, offset, size)

@@ -567,6 +567,8 @@ async def _serve_forwarded(ops, sock, pool: WorkerPool) -> None:
             kind, body = message[:1], message[1:]
             if kind == fuse_worker.HITS:
                 ops.add_hits(body)
+            elif kind == fuse_worker.SERVED:
+                ops.add_hits(body, report=False)
             elif kind == fuse_worker.FORWARD:
                 channel = pool.channel_of(_sender(ancillary))
                 if channel is not None:  # else its worker died, and the request with it

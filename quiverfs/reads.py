@@ -17,6 +17,14 @@ so what a READ does to the disk and to the counters is written once:
   being read), and :meth:`StoreReads.sweep` closes every kept file that has left the store
   (``st_nlink`` 0), which each process runs on its periodic timer. A READ that then needs a
   closed file reopens it from the store, or finds it gone (a miss, fetched again).
+* **A store closed to this process is read by hand-off.** With ``mountd --private-store``
+  only mountd's user may open store files; another user's mount gets ``EACCES``. Then
+  :meth:`StoreReads.open` asks mountd for the descriptor (the ``open`` operation, through one
+  :class:`~quiverfs.handoff.HandOff` per process, quiverfs/handoff.py) and goes on with it as
+  with a store file it opened (size check, kept). mountd counts a descriptor it hands over as
+  a hit of the dataset, so such a file is not reported to mountd again
+  (:meth:`StoreReads.handed`); the mount's own counters count it as any hit. What mountd does
+  not hand over (not cached) is a miss, fetched through mountd and then handed over.
 * **Counters** (:data:`COUNTERS`) live in shared memory, one slot per process (a single writer
   each), so the main process can sum them at any time (``user.quiver.stats``).
 """
@@ -32,6 +40,7 @@ from dataclasses import dataclass
 
 from digests.digest import FileEntry
 from quiverfs.errors import CorruptObject
+from quiverfs.handoff import HandOff
 from quiverfs.tree import Tree
 
 log = logging.getLogger("quiverfs.reads")
@@ -85,6 +94,7 @@ class _Kept:
     fd: int
     hash: bytes
     size: int
+    handed: bool = False  #: handed over by mountd, which counted it as a hit
 
 
 class StoreReads:
@@ -103,6 +113,9 @@ class StoreReads:
         #: inode -> kept store file, oldest first
         self._kept: dict[int, _Kept] = {}
         self._kept_bytes = 0
+        #: asks mountd for the descriptors of a store closed to this process; made at the
+        #: first ``EACCES`` (after a worker's fork: its connections are its own)
+        self._handoff: HandOff | None = None
 
     # -- descriptors ----------------------------------------------------------------------------
 
@@ -115,19 +128,43 @@ class StoreReads:
         """inode -> descriptor of every kept file, oldest first (for tests and reports)."""
         return {inode: kept.fd for inode, kept in self._kept.items()}
 
+    def handed(self, inode: int) -> bool:
+        """Whether ``inode``'s kept descriptor was handed over by mountd, which counted it as
+        a hit of the dataset already: the caller must not report that read to mountd again."""
+        kept = self._kept.get(inode)
+        return kept is not None and kept.handed
+
     def open(self, entry: FileEntry, path: str | None = None) -> int:
         """Open ``entry``'s store file (or ``path``, the store file mountd named), check its
         size, and keep it open for the READs that follow; its descriptor.
 
-        Raises :class:`FileNotFoundError` when the store lacks the content (a miss),
-        :class:`CorruptObject` when the store file's size is not the entry's (the caller logs
-        it: the worker forwards the READ so that the main process logs it once), and other
-        :class:`OSError`\\ s (counted as errors and logged here).
+        When this process may not open the store (``EACCES``: a private store), mountd is
+        asked to hand the descriptor over (see the module docstring, and :meth:`handed`).
+
+        Raises :class:`FileNotFoundError` when the store lacks the content (a miss; on a
+        closed store: mountd did not hand it over), :class:`CorruptObject` when the store
+        file's size is not the entry's (the caller logs it: the worker forwards the READ so
+        that the main process logs it once), and other :class:`OSError`\\ s (counted as errors
+        and logged here; a ``PermissionError`` when mountd does not hand over the file it has
+        just named in ``path``).
         """
+        handed = False
         try:
             fd = os.open(path or self.tree.store_path(entry.hash), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise
+        except PermissionError as exc:
+            got = self._hand_off(entry)
+            if got is None:
+                if path is None:
+                    # A closed store hides misses behind EACCES: mountd did not have it (or
+                    # did not answer), so fetch it through mountd, then ask again.
+                    raise FileNotFoundError(exc.errno, exc.strerror, exc.filename) from exc
+                self.counters[ERRORS] += 1
+                log.warning("cannot open the store file of %s, and mountd did not hand it "
+                            "over: %s", entry.path, exc)
+                raise
+            fd, handed = got, True
         except OSError as exc:
             self.counters[ERRORS] += 1
             log.warning("cannot open the store file of %s: %s", entry.path, exc)
@@ -144,8 +181,22 @@ class StoreReads:
             raise CorruptObject(
                 f"the digest gives {entry.path} {entry.size} bytes but its content "
                 f"{entry.hash.hex()} has {size}: the digest is damaged")
-        self._keep(entry.id, _Kept(fd, entry.hash, size))
+        self._keep(entry.id, _Kept(fd, entry.hash, size, handed))
         return fd
+
+    def _hand_off(self, entry: FileEntry) -> int | None:
+        """The descriptor of ``entry``'s store file, opened by mountd (counted there as a hit
+        of the dataset), or None: not cached, another size, or mountd not answering.
+
+        A blocking request to the local mountd (one per file; the main process makes it from
+        its trio thread, as it makes this process's other store opens)."""
+        handoff = self._handoff
+        if handoff is None:
+            log.info("this process may not open the store of %s: asking mountd for the "
+                     "descriptors of its files (hand-off)", self.tree.cache_dir)
+            handoff = self._handoff = HandOff(self.tree.cache_dir)
+        (got,) = handoff.open([entry.hash], [entry.size], self.tree.digest.dataset_id)
+        return None if got is None else got[0]
 
     def _keep(self, inode: int, kept: _Kept) -> None:
         self._close(inode)
@@ -188,9 +239,11 @@ class StoreReads:
         return len(gone)
 
     def close(self) -> None:
-        """Close every kept file."""
+        """Close every kept file (and the connections to mountd that hand-off made)."""
         for inode in list(self._kept):
             self._close(inode)
+        if self._handoff is not None:
+            self._handoff.close()
 
     # -- reading and counting ---------------------------------------------------------------------
 
