@@ -58,8 +58,11 @@ class HandOff:
     cache; it is asked again :data:`RETRY_SECONDS` later.
     """
 
-    def __init__(self, cache_dir: str) -> None:
+    def __init__(self, cache_dir: str, reader: str = "direct reads",
+                 fallback: str = "reading through the mount") -> None:
         self.cache_dir = cache_dir
+        #: who asks and what it does meanwhile, for the one warning when mountd does not answer
+        self._reader, self._fallback = reader, fallback
         self._local = threading.local()
         self._lock = threading.Lock()
         self._clients: list[SyncClient] = []
@@ -119,8 +122,8 @@ class HandOff:
     def _failed(self, exc: BaseException) -> None:
         if not self._warned:
             self._warned = True
-            log.warning("direct reads: mountd of %s does not hand over descriptors (%s); "
-                        "reading through the mount meanwhile", self.cache_dir, exc)
+            log.warning("%s: mountd of %s does not hand over descriptors (%s); %s meanwhile",
+                        self._reader, self.cache_dir, exc, self._fallback)
         self._retry_at = time.monotonic() + RETRY_SECONDS
         client = getattr(self._local, "client", None)
         if client is not None:

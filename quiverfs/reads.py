@@ -194,7 +194,8 @@ class StoreReads:
         if handoff is None:
             log.info("this process may not open the store of %s: asking mountd for the "
                      "descriptors of its files (hand-off)", self.tree.cache_dir)
-            handoff = self._handoff = HandOff(self.tree.cache_dir)
+            handoff = self._handoff = HandOff(self.tree.cache_dir, "the mount's store reads",
+                                              "fetching them through mountd")
         (got,) = handoff.open([entry.hash], [entry.size], self.tree.digest.dataset_id)
         return None if got is None else got[0]
 
