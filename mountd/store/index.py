@@ -100,8 +100,9 @@ CREATE TABLE IF NOT EXISTS owners (
                                         --   entry it finds used since, quota.py), or a newer
                                         --   stamp for an entry it found pinned
 ) WITHOUT ROWID;
--- The quota's eviction walks one uid's entries by stamp, oldest first.
-CREATE INDEX IF NOT EXISTS owners_queue ON owners (uid, stamp);
+-- The quota's eviction walks one uid's entries by stamp, oldest first; with size, the index
+-- also covers the per-uid totals read at open (a scan of it, no table lookups).
+CREATE INDEX IF NOT EXISTS owners_queue ON owners (uid, stamp, size);
 
 -- Datasets registered by the serving side (for usage reports); a dataset may have refs
 -- without being registered (e.g. after unregister_dataset, until its content is evicted).
