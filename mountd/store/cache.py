@@ -3,7 +3,8 @@
 :class:`Cache` ties the pieces together: the directory lock, recovery on open
 (:mod:`mountd.store.recovery`), the index (:mod:`mountd.store.index`), single-flight fills
 (:mod:`mountd.store.fill`) under the shared remote limits (:mod:`mountd.store.limits`), space accounting
-with a pluggable eviction policy (:mod:`mountd.store.policy`), scrub and counters.
+with a pluggable eviction policy (:mod:`mountd.store.policy`) and a per-user quota
+(:mod:`mountd.store.quota`), scrub and counters.
 
 Lifetime (one nursery owns it)::
 

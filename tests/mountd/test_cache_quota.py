@@ -316,3 +316,21 @@ async def test_a_fill_waits_for_the_users_own_fills_in_flight_then_evicts_them(
         assert charged(cache, A) == (1, 100_000)
         assert cache.charges.snapshot()[A]["quota_evicted_files"] == 1
         assert backends.gets() == 2
+
+
+async def test_an_index_from_before_quotas_is_kept_and_charges_nobody(
+    tmp_path: Path, source: Source, backends: Backends
+):
+    old, new = source.many(3, 1000, "old"), source.add("new", os.urandom(1000))
+    cache_dir = tmp_path / "c"
+    async with running(config(cache_dir), backends) as cache:
+        for o in old:
+            await cache.ensure(o.hash, o.size, o.location, "ds", uid=A)
+    with sqlite3.connect(layout.index_path(cache_dir)) as db:  # as an older quiverfs left it
+        db.execute("DROP TABLE owners")
+    async with running(config(cache_dir, user_quota=1000), backends) as cache:
+        assert not cache.recovery.index_rebuilt and not cache.recovery.reconciled
+        assert cache.entries == 3 and cache.charges.snapshot() == {}
+        await cache.ensure(new.hash, new.size, new.location, "ds", uid=A)
+        assert cached(cache, [*old, new]) == [True] * 4 and charged(cache, A) == (1, 1000)
+    assert owners_on_disk(cache_dir) == {new.hash: A}
