@@ -94,11 +94,12 @@ CREATE TABLE IF NOT EXISTS owners (
     uid   INTEGER NOT NULL,             -- the uid charged (SO_PEERCRED of the request); >= 0
     size  INTEGER NOT NULL,             -- entries.size (the content fixes it), so the per-uid
                                         --   totals are one scan of this table at open
-    stamp INTEGER NOT NULL              -- this uid's eviction queue key: an entries.last_use
-                                        --   value <= the entry's current last_use (hits move
-                                        --   last_use only; the quota's eviction re-queues an
-                                        --   entry it finds used since, quota.py), or a newer
-                                        --   stamp for an entry it found pinned
+    stamp INTEGER NOT NULL              -- this uid's eviction queue key: a last-use stamp
+                                        --   <= the entry's current last use (hits move only
+                                        --   that: last_use, or a hit's stamp in memory; the
+                                        --   quota's eviction re-queues an entry it finds used
+                                        --   since, quota.py), or a newer stamp for an entry
+                                        --   it found pinned
 ) WITHOUT ROWID;
 -- The quota's eviction walks one uid's entries by stamp, oldest first; with size, the index
 -- also covers the per-uid totals read at open (a scan of it, no table lookups).
@@ -684,14 +685,18 @@ class Index:
                     ) -> list[tuple[bytes, int, int, int, int]]:
         """Up to ``limit`` of the entries charged to ``uid`` after the ``(stamp, hash)`` cursor
         ``after``, by stamp: ``(hash, size, stamp, last_use, pinned)`` each (an index range
-        on ``owners_queue``: a page costs its rows, whatever the uid holds)."""
+        on ``owners_queue``: a page costs its rows, whatever the uid holds). ``last_use``
+        counts the hits whose recency is still in memory (:meth:`touch`)."""
         stamp, hash = after
-        return self.conn.execute(
+        rows = self.conn.execute(
             "SELECT o.hash, o.size, o.stamp, e.last_use, e.pinned FROM owners o "
             "JOIN entries e ON e.hash = o.hash "
             "WHERE o.uid = ? AND (o.stamp, o.hash) > (?, ?) ORDER BY o.stamp, o.hash LIMIT ?",
             (uid, stamp, hash, limit),
         ).fetchall()
+        touched = self._touched
+        return [(h, size, queued, max(used, touched[h][0]) if h in touched else used, pinned)
+                for h, size, queued, used, pinned in rows]
 
     def requeue(self, stamps: Sequence[tuple[int, bytes]]) -> None:
         """Give owners rows new queue stamps: ``(stamp, hash)`` each."""

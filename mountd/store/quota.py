@@ -139,12 +139,13 @@ def owned_victims(index: Index, uid: int, page: int = FIRST_PAGE) -> Iterator[tu
 
     Each uid's entries form a queue in the index (``owners`` by ``stamp``), whose stamps are
     lazily updated last-use times: a stamp is set to the entry's ``last_use`` when it is
-    stored, and hits move only ``last_use`` (so this costs the hit path nothing). Since a
-    stamp is never newer than its entry's last use, the head of the queue is the least
-    recently used entry of the uid once its stamp equals its last use. Walking the queue, an
-    entry used since it was queued is re-queued at its last use (a heap merges it back in, in
-    order, if the walk gets that far), and a pinned one behind everything (as if used now)
-    and skipped. A walk reads each row once, in pages that start at ``page`` rows (a fill
+    stored, and hits move only the entry's last use (``entries.last_use``, or the stamp of a
+    hit the index still holds in memory: :meth:`Index.touch`), so the queue costs the hit
+    path nothing. Since a stamp is never newer than its entry's last use, the head of the
+    queue is the least recently used entry of the uid once its stamp equals its last use.
+    Walking the queue, an entry used since it was queued is re-queued at its last use (a
+    heap merges it back in, in order, if the walk gets that far), and a pinned one behind
+    everything (as if used now) and skipped. A walk reads each row once, in pages that start at ``page`` rows (a fill
     usually needs one victim) and double; each hit costs at most one re-queue. The re-queues
     are written once, when the walk ends or is closed (use :func:`contextlib.closing`): they
     only spare later walks the same work, so losing them is harmless.
