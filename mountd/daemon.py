@@ -210,8 +210,9 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
         if handle_signals:
             nursery.start_soon(_watch_signals, server.shutdown)
-        log.info("mountd %d ready: cache %s (%s store), socket %s (%s)", os.getpid(), cache_dir,
-                 config.cache.store_modes.name, socket_path, config.socket.describe())
+        log.info("mountd %d ready: cache %s (%s store), socket %s (%s), user quota %s", os.getpid(),
+                 cache_dir, config.cache.store_modes.name, socket_path, config.socket.describe(),
+                 "none" if config.cache.user_quota is None else f"{config.cache.user_quota} bytes")
         task_status.started(Running(server, socket_path, metrics_port))
         await server.shutdown.wait()
         nursery.cancel_scope.cancel()

@@ -46,6 +46,13 @@ class CacheFull(CacheError):
     errno = _errno.ENOSPC
 
 
+class QuotaExceeded(CacheFull):
+    """An object cannot be cached for this user within its share of the cache
+    (``--user-quota``): larger than the quota, or the rest of the user's content is pinned."""
+
+    errno = _errno.EDQUOT
+
+
 class CacheLocked(CacheError):
     """Another mountd already owns this cache directory."""
 
@@ -155,6 +162,7 @@ WIRE_ERRORS: dict[str, type[QuiverError]] = {
         DigestError,
         CacheError,
         CacheFull,
+        QuotaExceeded,
         CacheLocked,
         CacheClosed,
         ProtocolError,

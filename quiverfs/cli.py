@@ -114,26 +114,32 @@ def mountd_command(
         False, "--private-store",
         help="Keep the store private to mountd's user (folders 0700, files 0400) instead of traversable by every local user who knows a hash (0711, 0444).",
     ),
+    user_quota: str | None = typer.Option(
+        None, "--user-quota", metavar="SIZE",
+        help="Cap on the cached bytes charged to each local user (the user whose request filled them): 2G, 512M, or a percentage of the cache size (25%). A fill past it evicts that user's own least recently used files first. Default: no quota.",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
     It serves the control socket DIR/mountd.sock (mode 0600 unless --socket-group or --shared) until SIGTERM or SIGINT. Store files are readable by every local user who knows their hash, folders are not listable (--private-store: mountd's user only). Exit status 75 means another mountd already owns the cache directory.
 
-    Example: quiverfs mountd --cache-dir /var/cache/quiverfs --cache-size 200G --socket-group quiverfs
+    Example: quiverfs mountd --cache-dir /var/cache/quiverfs --cache-size 200G --socket-group quiverfs --user-quota 50G
     """
     from mountd.daemon import DaemonConfig, SocketAccess, main
     from mountd.store import layout
     from mountd.store.cache import CacheConfig
 
     directory = _cache_dir(cache_dir)
+    cap = layout.parse_size(cache_size, directory)
     config = CacheConfig(
         cache_dir=directory,
-        cache_size=layout.parse_size(cache_size, directory),
+        cache_size=cap,
         remote_bandwidth=_rate(remote_bandwidth, "--remote-bandwidth"),
         remote_requests=remote_requests,
         remote_concurrency=remote_concurrency,
         sync_interval=sync_interval,
         private_store=private_store,
+        user_quota=None if user_quota is None else layout.parse_size(user_quota, whole=cap),
     )
     socket = SocketAccess.from_options(socket_mode, socket_group, shared)
     if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):

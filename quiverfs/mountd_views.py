@@ -92,17 +92,22 @@ def _user_name(uid: str) -> str:
 
 
 def print_users(users: Mapping[str, Mapping[str, Any]], console: Console | None = None) -> None:
-    """One row per local user that used mountd (requests are attributed by SO_PEERCRED)."""
+    """One row per local user that used mountd (requests are attributed by SO_PEERCRED),
+    with the cached bytes charged to it and its quota (``-``: none)."""
     table = Table(title="mountd: users", title_justify="left")
     for column in ("user", "requests", "misses asked", "supplied", "supplied bytes", "hits reported",
-                   "handed over", "refused"):
+                   "handed over", "refused", "cached", "quota", "quota evicted"):
         table.add_column(column, justify="left" if column == "user" else "right", no_wrap=True)
     for uid, row in sorted(users.items(), key=lambda item: int(item[0])):
+        quota = row.get("quota")
         table.add_row(
             _user_name(uid), str(row["requests"]), str(row["ensures"]), str(row["supplied"]),
             human_bytes(row["supplied_bytes"]), str(row["reported_hits"]),
             str(row.get("opened", 0)),  # descriptors (hand-off); absent from an older mountd
             str(row["refused"]),
+            f"{row.get('cached_files', 0)} ({human_bytes(row.get('cached_bytes', 0))})",
+            "-" if quota is None else human_bytes(quota),
+            f"{row.get('quota_evicted_files', 0)} ({human_bytes(row.get('quota_evicted_bytes', 0))})",
         )
     (console or _console()).print(table)
 

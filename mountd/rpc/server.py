@@ -193,6 +193,12 @@ class Connection:
     mounts: set[int] = field(default_factory=set)
     closed: bool = False
 
+    @property
+    def charge_uid(self) -> int | None:
+        """The uid the fills this peer causes are charged to (mountd/store/quota.py); None
+        when the kernel reported none (not a unix socket)."""
+        return self.peer.uid if self.peer.uid >= 0 else None
+
     async def send(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
         """Send one frame (with ``fds`` attached to its first byte: the message says how
         many); a client that went away is not an error (its answers are dropped). The
@@ -452,9 +458,10 @@ class Server:
         if not conn.fills:
             # Served from the cache by hash (the capability), or the caller must supply the
             # bytes it reads with its own rights; mountd never reads for it.
-            path = await self.cache.lease(digest, size, dataset, holder=conn)
+            path = await self.cache.lease(digest, size, dataset, holder=conn, uid=conn.charge_uid)
             return {"supply": True} if path is None else {"path": os.fspath(path)}
-        path = await self.cache.ensure(digest, size, Location(**where), dataset)
+        path = await self.cache.ensure(digest, size, Location(**where), dataset,
+                                       uid=conn.charge_uid)
         return {"path": os.fspath(path)}
 
     async def _op_supply(self, conn: Connection, request: Request) -> dict[str, Any]:
@@ -465,7 +472,8 @@ class Server:
             raise ProtocolError("supply carries exactly one descriptor (fds: 1)")
         self._note_scheme(dataset, where["url"])
         source = SuppliedBytes(os.dup(request.fds[0]), offset, holder=conn)
-        path = await self.cache.ensure_supplied(digest, size, Location(**where), source, dataset)
+        path = await self.cache.ensure_supplied(digest, size, Location(**where), source, dataset,
+                                                uid=conn.charge_uid)
         if source.adopted:  # its bytes were stored (a hit, or another's fill, leaves it unused)
             user = self.users[conn.peer.uid]
             user.supplied += 1
@@ -489,7 +497,7 @@ class Server:
             items.append((digest, size, Location(**where)))
         for url in {loc.url for _, _, loc in items}:
             self._note_scheme(dataset, url)
-        return {"queued": self.cache.prefetch(items, dataset)}
+        return {"queued": self.cache.prefetch(items, dataset, uid=conn.charge_uid)}
 
     async def _op_hits(self, conn: Connection, request: Request) -> dict[str, Any]:
         dataset = check_text(request.args, "dataset", optional=True)
@@ -618,7 +626,7 @@ class Server:
         """The ``stats`` answer: cache counters, URL schemes per dataset, server gauges."""
         return {
             "counters": self.cache.counters.snapshot(),
-            "users": self.users.snapshot(),
+            "users": self.users.snapshot(self.cache.charges.snapshot(self.users.by_uid)),
             "schemes": self._schemes_json(),
             "server": {
                 "pid": os.getpid(),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,15 @@ class UserStats:
     def __getitem__(self, uid: int) -> UserCounters:
         return self.by_uid[uid]
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        """``{uid (text): counters}`` for the ``stats`` answer."""
-        return {str(uid): dataclasses.asdict(c) for uid, c in sorted(self.by_uid.items())}
+    def snapshot(self, cached: Mapping[int, Mapping[str, Any]] | None = None
+                 ) -> dict[str, dict[str, Any]]:
+        """``{uid (text): counters}`` for the ``stats`` answer, each with the cache's figures
+        for that uid merged in (``cached``: what is charged to it and its quota, from
+        ``mountd.store.quota.Charges.snapshot``); a uid with cached content but no request
+        since mountd started gets zero counters."""
+        cached = cached or {}
+        out: dict[str, dict[str, Any]] = {}
+        for uid in sorted(set(self.by_uid) | set(cached)):
+            counters = self.by_uid.get(uid) or UserCounters()
+            out[str(uid)] = {**dataclasses.asdict(counters), **cached.get(uid, {})}
+        return out

@@ -3,7 +3,8 @@
 :class:`Cache` ties the pieces together: the directory lock, recovery on open
 (:mod:`mountd.store.recovery`), the index (:mod:`mountd.store.index`), single-flight fills
 (:mod:`mountd.store.fill`) under the shared remote limits (:mod:`mountd.store.limits`), space accounting
-with a pluggable eviction policy (:mod:`mountd.store.policy`), scrub and counters.
+with a pluggable eviction policy (:mod:`mountd.store.policy`) and a per-user quota
+(:mod:`mountd.store.quota`), scrub and counters.
 
 Lifetime (one nursery owns it)::
 
@@ -37,7 +38,7 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,6 +52,7 @@ from mountd.store.fill import Filler
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
 from mountd.store.policy import EvictionPolicy, make_policy
+from mountd.store.quota import Charges, own_victims
 from mountd.store.recovery import RecoveryReport, recover
 from mountd.store.scrub import ScrubReport, scrub
 from mountd.store.supplied import SuppliedBytes
@@ -133,6 +135,9 @@ class _Flight:
     cancelled: bool = False
     #: Whether the fill itself has started (a lease waits for its bytes until then).
     started: bool = True
+    #: The uid the entry is charged to once stored (mountd/store/quota.py): the requester of
+    #: a fill mountd reads, the supplier of supplied bytes; None: nobody.
+    uid: int | None = None
 
     def fills_for(self, source: SuppliedBytes | None) -> bool:
         """Whether a failure of this flight is the failure of a caller with ``source``: the
@@ -178,6 +183,8 @@ class Cache:
         self.used = 0
         self.reserved = 0
         self.entries = 0
+        #: Bytes charged to each uid, and the per-user quota (mountd/store/quota.py).
+        self.charges = Charges(config.user_quota)
         #: Set and replaced whenever space is released or a fill ends (waiters for room).
         self._space_changed = trio.Event()
         self._prefetch_send, self._prefetch_recv = trio.open_memory_channel(config.prefetch_queue)
@@ -215,10 +222,14 @@ class Cache:
             self._unlock()
             raise
         self._policy = make_policy(self.config.policy, self._index)
+        self.charges.load(self._index.charged())
         self.entries, self.used = self.recovery.entries, self.recovery.bytes
         if self.used > self.config.cache_size:
             # The cap was lowered since the last run: shrink now.
             self._evict_until(self.used - self.config.cache_size)
+        for uid in list(self.charges.bytes):  # the quota was lowered (or set) since then
+            if (over := self.charges.over(uid, 0)) > 0:
+                self._evict_own(uid, over)
         # Everything found is durable from here on (it is on disk, or the kernel has it and
         # this syncfs writes it), so the next crash only has to doubt what is filled next.
         await self.checkpoint()
@@ -318,12 +329,13 @@ class Cache:
         if not lost:
             return
         log.warning("could not index %d new files (disk full?); evicting and retrying", len(lost))
-        self._free_disk(max(sum(size for _, size, _ in lost), 1 << 20))
+        self._free_disk(max(sum(row.size for row in lost), 1 << 20))
         failed = index.insert_now(lost)
         if not failed:
             return
         log.warning("dropping %d new files the index could not store", len(failed))
-        self._remove([(hash, size) for hash, size, _ in failed], reason="unindexed")
+        self._remove([(row.hash, row.size) for row in failed], reason="unindexed",
+                     owners={row.hash: row.uid for row in failed if row.uid is not None})
 
     async def _committer(self) -> None:
         """Flush the group commit a few milliseconds after its first row (see Index.insert)."""
@@ -482,15 +494,17 @@ class Cache:
         return backend
 
     async def ensure(
-        self, hash: bytes, size: int, location: Location, dataset: str | None = None
+        self, hash: bytes, size: int, location: Location, dataset: str | None = None,
+        *, uid: int | None = None,
     ) -> str:
-        """Path of the verified store file for ``hash``, fetching it from ``location`` if needed.
+        """Path of the verified store file for ``hash``, fetching it from ``location`` if needed
+        (a fill is charged to ``uid``, within its quota: mountd/store/quota.py).
 
         Concurrent calls for one hash share one fill (one remote read); all get its path or
         its error. Raises :class:`CorruptObject` (bytes do not match ``hash``/``size``; nothing
         is cached; or the store holds ``hash`` with another size: the content fixes its size,
         so the caller's row is wrong, warm cache or cold), :class:`CacheFull` (larger than the cache, everything else pinned, or no
-        disk), backend errors (``NotFound``, ``AccessDenied``, ...), :class:`CacheClosed`.
+        disk; :class:`QuotaExceeded` for ``uid``'s quota), backend errors (``NotFound``, ``AccessDenied``, ...), :class:`CacheClosed`.
 
         Cancellation: cancelling a caller never leaves a partial file. With :meth:`run`
         started the fill goes on for the other waiters; without it the caller runs the fill
@@ -501,7 +515,7 @@ class Cache:
         if path is not None:
             return path
         self.counters.add_miss(dataset)
-        return await self._await_fill(hash, size, location, dataset, prefetch=False)
+        return await self._await_fill(hash, size, location, dataset, prefetch=False, uid=uid)
 
     def _hit(self, hash: bytes, size: int, dataset: str | None) -> str | None:
         """The store path of an indexed ``hash`` (counted as a hit), else None."""
@@ -538,11 +552,12 @@ class Cache:
 
     async def ensure_supplied(
         self, hash: bytes, size: int, location: Location, source: SuppliedBytes,
-        dataset: str | None = None,
+        dataset: str | None = None, *, uid: int | None = None,
     ) -> str:
         """Path of the verified store file for ``hash``, filled from bytes a client supplied
         (:mod:`mountd.store.supplied`) when it is not cached: mountd's own authority is never
-        used. Takes ``source`` over: it is closed when this returns, or by the fill it started.
+        used; a fill is charged to ``uid``, the supplier. Takes ``source`` over: it is closed
+        when this returns, or by the fill it started.
 
         A fill of the same hash already in flight (anyone's) is waited for; if it fails or is
         given up, this caller fills from its own bytes instead, and never hears why the other
@@ -556,19 +571,21 @@ class Cache:
                 return path
             self.counters.add_miss(dataset)
             return await self._await_fill(hash, size, location, dataset, prefetch=False,
-                                          source=source)
+                                          source=source, uid=uid)
         finally:
             if not source.adopted:
                 source.close()
 
-    async def lease(self, hash: bytes, size: int, dataset: str | None, holder: object) -> str | None:
+    async def lease(self, hash: bytes, size: int, dataset: str | None, holder: object,
+                    *, uid: int | None = None) -> str | None:
         """Path of ``hash`` when it is cached (or once a fill in flight lands), else None:
         the caller must supply the bytes (:meth:`ensure_supplied`) with its own rights.
 
         A None answer leases the hash to ``holder``: others asking for it wait until the
         holder supplies it, gives it up (:meth:`release`), or :data:`LEASE_SECONDS` pass;
         then the next of them is asked to supply. Co-operative single-flight across users
-        without lending anyone mountd's authority."""
+        without lending anyone mountd's authority. Content that can never fit ``uid``'s quota
+        is :class:`QuotaExceeded` at once (the holder's supply is charged to its uid)."""
         hash = layout.check_hash(hash)
         path = self._hit(hash, size, dataset)
         if path is not None:
@@ -582,8 +599,9 @@ class Cache:
             if flight is None:
                 if size > self.config.cache_size:
                     raise self._larger_than_cache(hash, size)
+                self.charges.check_size(hash, size, uid)
                 flight = _Flight(hash, size, Location("", "", 0, size), dataset, prefetch=False,
-                                 lease=holder, started=False)
+                                 lease=holder, started=False, uid=uid)
                 self._flights[hash] = flight
                 if self._nursery is not None:
                     self._nursery.start_soon(self._expire_lease, flight)
@@ -622,11 +640,12 @@ class Cache:
 
     async def _await_fill(
         self, hash: bytes, size: int, location: Location, dataset: str | None, prefetch: bool,
-        source: SuppliedBytes | None = None,
+        source: SuppliedBytes | None = None, uid: int | None = None,
     ) -> str:
         """Join or start the flight of ``hash``: with mountd's authority (``source`` None) or
-        from ``source``. A flight of another authority that fails is not this caller's
-        failure: it looks again and fills with its own (see :meth:`_Flight.fills_for`)."""
+        from ``source``, charged to ``uid``. A flight of another authority that fails is not
+        this caller's failure: it looks again and fills with its own (see
+        :meth:`_Flight.fills_for`)."""
         while True:
             path = self._landed(hash, size, dataset)  # filled while we looped
             if path is not None:
@@ -636,6 +655,7 @@ class Cache:
                     and flight.lease is source.holder and not flight.started:
                 # Our own lease: fill it now, from our bytes.
                 flight.lease, flight.source, flight.started = None, source, True
+                flight.uid = uid
                 source.adopted = True
                 self._start(flight)
             elif flight is not None and flight.size != size:
@@ -648,7 +668,8 @@ class Cache:
                     if source is not None:
                         raise self._larger_than_cache(hash, size)
                     raise await self._too_large(hash, size, location, dataset)
-                flight = _Flight(hash, size, location, dataset, prefetch, source=source)
+                self.charges.check_size(hash, size, uid)
+                flight = _Flight(hash, size, location, dataset, prefetch, source=source, uid=uid)
                 if source is not None:
                     source.adopted = True
                 self._flights[hash] = flight
@@ -718,9 +739,10 @@ class Cache:
         if flight.prefetch:
             counters.add_prefetch(flight.dataset)
         start = trio.current_time()
+        uid = flight.uid  # fixed once the fill runs: its reservation and its charge
         try:
             async with self._fill_limiter:
-                await self._reserve(flight.size)
+                await self._reserve(flight.size, uid)
                 try:
                     backend = flight.source or self._backend(flight.location.url)
                     path = await self._filler.fill(
@@ -732,6 +754,7 @@ class Cache:
                     self._unsynced.set()
                     self.used += flight.size
                     self.entries += 1
+                    self.charges.charge(uid, flight.size)
                     assert self._policy is not None
                     self._policy.on_insert(flight.hash, flight.size)
                     self._tell("filled", lambda listener: listener.filled(flight.hash))
@@ -741,6 +764,7 @@ class Cache:
                         self._rows_waiting.set()
                 finally:
                     self.reserved -= flight.size
+                    self.charges.unreserve(uid, flight.size)
                     self._notify_space()
             flight.path = str(path)
             counters.add_fill(flight.dataset, flight.size, trio.current_time() - start)
@@ -778,7 +802,7 @@ class Cache:
         unaccounted file while running) and raise :class:`CacheFull`."""
         index = self._require_open()
         try:
-            index.insert(flight.hash, flight.size, flight.dataset)
+            index.insert(flight.hash, flight.size, flight.dataset, flight.uid)
             return
         except sqlite3.OperationalError as exc:
             log.warning(
@@ -786,7 +810,7 @@ class Cache:
             )
             self._free_disk(max(flight.size, 1 << 20))
         try:
-            index.insert(flight.hash, flight.size, flight.dataset)
+            index.insert(flight.hash, flight.size, flight.dataset, flight.uid)
         except sqlite3.OperationalError as exc:
             disk.remove(layout.store_path(self.config.cache_dir, flight.hash))
             raise CacheFull(f"cannot index {flight.hash.hex()}: {exc}; free disk space") from exc
@@ -797,27 +821,48 @@ class Cache:
         self._space_changed.set()
         self._space_changed = trio.Event()
 
-    async def _reserve(self, size: int) -> None:
-        """Reserve ``size`` bytes under the cap, evicting; waits for fills in flight when only
-        they stand in the way; :class:`CacheFull` when pinned entries leave no room."""
+    async def _reserve(self, size: int, uid: int | None = None) -> None:
+        """Reserve ``size`` bytes under the cap and within ``uid``'s quota, evicting: ``uid``'s
+        own entries first while it would be over its quota (mountd/store/quota.py), then by
+        policy. Waits for fills in flight when only they stand in the way (``uid``'s own, for
+        its quota); :class:`CacheFull` when pinned entries leave no room
+        (:class:`QuotaExceeded` when they are ``uid``'s)."""
         cap = self.config.cache_size
+        charges = self.charges
         while True:
+            own = charges.over(uid, size)
             over = self.used + self.reserved + size - cap
-            if over > 0:
+            if own > 0 or over > 0:
                 self._flush_index()  # settles rows the index lost before choosing victims
+            if own > 0:
+                assert uid is not None  # no quota is over for nobody
+                self._evict_own(uid, own)
+                own = charges.over(uid, size)
+                over = self.used + self.reserved + size - cap
+            if over > 0:
                 self._evict_until(over)
                 over = self.used + self.reserved + size - cap
-            if over <= 0:
+            if own <= 0 and over <= 0:
                 self.reserved += size
+                charges.reserve(uid, size)
                 return
-            if self.reserved > 0:
+            if (charges.reserved.get(uid, 0) > 0) if own > 0 else (self.reserved > 0):
                 # Fills in flight hold the space; once they finish their files are evictable.
                 await self._space_changed.wait()
                 continue
+            if own > 0:
+                assert uid is not None
+                raise charges.pinned_error(uid, size)
             raise CacheFull(
                 f"cannot make room for {size} bytes: {self.used} of {cap} bytes are pinned; "
                 "unpin datasets or raise --cache-size"
             )
+
+    def _evict_own(self, uid: int, need: int) -> None:
+        """Evict ``uid``'s own entries, least recently used first, until ``need`` bytes are
+        freed (or none of its entries is evictable): its quota (mountd/store/quota.py)."""
+        victims = own_victims(self._require_open(), uid, need, self._flights)
+        self.charges.quota_evicted(uid, *self._remove(victims, reason="evict"))
 
     def _evict_until(self, need: int) -> tuple[int, int]:
         """Evict by policy until ``need`` bytes are freed (or nothing evictable is left)."""
@@ -838,8 +883,11 @@ class Cache:
         smaller than the cap, or shared with others); returns bytes freed."""
         return self._evict_until(need)[1]
 
-    def _remove(self, victims: Sequence[tuple[bytes, int]], reason: str) -> tuple[int, int]:
-        """Unlink files, then delete their rows, in one trio step; count evictions.
+    def _remove(self, victims: Sequence[tuple[bytes, int]], reason: str,
+                owners: Mapping[bytes, int] | None = None) -> tuple[int, int]:
+        """Unlink files, then delete their rows, in one trio step; count evictions, and take
+        each file off the charge of its uid (``owners``: whose each is, when the index does
+        not know; by default the index says).
 
         Files go first: on a full disk the row delete itself needs space (SQLite's WAL), which
         the unlinks provide. A crash in between leaves rows without files (recovery state C).
@@ -849,6 +897,9 @@ class Cache:
         index = self._require_open()
         hashes = [h for h, _ in victims]
         refs = index.refs_of(hashes) if reason == "evict" else {}
+        if owners is None:
+            owners = index.owners_of(hashes) if self.charges.files else {}
+        self.charges.uncharge(owners, victims)
         files = nbytes = 0
         for hash, size in victims:
             disk.remove(layout.store_path(self.config.cache_dir, hash))
@@ -979,11 +1030,13 @@ class Cache:
 
 
     def prefetch(
-        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None
+        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None,
+        *, uid: int | None = None,
     ) -> int:
         """Queue fills to run in the background (``prefetch_concurrency`` at once) and return
         how many were queued: cached, in-flight and already-queued hashes are skipped, and
-        items beyond the queue's capacity are dropped. Errors are counted and logged only."""
+        items beyond the queue's capacity are dropped. Errors are counted and logged only.
+        The fills are charged to ``uid`` (mountd/store/quota.py)."""
         index = self._require_open()
         queued = 0
         for hash, size, location in items:
@@ -991,7 +1044,7 @@ class Cache:
             if hash in self._queued or hash in self._flights or index.size_of(hash) is not None:
                 continue
             try:
-                self._prefetch_send.send_nowait((hash, size, location, dataset))
+                self._prefetch_send.send_nowait((hash, size, location, dataset, uid))
             except trio.WouldBlock:
                 break
             self._queued.add(hash)
@@ -999,11 +1052,11 @@ class Cache:
         return queued
 
     async def _prefetch_worker(self) -> None:
-        async for hash, size, location, dataset in self._prefetch_recv:
+        async for hash, size, location, dataset, uid in self._prefetch_recv:
             self._queued.discard(hash)
             # Errors are counted and logged by the flight; a prefetch has nobody to tell.
             with contextlib.suppress(QuiverError):
-                await self._await_fill(hash, size, location, dataset, prefetch=True)
+                await self._await_fill(hash, size, location, dataset, prefetch=True, uid=uid)
 
     def record_hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int) -> None:
         """Hits that clients served from the store without an RPC: refresh their last use

@@ -49,6 +49,9 @@ class CacheConfig:
     #: traversable by every local user (``0711``, ``0444``): ``--private-store``
     #: (mountd/store/access.py, docs/operations.md "Security").
     private_store: bool = False
+    #: Cap on the bytes charged to each uid (``--user-quota``; mountd/store/quota.py): a fill
+    #: for a user at its quota evicts that user's own entries first. None: no quota.
+    user_quota: int | None = None
 
     @property
     def store_modes(self) -> StoreModes:
@@ -63,6 +66,8 @@ class CacheConfig:
             object.__setattr__(self, "prefetch_concurrency", self.remote_concurrency)
         if self.cache_size <= 0:
             raise UsageError(f"cache size must be positive, got {self.cache_size}")
+        if self.user_quota is not None and self.user_quota <= 0:
+            raise UsageError(f"user quota must be positive or unset, got {self.user_quota}")
         for name in ("remote_bandwidth", "remote_requests"):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -22,6 +22,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from mountd.store.access import PRIVATE_FILE
 from mountd.store.layout import LAYOUT_VERSION
@@ -82,6 +83,28 @@ CREATE TABLE IF NOT EXISTS refs (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS refs_by_hash ON refs (hash);
 
+-- Which uid each entry is charged to (the user whose request filled it: the requester of a
+-- fill mountd read, the supplier of supplied bytes); the per-user quota is over these
+-- (mountd/store/quota.py). Entries filled for nobody in particular (mountd's own preloads,
+-- files adopted by recovery) have no row. Invariant: owners.hash is in entries (rows are
+-- deleted together); lost when the index is rebuilt. A new table rather than a column of
+-- entries, so an index from before quotas keeps its schema version (and is not rebuilt).
+CREATE TABLE IF NOT EXISTS owners (
+    hash  BLOB PRIMARY KEY,             -- entries.hash
+    uid   INTEGER NOT NULL,             -- the uid charged (SO_PEERCRED of the request); >= 0
+    size  INTEGER NOT NULL,             -- entries.size (the content fixes it), so the per-uid
+                                        --   totals are one scan of this table at open
+    stamp INTEGER NOT NULL              -- this uid's eviction queue key: a last-use stamp
+                                        --   <= the entry's current last use (hits move only
+                                        --   that: last_use, or a hit's stamp in memory; the
+                                        --   quota's eviction re-queues an entry it finds used
+                                        --   since, quota.py), or a newer stamp for an entry
+                                        --   it found pinned
+) WITHOUT ROWID;
+-- The quota's eviction walks one uid's entries by stamp, oldest first; with size, the index
+-- also covers the per-uid totals read at open (a scan of it, no table lookups).
+CREATE INDEX IF NOT EXISTS owners_queue ON owners (uid, stamp, size);
+
 -- Datasets registered by the serving side (for usage reports); a dataset may have refs
 -- without being registered (e.g. after unregister_dataset, until its content is evicted).
 CREATE TABLE IF NOT EXISTS datasets (
@@ -97,6 +120,16 @@ TOUCH_MEMORY = 200_000
 
 #: Parameters per ``IN (...)`` batch (SQLite 3.32+ allows 32766; stay well below).
 BATCH = 500
+
+
+class NewRow(NamedTuple):
+    """A row of a freshly stored file, as the group commit holds it."""
+
+    hash: bytes
+    size: int
+    dataset: str | None
+    #: The uid the entry is charged to (``owners``); None: nobody.
+    uid: int | None
 
 
 class IndexCorrupt(Exception):
@@ -117,12 +150,12 @@ class Index:
         self._clock = 0
         #: A group commit of new rows is open (see :meth:`insert`); :meth:`flush` commits it.
         self._group = False
-        #: ``(hash, size, dataset)`` of the rows in the open group commit.
-        self._group_rows: list[tuple[bytes, int, str | None]] = []
+        #: The rows in the open group commit.
+        self._group_rows: list[NewRow] = []
         #: Rows of a failed group commit that could not be inserted again either (disk full):
         #: their files exist but the index does not know them. The cache takes them
         #: (:meth:`take_lost`) and removes the files, so accounting and index agree again.
-        self._lost: list[tuple[bytes, int, str | None]] = []
+        self._lost: list[NewRow] = []
         #: Recency of hits kept in memory (see :meth:`touch`): hash → (its newest hit's
         #: stamp, the dataset whose reference to it is already recorded or queued), in
         #: stamp order (oldest first).
@@ -173,7 +206,7 @@ class Index:
         self._lost.extend(self.insert_now(rows))
         return len(rows)
 
-    def insert_now(self, rows: Sequence[tuple[bytes, int, str | None]]) -> list[tuple[bytes, int, str | None]]:
+    def insert_now(self, rows: Sequence[NewRow]) -> list[NewRow]:
         """Insert rows one transaction each (outside any group); those that failed."""
         failed = []
         for row in rows:
@@ -184,7 +217,7 @@ class Index:
                 failed.append(row)
         return failed
 
-    def take_lost(self) -> list[tuple[bytes, int, str | None]]:
+    def take_lost(self) -> list[NewRow]:
         """Rows no insert could store since the last call (see ``_lost``)."""
         lost, self._lost = self._lost, []
         return lost
@@ -323,8 +356,9 @@ class Index:
         row = self.conn.execute("SELECT size FROM entries WHERE hash=?", (hash,)).fetchone()
         return None if row is None else row[0]
 
-    def insert(self, hash: bytes, size: int, dataset: str | None) -> None:
-        """Index a freshly stored file (and its dataset reference).
+    def insert(self, hash: bytes, size: int, dataset: str | None, uid: int | None = None) -> None:
+        """Index a freshly stored file (and its dataset reference, and the uid it is charged
+        to: ``owners``).
 
         The row joins a *group commit*: one transaction that many fills share, committed by
         :meth:`flush` (the cache flushes every few milliseconds, and before every durable
@@ -339,16 +373,17 @@ class Index:
             self._group = True
         c.execute("SAVEPOINT row")
         try:
-            self._insert_row(c, hash, size, dataset)
+            self._insert_row(c, hash, size, dataset, uid)
         except BaseException:
             with contextlib.suppress(sqlite3.Error):
                 c.execute("ROLLBACK TO row")
                 c.execute("RELEASE row")
             raise
         c.execute("RELEASE row")
-        self._group_rows.append((hash, size, dataset))
+        self._group_rows.append(NewRow(hash, size, dataset, uid))
 
-    def _insert_row(self, c: sqlite3.Connection, hash: bytes, size: int, dataset: str | None) -> None:
+    def _insert_row(self, c: sqlite3.Connection, hash: bytes, size: int, dataset: str | None,
+                    uid: int | None = None) -> None:
         stamp = self.now()
         c.execute(
             "INSERT OR REPLACE INTO entries (hash, size, last_use, added, pinned) "
@@ -357,6 +392,9 @@ class Index:
         )
         if dataset is not None:
             c.execute("INSERT OR IGNORE INTO refs (dataset, hash) VALUES (?, ?)", (dataset, hash))
+        if uid is not None:
+            c.execute("INSERT OR REPLACE INTO owners (hash, uid, size, stamp) VALUES (?, ?, ?, ?)",
+                      (hash, uid, size, stamp))
 
     def adopt(self, rows: Sequence[tuple[bytes, int, int]]) -> None:
         """Index files found on disk without rows: ``(hash, size, mtime_ns)`` each.
@@ -487,7 +525,7 @@ class Index:
         return out
 
     def delete(self, hashes: Sequence[bytes]) -> None:
-        """Drop entries and every reference to them."""
+        """Drop entries and every reference to them (dataset references, owners)."""
         c = self.conn
         for h in hashes:
             self._touched.pop(h, None)
@@ -496,6 +534,7 @@ class Index:
                 marks = ",".join("?" * len(part))
                 c.execute(f"DELETE FROM entries WHERE hash IN ({marks})", tuple(part))
                 c.execute(f"DELETE FROM refs WHERE hash IN ({marks})", tuple(part))
+                c.execute(f"DELETE FROM owners WHERE hash IN ({marks})", tuple(part))
 
     def lru(self, limit: int, after: tuple[int, bytes] = (-1, b"")) -> list[tuple[bytes, int, int]]:
         """Up to ``limit`` evictable ``(hash, size, last_use)`` after the ``(last_use, hash)``
@@ -582,9 +621,12 @@ class Index:
         self.conn.execute(sql, (dataset,))
 
     def drop_dangling_refs(self) -> int:
-        """Delete references to hashes that have no entry (after recovery dropped rows)."""
+        """Delete references (and owners) of hashes that have no entry (after recovery
+        dropped rows); returns the dataset references deleted."""
         self.write_refs()
         self.flush()
+        self.conn.execute(
+            "DELETE FROM owners WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.hash = owners.hash)")
         return self.conn.execute(
             "DELETE FROM refs WHERE NOT EXISTS (SELECT 1 FROM entries e WHERE e.hash = refs.hash)"
         ).rowcount
@@ -622,3 +664,43 @@ class Index:
             "UPDATE refs SET chunk = ? WHERE dataset = ? AND hash = ?",
             [(chunk, dataset, h) for h in hashes],
         )
+
+    # -- owners: the uid each entry is charged to (mountd/store/quota.py) -------------------
+
+    def charged(self) -> list[tuple[int, int, int]]:
+        """``(uid, entries, bytes)`` charged to each uid (one scan of ``owners``)."""
+        return self.conn.execute(
+            "SELECT uid, COUNT(*), COALESCE(SUM(size), 0) FROM owners GROUP BY uid").fetchall()
+
+    def owners_of(self, hashes: Sequence[bytes]) -> dict[bytes, int]:
+        """The uid each of ``hashes`` is charged to (absent: charged to nobody)."""
+        out: dict[bytes, int] = {}
+        for part in batched(hashes):
+            marks = ",".join("?" * len(part))
+            out.update(self.conn.execute(
+                f"SELECT hash, uid FROM owners WHERE hash IN ({marks})", tuple(part)))
+        return out
+
+    def owner_queue(self, uid: int, limit: int, after: tuple[int, bytes] = (-1, b"")
+                    ) -> list[tuple[bytes, int, int, int, int]]:
+        """Up to ``limit`` of the entries charged to ``uid`` after the ``(stamp, hash)`` cursor
+        ``after``, by stamp: ``(hash, size, stamp, last_use, pinned)`` each (an index range
+        on ``owners_queue``: a page costs its rows, whatever the uid holds). ``last_use``
+        counts the hits whose recency is still in memory (:meth:`touch`)."""
+        stamp, hash = after
+        rows = self.conn.execute(
+            "SELECT o.hash, o.size, o.stamp, e.last_use, e.pinned FROM owners o "
+            "JOIN entries e ON e.hash = o.hash "
+            "WHERE o.uid = ? AND (o.stamp, o.hash) > (?, ?) ORDER BY o.stamp, o.hash LIMIT ?",
+            (uid, stamp, hash, limit),
+        ).fetchall()
+        touched = self._touched
+        return [(h, size, queued, max(used, touched[h][0]) if h in touched else used, pinned)
+                for h, size, queued, used, pinned in rows]
+
+    def requeue(self, stamps: Sequence[tuple[int, bytes]]) -> None:
+        """Give owners rows new queue stamps: ``(stamp, hash)`` each."""
+        if not stamps:
+            return
+        with self.transaction() as c:
+            c.executemany("UPDATE owners SET stamp = ? WHERE hash = ?", stamps)

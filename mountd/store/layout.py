@@ -86,11 +86,13 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(I?B)?\s*$", re.IGNORECASE)
 _PERCENT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
 
-def parse_size(text: str | int, fs_path: str | os.PathLike[str] | None = None) -> int:
+def parse_size(text: str | int, fs_path: str | os.PathLike[str] | None = None,
+               *, whole: int | None = None) -> int:
     """Bytes from ``"10G"``, ``"512M"``, ``"1.5T"``, ``"1073741824"`` or ``"20%"``.
 
     Units are binary (``K`` = 1024); ``KB``/``KiB`` spellings are accepted. A percentage is of
-    the total size of the filesystem holding ``fs_path`` (its nearest existing ancestor).
+    ``whole`` bytes when given (``--user-quota``: of the cache size), else of the total size
+    of the filesystem holding ``fs_path`` (its nearest existing ancestor).
     Raises :class:`UsageError` with one line on anything else.
     """
     if isinstance(text, int) and not isinstance(text, bool):
@@ -103,6 +105,8 @@ def parse_size(text: str | int, fs_path: str | os.PathLike[str] | None = None) -
         pct = float(match.group(1))
         if not 0 < pct <= 100:
             raise UsageError(f"size percentage must be in (0, 100], got {raw!r}")
+        if whole is not None:
+            return max(1, int(whole * pct / 100))
         if fs_path is None:
             raise UsageError(f"size {raw!r} is a percentage but no filesystem was given")
         path = Path(fs_path)

@@ -25,7 +25,7 @@ def index(tmp_path: Path):
 
 def test_every_column_is_commented():
     body = re.findall(r"CREATE TABLE IF NOT EXISTS \w+ \((.*?)\) WITHOUT ROWID", SCHEMA, re.S)
-    assert len(body) == 4
+    assert len(body) == 5
     for table in body:
         for line in table.strip().splitlines():
             line = line.strip()

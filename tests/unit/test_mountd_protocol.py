@@ -183,7 +183,7 @@ class FakeCache:
         self.gates: dict[bytes, trio.Event] = {}
         self.hits: list = []
 
-    async def ensure(self, hash, size, location, dataset=None):
+    async def ensure(self, hash, size, location, dataset=None, *, uid=None):
         if hash == b"\x00" * 32:
             raise NotFound("gone", url=location.url, key=location.key)
         if hash == b"\x01" * 32:
