@@ -49,6 +49,19 @@ def fuse() -> None:
         pytest.skip(reason)
 
 
+@pytest.fixture(scope="module")
+def dev_fuse_for_users() -> Iterator[None]:
+    """/dev/fuse as every distribution's udev rules make it (0666), so that throwaway users
+    can mount (their workers open it to clone the connection); some containers give it 0600.
+    Its mode is restored afterwards."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
 def quiverfs_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "quiverfs.cli", *args]
 

@@ -57,17 +57,6 @@ if os.geteuid() != 0:
 
 
 @pytest.fixture(scope="module")
-def dev_fuse_for_users() -> Iterator[None]:
-    """/dev/fuse as distributions make it (0666), so that the user can mount."""
-    mode = os.stat("/dev/fuse").st_mode & 0o777
-    os.chmod("/dev/fuse", 0o666)
-    try:
-        yield
-    finally:
-        os.chmod("/dev/fuse", mode)
-
-
-@pytest.fixture(scope="module")
 def world(dev_fuse_for_users: None, local_users: LocalUsers) -> Iterator[dict]:
     work = Path(tempfile.mkdtemp(prefix="quiverfs-handoff-private-"))
     work.chmod(0o711)

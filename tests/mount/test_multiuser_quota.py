@@ -70,18 +70,6 @@ def blake(data: bytes) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def dev_fuse_for_users() -> Iterator[None]:
-    """/dev/fuse as every distribution's udev rules make it (0666): users mount through it.
-    Some containers give it 0600."""
-    mode = os.stat("/dev/fuse").st_mode & 0o777
-    os.chmod("/dev/fuse", 0o666)
-    try:
-        yield
-    finally:
-        os.chmod("/dev/fuse", mode)
-
-
-@pytest.fixture(scope="module")
 def world(dev_fuse_for_users: None, local_users: LocalUsers) -> Iterator[dict]:
     with interpreter_reachable(REPO):
         yield from _world(local_users)
