@@ -32,6 +32,7 @@ import trio
 
 from digests.canonical import iter_canonical
 from digests.digest import Digest
+from mountd.coop.packing import Packing, scan_packing
 from quiverfs.backends.base import Location
 from quiverfs.errors import UsageError
 
@@ -43,7 +44,7 @@ class DatasetView:
 
     def __init__(
         self, dataset: str, digest: Digest, hashes: bytes, sizes: array, file_ids: array,
-        slots: array,
+        slots: array, packing: Packing | None = None,
     ) -> None:
         self.dataset = dataset
         self.digest = digest
@@ -51,6 +52,8 @@ class DatasetView:
         self.sizes = sizes
         self.file_ids = file_ids
         self.slots = slots
+        #: The chunks of a packed dataset (files sharing one remote object), None if loose.
+        self.packing = packing
         self._mask = len(slots) - 1
         self.count = len(sizes)
 
@@ -113,9 +116,9 @@ def _hash_table(hashes: bytes, count: int) -> array:
     return slots
 
 
-def _scan(path: str) -> tuple[bytes, array, array, array]:
-    """``(hashes, sizes, file_ids, slots)`` of the digest at ``path`` in canonical order (a
-    worker thread: its own read-only connection)."""
+def _scan(path: str) -> tuple[bytes, array, array, array, Packing | None]:
+    """``(hashes, sizes, file_ids, slots, packing)`` of the digest at ``path`` in canonical
+    order (a worker thread: its own read-only connection)."""
     uri = f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
     conn = sqlite3.connect(uri, uri=True)
     try:
@@ -126,10 +129,11 @@ def _scan(path: str) -> tuple[bytes, array, array, array]:
             hashes += content_hash
             sizes.append(size)
             file_ids.append(file_id)
+        packing = scan_packing(conn, file_ids)
     finally:
         conn.close()
     frozen = bytes(hashes)
-    return frozen, sizes, file_ids, _hash_table(frozen, len(sizes))
+    return frozen, sizes, file_ids, _hash_table(frozen, len(sizes)), packing
 
 
 async def load_view(dataset: str, digest_path: str | os.PathLike[str]) -> DatasetView:
@@ -144,10 +148,12 @@ async def load_view(dataset: str, digest_path: str | os.PathLike[str]) -> Datase
             raise UsageError(
                 f"digest {os.fspath(digest_path)} holds dataset {digest.dataset_id}, not {dataset}"
             )
-        hashes, sizes, file_ids, slots = await trio.to_thread.run_sync(_scan, digest.path)
+        hashes, sizes, file_ids, slots, packing = await trio.to_thread.run_sync(
+            _scan, digest.path
+        )
         if len(sizes) != digest.file_count:
             raise UsageError(f"digest {digest.path}: scanned {len(sizes)} of {digest.file_count} files")
     except BaseException:
         digest.close()
         raise
-    return DatasetView(dataset, digest, hashes, sizes, file_ids, slots)
+    return DatasetView(dataset, digest, hashes, sizes, file_ids, slots, packing)
