@@ -52,7 +52,6 @@ See docs/shim.md "Direct reads".
 from __future__ import annotations
 
 import atexit
-import collections
 import json
 import logging
 import multiprocessing.util
@@ -67,32 +66,18 @@ from typing import BinaryIO
 
 from digests.digest import Digest
 from digests.schema import ROOT_ID
-from mountd.rpc.client import SyncClient
 from mountd.rpc.fdpass import close_all
 from mountd.store import layout
 from quiverfs.control import find_mount_root
 from quiverfs.errors import QuiverError
 from quiverfs.fs import XATTR_STATS
 from quiverfs.handoff import HandOff, can_open_store
+from quiverfs.hit_reports import CLOSE_WAIT, FLUSH_HITS, FLUSH_SECONDS, HitReporter, log_once
 
-__all__ = ["DirectReader", "HitReporter", "MountInfo", "mount_info"]
+__all__ = ["DirectReader", "MountInfo", "mount_info"]
 
 log = logging.getLogger("quiverfs.direct")
 
-#: Hits queued before the reporter thread is woken to send them.
-FLUSH_HITS = 1024
-#: Seconds between two reports while hits come in slower than FLUSH_HITS.
-FLUSH_SECONDS = 1.0
-#: Hashes per ``hits`` message (mountd takes at most 100,000 items in one).
-REPORT_BATCH = 50_000
-#: Hits queued at most while mountd does not answer; more are dropped (reports are advisory).
-MAX_QUEUED = 200_000
-#: Seconds to connect to mountd; seconds after a failure before it is tried again (reports
-#: in between are dropped rather than delaying anything).
-CONNECT_TIMEOUT = 1.0
-RETRY_SECONDS = 5.0
-#: Seconds ``close()`` (and a process's exit) waits for its last report to be answered.
-CLOSE_WAIT = 2.0
 #: Seconds between two checks that a mount is still the one whose digest maps its paths (one
 #: ``getxattr`` the mount answers; a new mount takes longer than this to start, so a mount
 #: replaced by another one at the same place is always noticed before a path is mapped).
@@ -123,17 +108,6 @@ def _store_file(store: str, content_hash: bytes) -> str:
     return f"{store}/{name[0:2]}/{name[2:4]}/{name}"
 
 
-_logged: set[str] = set()
-
-
-def _log_once(key: str, message: str, *args: object) -> None:
-    """Warn about ``key`` once per process: a fallback that holds for one file holds for
-    the next thousand, and a log line per read would bury the job's own output."""
-    if key not in _logged:
-        _logged.add(key)
-        log.warning(message, *args)
-
-
 # -- what a mount says about itself ---------------------------------------------------------------
 
 
@@ -160,163 +134,6 @@ def mount_info(root: str) -> MountInfo:
 
 
 # -- hit reports -----------------------------------------------------------------------------------
-
-
-class _Marker:
-    """Put in a reporter's queue by :meth:`HitReporter.flush`: set once what came before it
-    was sent (or dropped)."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-
-class HitReporter:
-    """Hits read from one cache's store, batched and sent to its mountd by a thread of their own.
-
-    :meth:`add` appends to a deque (atomic, no lock: a read never waits for mountd); the
-    thread sends every ``every`` hits or ``seconds`` seconds, as requests whose answer says
-    mountd recorded them, so :meth:`flush` knows when they arrived. When mountd is away or
-    slow, hits are dropped and counted, never kept as a backlog: they are advisory (LRU
-    recency, statistics), and the mount drops its own the same way.
-    """
-
-    def __init__(self, cache_dir: str, every: int = FLUSH_HITS, seconds: float = FLUSH_SECONDS) -> None:
-        self.cache_dir = cache_dir
-        self._every = max(1, every)
-        self._seconds = seconds
-        #: (dataset, hash, size) per hit, and flush markers, in order
-        self._queue: collections.deque[tuple[str, bytes, int] | _Marker] = collections.deque()
-        self._wake = threading.Event()
-        self._start_lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._closing = False
-        self.reported = 0  #: hits mountd said it recorded
-        self.dropped = 0  #: hits lost: mountd away or refusing them, or too many queued
-        self._client: SyncClient | None = None
-        self._retry_at = 0.0
-
-    def add(self, dataset: str, content_hash: bytes, size: int) -> None:
-        """Queue one hit (a store file opened for ``dataset``). Every read pays this, so it
-        is an append and a length check; the rest waits for every ``every`` hits."""
-        queue = self._queue
-        queue.append((dataset, content_hash, size))
-        if self._thread is None or len(queue) >= self._every:
-            self._poke()
-
-    def _poke(self) -> None:
-        """Start the thread, drop what is over :data:`MAX_QUEUED` (or queued after close),
-        and wake the thread to send the rest."""
-        if self._thread is None:
-            self._start()
-        queue = self._queue
-        over = len(queue) - MAX_QUEUED if not self._closing else len(queue)
-        for _ in range(max(0, over)):
-            try:
-                item = queue.pop()
-            except IndexError:
-                break
-            if isinstance(item, _Marker):
-                queue.append(item)
-                break
-            self.dropped += 1
-        if len(queue) >= self._every and not self._wake.is_set():
-            self._wake.set()
-
-    def flush(self, timeout: float = CLOSE_WAIT) -> bool:
-        """Send what is queued and wait (at most ``timeout`` seconds) for mountd's answer;
-        True when every hit queued before the call was recorded by mountd."""
-        thread = self._thread
-        if thread is None or not thread.is_alive():
-            return not self._queue  # nothing was ever queued, or closed
-        dropped = self.dropped
-        marker = _Marker()
-        self._queue.append(marker)
-        self._wake.set()
-        return marker.done.wait(timeout) and self.dropped == dropped
-
-    def close(self, timeout: float = CLOSE_WAIT) -> None:
-        """Send the last hits (waiting at most ``timeout`` seconds) and stop the thread."""
-        self._closing = True
-        thread = self._thread
-        if thread is not None:
-            self._wake.set()
-            thread.join(timeout)
-
-    def _start(self) -> None:
-        with self._start_lock:
-            if self._thread is None:
-                thread = threading.Thread(target=self._run, name=f"quiverfs-hits-{os.getpid()}",
-                                          daemon=True)
-                thread.start()
-                self._thread = thread
-
-    # -- the reporter's thread ---------------------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(self._seconds)
-            self._wake.clear()
-            closing = self._closing  # read before draining: what close() waits for is drained
-            self._drain()
-            if closing:
-                self._disconnect()
-                return
-
-    def _drain(self) -> None:
-        """Send everything queued, in order; set each flush marker once what precedes it is done."""
-        queue = self._queue
-        batch: dict[str, list[tuple[bytes, int]]] = {}
-        while queue:
-            item = queue.popleft()
-            if isinstance(item, _Marker):
-                self._send_all(batch)
-                batch = {}
-                item.done.set()
-            else:
-                batch.setdefault(item[0], []).append((item[1], item[2]))
-        self._send_all(batch)
-
-    def _send_all(self, batch: dict[str, list[tuple[bytes, int]]]) -> None:
-        for dataset, hits in batch.items():
-            recorded = self._send(dataset, hits)
-            self.reported += recorded
-            self.dropped += len(hits) - recorded
-
-    def _send(self, dataset: str, hits: list[tuple[bytes, int]]) -> int:
-        """Report ``hits`` of ``dataset``; how many mountd recorded (0 when it is away)."""
-        recorded = 0
-        for start in range(0, len(hits), REPORT_BATCH):
-            part = hits[start:start + REPORT_BATCH]
-            client = self._connect()
-            if client is None:
-                break
-            args = {"packed": b"".join([h for h, _ in part]).hex(),
-                    "bytes": sum([s for _, s in part]), "dataset": dataset}
-            try:
-                recorded += int(client.call("hits", args)["recorded"])
-            except (QuiverError, OSError, KeyError, TypeError, ValueError) as exc:
-                self._failed(exc)
-        return recorded
-
-    def _connect(self) -> SyncClient | None:
-        if self._client is None and time.monotonic() >= self._retry_at:
-            try:
-                self._client = SyncClient.connect(self.cache_dir, timeout=CONNECT_TIMEOUT)
-            except (QuiverError, OSError) as exc:
-                self._failed(exc)
-        return self._client
-
-    def _failed(self, exc: BaseException) -> None:
-        _log_once(f"mountd:{self.cache_dir}",
-                  "direct reads: hit reports to mountd of %s are dropped while it does not take "
-                  "them (%s); reads go on", self.cache_dir, exc)
-        self._disconnect()
-        self._retry_at = time.monotonic() + RETRY_SECONDS
-
-    def _disconnect(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
 
 
 # -- one mount, seen from one process -------------------------------------------------------------
@@ -504,11 +321,11 @@ class _Process:
         try:
             info = mount_info(root)
         except (OSError, ValueError) as exc:
-            _log_once(f"info:{root}", "direct reads: %s does not say where its store is (%s); "
+            log_once(f"info:{root}", "direct reads: %s does not say where its store is (%s); "
                       "reading through the mount", root, exc)
             return _MountFiles(root)
         if not info.cache_dir or not info.digest:
-            _log_once(f"info:{root}", "direct reads: the mount at %s does not say where its "
+            log_once(f"info:{root}", "direct reads: the mount at %s does not say where its "
                       "store and digest are (mounted by an older quiverfs); reading through it", root)
             return _MountFiles(root)
         digest = self._digest_for(info)
@@ -534,7 +351,7 @@ class _Process:
         if self.settings.handoff is None:
             if can_open_store(files.store):
                 return None
-            _log_once(f"handoff:{files.store}", "direct reads of %s: this process may not open "
+            log_once(f"handoff:{files.store}", "direct reads of %s: this process may not open "
                       "its store files (%s is not traversable for it); mountd hands them over "
                       "instead", files.root, files.store)
         assert files.info is not None and files.info.cache_dir is not None
@@ -552,7 +369,7 @@ class _Process:
         assert info.digest is not None
         digest = self._open_digest(info.digest, info.root)
         if digest is not None and digest.dataset_id != info.dataset:
-            _log_once(f"digest:{info.digest}", "direct reads: digest %s is not the one of %s; "
+            log_once(f"digest:{info.digest}", "direct reads: digest %s is not the one of %s; "
                       "reading through the mount", info.digest, info.root)
             return None
         return digest
@@ -565,7 +382,7 @@ class _Process:
             parent = self.parent_digests.get(path)
             digest = parent.reopen() if parent is not None else Digest.open(path)
         except (QuiverError, OSError) as exc:
-            _log_once(f"digest:{path}", "direct reads of %s: cannot open digest %s (%s); "
+            log_once(f"digest:{path}", "direct reads of %s: cannot open digest %s (%s); "
                       "reading through the mount", root, path, exc)
             return None
         self.digests[path] = digest
@@ -759,7 +576,7 @@ class DirectReader:
         except FileNotFoundError:
             return None  # evicted or never cached: the mount fetches it
         except OSError as exc:
-            _log_once(f"store:{files.store}:{exc.errno}", "direct reads of %s: cannot open its "
+            log_once(f"store:{files.store}:{exc.errno}", "direct reads of %s: cannot open its "
                       "store files (%s: is the store traversable? docs/shim.md); reading "
                       "through the mount", files.root, exc)
             return None
@@ -781,14 +598,17 @@ class DirectReader:
 
     def prepare(self, path: str | os.PathLike[str]) -> bool:
         """Find the mount holding directory ``path``, open its digest and map that directory
-        now (in a DataLoader's main process, say: forked workers then reuse all of it); True
-        when its files can be read directly."""
+        now (in a DataLoader's main process, say: forked workers then reuse all of it), and
+        connect this process's hit reporter to mountd; True when its files can be read
+        directly."""
         full = os.path.abspath(path)
         proc = self._state()
         files = proc.mount_of(os.path.join(full, ""))
         if files is None or not files.usable:
             return False
         files.content(os.path.join(full, "")[len(files.prefix):])
+        if files.reporter is not None:
+            files.reporter.start()
         return True
 
     def flush(self, timeout: float = CLOSE_WAIT) -> bool:
