@@ -315,15 +315,18 @@ async def scan_shard(
             return scan
         if not block or block == ZERO_BLOCK:
             break  # the object's end (a shard cut after its last member) or the end marker
+        valid = len(block) == BLOCK and _checksum_ok(block)
+        if first and not valid:
+            # A small compressed file is shorter than one header: look at the magic first.
+            for magic, what in COMPRESSION_MAGIC.items():
+                if block.startswith(magic):
+                    raise compressed_refusal(info.key, what)
         if len(block) < BLOCK:
             if block.strip(b"\0") == b"":
                 break  # a cut end marker
             raise corrupt(f"not a complete tar: the object ends inside the header at offset {at}")
-        if not _checksum_ok(block):
+        if not valid:
             if first:
-                for magic, what in COMPRESSION_MAGIC.items():
-                    if block.startswith(magic):
-                        raise compressed_refusal(info.key, what)
                 raise corrupt("not a tar archive (no valid tar header at offset 0)")
             raise corrupt(f"bad tar header checksum at offset {at}")
         first = False
