@@ -250,8 +250,8 @@ def _checksum_ok(block: bytes) -> bool:
     return stored in (unsigned, signed)
 
 
-def _pax_records(data: bytes, where: str) -> dict[str, str]:
-    """``"%d %s=%s\\n"`` records of a pax header; lengths count bytes."""
+def _pax_records(data: bytes) -> dict[str, str]:
+    """``"%d %s=%s\\n"`` records of a pax header; lengths count bytes. ValueError if malformed."""
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data):
@@ -259,12 +259,13 @@ def _pax_records(data: bytes, where: str) -> dict[str, str]:
             break
         space = data.find(b" ", pos)
         try:
-            length = int(data[pos:space])
+            length = int(data[pos:space]) if space > pos else 0
         except ValueError:
-            raise CorruptObject(f"malformed pax header {where}") from None
+            length = 0
         record = data[space + 1 : pos + length]
-        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
-            raise CorruptObject(f"malformed pax header {where}")
+        if (length <= 0 or pos + length > len(data) or not record.endswith(b"\n")
+                or b"=" not in record):
+            raise ValueError("malformed pax record")
         keyword, _, value = record[:-1].partition(b"=")
         records[keyword.decode("utf-8", "surrogateescape")] = value.decode(
             "utf-8", "surrogateescape"
@@ -348,7 +349,10 @@ async def scan_shard(
             if kind == b"L":
                 long_name = _field_str(data)
             elif kind == b"x":
-                pax.update(_pax_records(data, f"at offset {at}"))
+                try:
+                    pax.update(_pax_records(data))
+                except ValueError:
+                    raise corrupt(f"malformed pax header at offset {at}") from None
             continue  # K (long link name) and g (global defaults) change nothing we keep
 
         if "size" in pax:

@@ -387,3 +387,28 @@ async def test_partial_of_the_other_mode_refused(tmp_path):
         await build(url(src), tmp_path / "d.qd")
     with pytest.raises(UsageError, match="--tar must be one of"):
         await build(url(src), tmp_path / "d.qd", tar="files")
+
+
+def _header(name: bytes, size_field: bytes, kind: bytes = b"0") -> bytes:
+    block = bytearray(512)
+    block[0 : len(name)] = name
+    block[124:136] = size_field
+    block[156:157] = kind
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+async def test_gnu_base256_size_and_bad_pax(tmp_path):
+    # A size in GNU base-256 (what GNU tar writes past 8 GiB), here for 5 bytes.
+    src = tmp_path / "src"
+    src.mkdir()
+    size = b"\x80" + (5).to_bytes(11, "big")
+    (src / "b.tar").write_bytes(_header(b"five.bin", size) + b"12345" + bytes(507 + 1024))
+    await build(url(src), tmp_path / "d.qd", tar="members")
+    assert digest_view(tmp_path / "d.qd")["five.bin"] == ("b.tar", 512, 5, b3(b"12345"))
+    # A pax header whose record is malformed is a corrupt shard, named with its offset.
+    pax = b"99 path=x\n".ljust(512, b"\0")
+    (src / "b.tar").write_bytes(_header(b"pax", b"%011o\0" % 10, b"x") + pax + bytes(1024))
+    with pytest.raises(CorruptObject, match="malformed pax header at offset 0"):
+        await build(url(src), tmp_path / "e.qd", tar="members")
