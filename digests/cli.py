@@ -149,7 +149,7 @@ def build(
             f"{result.files - result.members} other objects"
         )
     typer.echo(
-        f"hashed {result.hashed_files} objects ({result.hashed_bytes} bytes), reused "
+        f"hashed {result.hashed_files} {'other ' if members else ''}objects ({result.hashed_bytes} bytes), reused "
         f"{result.reused_files} from an earlier run; {result.markers} directory markers, "
         f"{result.empty_dirs} empty directories kept"
     )
