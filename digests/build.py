@@ -1,5 +1,13 @@
 """``digests build``: list a source, hash every object in parallel, write a digest.
 
+With ``tar="members"`` every ``.tar`` object is a shard whose members become the files
+(digests/tar.py reads them); other objects stay files of their own. The tree is then what
+extracting every shard in place, in key order, over the other objects would give: a member's
+path is the shard's directory joined to its name, a later member of the same path wins (within
+a shard: the later one in the tar; across shards: the shard whose key sorts last, in byte
+order), and a member replaces an object of the same path. Every such replacement is counted
+and reported (``BuildResult.shadowed``), never an error and never two files of one path.
+
 Work goes into ``OUT.partial``, a SQLite file committed in batches (every 500 objects or 2 s),
 so an interrupted build loses at most one batch. Rerunning the same command resumes: the
 source is listed again and objects whose key, size and version (ETag, generation or mtime)
@@ -24,6 +32,13 @@ import trio
 
 from digests.paths import path_problem
 from digests.progress import Progress
+from digests.tar import (
+    ShardScan,
+    compressed_refusal,
+    compressed_suffix,
+    is_shard_key,
+    scan_shard,
+)
 from digests.write import write_digest
 from quiverfs.backends import (
     DIRECTORY,
@@ -58,7 +73,27 @@ CREATE TABLE IF NOT EXISTS hashed (
 CREATE TABLE IF NOT EXISTS listing (key TEXT PRIMARY KEY) WITHOUT ROWID;
 -- Directories the current run's listing named (markers, empty folders), emptied likewise.
 CREATE TABLE IF NOT EXISTS dirs (key TEXT PRIMARY KEY) WITHOUT ROWID;
+-- --tar members: shards read so far, by any run; a row is written with its members, in one
+-- transaction, once the whole shard was read. duplicates = members replaced inside it.
+CREATE TABLE IF NOT EXISTS shards (
+    key TEXT PRIMARY KEY, size INTEGER NOT NULL, version TEXT NOT NULL,
+    duplicates INTEGER NOT NULL
+) WITHOUT ROWID;
+-- Their members (one per path; is_dir = a directory entry: offset, size 0, hash NULL).
+CREATE TABLE IF NOT EXISTS members (
+    shard TEXT NOT NULL, path TEXT NOT NULL, is_dir INTEGER NOT NULL, offset INTEGER NOT NULL,
+    size INTEGER NOT NULL, hash BLOB, PRIMARY KEY (shard, path)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS members_by_path ON members (path, shard);
+-- Members a shard holds that cannot be files (links, devices, invalid names), with why.
+CREATE TABLE IF NOT EXISTS shard_skips (shard TEXT NOT NULL, name TEXT NOT NULL,
+    reason TEXT NOT NULL);
+-- The current run's listed shards (emptied at the start of every run).
+CREATE TABLE IF NOT EXISTS shard_listing (key TEXT PRIMARY KEY) WITHOUT ROWID;
 """
+
+#: ``tar`` modes: ``shards`` (a .tar object is one file, like any object) and ``members``.
+TAR_MODES = ("shards", "members")
 
 
 @dataclass
@@ -69,6 +104,13 @@ class BuildResult:
     ``file://`` directories), ``empty_dirs`` those of them the digest holds with nothing in
     them, ``external_links`` the ``file://`` links out of the root that were skipped (they
     are also in ``skipped_count``).
+
+    With ``tar="members"``: ``shards`` is the number of tar shards listed, ``members`` the
+    digest's files that come from them (``files - members`` are plain objects);
+    ``scanned_shards``/``scanned_bytes`` were read by this run, ``reused_shards`` came from
+    the partial; ``shadowed`` counts files replaced by a later member of the same path (in
+    the same shard, a later shard, or over a plain object), ``shadowed_examples`` names a few.
+    ``hashed_*`` and ``reused_files`` count plain objects only.
     """
 
     out: str
@@ -83,6 +125,14 @@ class BuildResult:
     external_links: int = 0
     skipped_count: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    tar: str = "shards"
+    shards: int = 0
+    members: int = 0
+    scanned_shards: int = 0
+    scanned_bytes: int = 0
+    reused_shards: int = 0
+    shadowed: int = 0
+    shadowed_examples: list[str] = field(default_factory=list)
 
 
 async def build(
@@ -95,6 +145,7 @@ async def build(
     settings: RemoteSettings | None = None,
     options: BackendOptions | None = None,
     follow_external_links: bool = False,
+    tar: str = "shards",
 ) -> BuildResult:
     """Build the digest of every object under ``source`` into ``out``; resume if interrupted.
 
@@ -111,20 +162,30 @@ async def build(
     deleted after being listed, and ``file://`` symbolic links whose target leaves the source
     root (``/etc/passwd``, ``../../x``) unless ``follow_external_links``.
 
-    Raises :class:`UsageError` when ``OUT.partial`` belongs to another source or location,
-    :class:`CorruptObject` when an object keeps changing while it is hashed.
+    ``tar="members"`` reads every ``.tar`` object as a shard and makes its members the files
+    (see the module docstring and digests/tar.py); members that cannot be files (links,
+    devices, invalid names) are skipped with a warning like keys. ``"shards"`` (the default)
+    keeps every object a file.
+
+    Raises :class:`UsageError` when ``OUT.partial`` belongs to another source, location or
+    tar mode, or (members) for a compressed shard; :class:`CorruptObject` when an object
+    keeps changing while it is hashed, or (members) a shard is not a readable tar.
 
     Cancellation: hashed objects are committed to the partial before the cancellation goes on.
     """
     if workers < 1:
         raise UsageError(f"--workers must be at least 1: {workers}")
+    if tar not in TAR_MODES:
+        raise UsageError(f"--tar must be one of {', '.join(TAR_MODES)}: {tar!r}")
     out = os.fspath(out)
     progress = progress or Progress()
     owned = not isinstance(source, Backend)
     backend = open_backend(source, options, settings) if owned else source
     try:
         location_url = normalize_url(location) if location else backend.url
-        return await _build(backend, out, location_url, workers, progress, follow_external_links)
+        return await _build(
+            backend, out, location_url, workers, progress, follow_external_links, tar
+        )
     finally:
         if owned:
             await backend.aclose()
@@ -137,8 +198,9 @@ async def _build(
     workers: int,
     progress: Progress,
     follow_external_links: bool,
+    tar: str,
 ) -> BuildResult:
-    result = BuildResult(out=out)
+    result = BuildResult(out=out, tar=tar)
     partial = out + ".partial"
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
@@ -149,9 +211,10 @@ async def _build(
     db = sqlite3.connect(partial)
     try:
         db.executescript(PARTIAL_SCHEMA)
-        _claim_partial(db, partial, backend.url, location_url)
+        _claim_partial(db, partial, backend.url, location_url, tar)
         db.execute("DELETE FROM listing")
         db.execute("DELETE FROM dirs")
+        db.execute("DELETE FROM shard_listing")
         db.commit()
         await _list_and_hash(db, backend, workers, progress, result, follow_external_links)
         db.commit()
@@ -178,8 +241,13 @@ def _remove_stale_tmp(out: str) -> None:
             pass  # alive, someone else's
 
 
-def _claim_partial(db: sqlite3.Connection, partial: str, source: str, location: str) -> None:
+def _claim_partial(
+    db: sqlite3.Connection, partial: str, source: str, location: str, tar: str
+) -> None:
     wanted = {"source": source, "location": location}
+    if tar != "shards":
+        # Only recorded when not the default, so partials of earlier versions still resume.
+        wanted["tar"] = tar
     have = dict(db.execute("SELECT key, value FROM build"))
     if not have:
         db.executemany("INSERT INTO build VALUES (?, ?)", wanted.items())
@@ -187,7 +255,8 @@ def _claim_partial(db: sqlite3.Connection, partial: str, source: str, location: 
     elif have != wanted:
         raise UsageError(
             f"{partial} belongs to another build ({have.get('source')} recorded as "
-            f"{have.get('location')}); rerun that command, or delete the file to start over"
+            f"{have.get('location')}, --tar {have.get('tar', 'shards')}); rerun that "
+            "command, or delete the file to start over"
         )
 
 
@@ -201,12 +270,27 @@ async def _list_and_hash(
 ) -> None:
     pending = 0
     last_commit = time.monotonic()
+    members_mode = result.tar == "members"
 
     def skip(key: str, reason: str) -> None:
         result.skipped_count += 1
         if len(result.skipped) < EXAMPLES:
             result.skipped.append((key, reason))
             progress.note(f"skipping {key!r}: {reason}")
+
+    def shard_report(key: str) -> None:
+        """Warn about what shard ``key`` held that the digest will not (again on a resume)."""
+        for name, reason in db.execute(
+            "SELECT name, reason FROM shard_skips WHERE shard = ? ORDER BY rowid", (key,)
+        ):
+            skip(f"{key}:{name}", f"tar member: {reason}")
+
+    def committed() -> None:
+        nonlocal pending, last_commit
+        pending += 1
+        if pending >= BATCH_OBJECTS or time.monotonic() - last_commit > BATCH_SECONDS:
+            db.commit()
+            pending, last_commit = 0, time.monotonic()
 
     async def lister(send: trio.MemorySendChannel[ObjectInfo]) -> None:
         async with send:
@@ -229,6 +313,21 @@ async def _list_and_hash(
                 if problem:
                     skip(info.key, problem)
                     continue
+                if members_mode and is_shard_key(info.key):
+                    db.execute("INSERT OR IGNORE INTO shard_listing VALUES (?)", (info.key,))
+                    progress.add_total(1, info.size)
+                    row = db.execute(
+                        "SELECT size, version FROM shards WHERE key = ?", (info.key,)
+                    ).fetchone()
+                    if row == (info.size, info.version):
+                        result.reused_shards += 1
+                        shard_report(info.key)
+                        progress.advance(1, info.size)
+                        continue
+                    await send.send(info)
+                    continue
+                if members_mode and (suffix := compressed_suffix(info.key)):
+                    raise compressed_refusal(info.key, suffix)
                 db.execute("INSERT OR IGNORE INTO listing VALUES (?)", (info.key,))
                 progress.add_total(1, info.size)
                 row = db.execute(
@@ -241,27 +340,63 @@ async def _list_and_hash(
                 await send.send(info)
             progress.totals_known()
 
+    async def hash_one(info: ObjectInfo) -> None:
+        try:
+            size, version, digest = await hash_object(backend, info)
+        except NotFound:
+            db.execute("DELETE FROM listing WHERE key = ?", (info.key,))
+            skip(info.key, "deleted while the build ran")
+            return
+        db.execute(
+            "INSERT OR REPLACE INTO hashed VALUES (?, ?, ?, ?)",
+            (info.key, size, version, digest),
+        )
+        result.hashed_files += 1
+        result.hashed_bytes += size
+        progress.advance(1, size)
+        committed()
+
+    async def scan_one(info: ObjectInfo) -> None:
+        try:
+            info, scan = await read_shard(backend, info)
+        except NotFound:
+            db.execute("DELETE FROM shard_listing WHERE key = ?", (info.key,))
+            skip(info.key, "deleted while the build ran")
+            return
+        # One shard's rows between two awaits: atomic, and committed together.
+        db.execute("DELETE FROM members WHERE shard = ?", (info.key,))
+        db.execute("DELETE FROM shard_skips WHERE shard = ?", (info.key,))
+        db.executemany(
+            "INSERT INTO members VALUES (?, ?, ?, ?, ?, ?)",
+            ((info.key, m.path, m.is_dir, m.offset, m.size, m.hash)
+             for m in scan.members.values()),
+        )
+        db.executemany(
+            "INSERT INTO shard_skips VALUES (?, ?, ?)",
+            ((info.key, name, reason) for name, reason in scan.skipped),
+        )
+        db.execute(
+            "INSERT OR REPLACE INTO shards VALUES (?, ?, ?, ?)",
+            (info.key, info.size, info.version, scan.duplicates),
+        )
+        for path in scan.duplicate_examples:
+            progress.note(
+                f"{info.key}: member {path!r} appears more than once; the last one is kept "
+                "(as extracting the tar would)"
+            )
+        shard_report(info.key)
+        result.scanned_shards += 1
+        result.scanned_bytes += info.size
+        progress.advance(1, info.size)
+        committed()
+
     async def worker(recv: trio.MemoryReceiveChannel[ObjectInfo]) -> None:
-        nonlocal pending, last_commit
         async with recv:
             async for info in recv:
-                try:
-                    size, version, digest = await hash_object(backend, info)
-                except NotFound:
-                    db.execute("DELETE FROM listing WHERE key = ?", (info.key,))
-                    skip(info.key, "deleted while the build ran")
-                    continue
-                db.execute(
-                    "INSERT OR REPLACE INTO hashed VALUES (?, ?, ?, ?)",
-                    (info.key, size, version, digest),
-                )
-                result.hashed_files += 1
-                result.hashed_bytes += size
-                progress.advance(1, size)
-                pending += 1
-                if pending >= BATCH_OBJECTS or time.monotonic() - last_commit > BATCH_SECONDS:
-                    db.commit()
-                    pending, last_commit = 0, time.monotonic()
+                if members_mode and is_shard_key(info.key):
+                    await scan_one(info)
+                else:
+                    await hash_one(info)
 
     send, recv = trio.open_memory_channel[ObjectInfo](workers)
     try:
@@ -272,6 +407,38 @@ async def _list_and_hash(
             await recv.aclose()
     except BaseExceptionGroup as group:
         raise first_error(group) from None
+
+
+def _prefix(key: str) -> str:
+    """The directory of ``key``: where its members land (``""`` at the root)."""
+    return key.rpartition("/")[0]
+
+
+async def read_shard(backend: Backend, info: ObjectInfo) -> tuple[ObjectInfo, ShardScan]:
+    """The members of shard ``info``, read in one consistent state; and the info they match.
+
+    Like :func:`hash_object`: reads ask for one byte past the listed size at the end, a shard
+    that was not read to its end (the tar's end marker came first) or is large is confirmed
+    with a 1-byte read past its end and a HEAD (when the store has versions); a change means
+    a fresh stat and another read (:class:`CorruptObject` after :data:`CHANGE_ATTEMPTS`).
+    """
+    for _ in range(CHANGE_ATTEMPTS):
+        scan = await scan_shard(backend, info, _prefix(info.key), DEFAULT_CHUNK)
+        if not scan.changed:
+            if scan.read_to_end and info.size < DEFAULT_CHUNK:
+                return info, scan
+            if not scan.read_to_end and await backend.read_range(info.key, info.size, 1):
+                info = await backend.stat(info.key)
+                continue
+            now = await backend.stat(info.key) if info.version else info
+            if (now.size, now.version) == (info.size, info.version):
+                return info, scan
+        info = await backend.stat(info.key)
+    raise CorruptObject(
+        f"shard keeps changing while it is read ({CHANGE_ATTEMPTS} attempts)",
+        url=backend.url,
+        key=info.key,
+    )
 
 
 async def hash_object(backend: Backend, info: ObjectInfo) -> tuple[int, str, bytes]:
@@ -316,37 +483,103 @@ async def _update(hasher: blake3.blake3, data: bytes) -> None:
 def _finalize(
     partial: str, out: str, location_url: str, result: BuildResult, progress: Progress
 ) -> None:
-    """Write ``out`` from the listed, hashed objects of ``partial`` (in a worker thread)."""
+    """Write ``out`` from the listed objects and shard members of ``partial`` (in a thread).
+
+    The tree is assembled in two temporary tables: ``entries`` (path → size, hash, location
+    key and offset; key NULL = the object of that path) and ``tree_dirs``. Plain objects go in
+    first, then the members of the listed shards over them (:func:`_add_members`), then a
+    path that is also a directory loses its file.
+    """
     db = sqlite3.connect(partial)
     try:
-        # A key that is also the directory of other keys or markers ("a" and "a/b", "a" and
-        # marker "a/") cannot be both in a file tree: the directory wins, the object is
-        # skipped. '0' sorts right after '/'.
+        db.execute(
+            "CREATE TEMP TABLE entries (path TEXT PRIMARY KEY, size INTEGER NOT NULL, "
+            "hash BLOB NOT NULL, key TEXT, off INTEGER NOT NULL) WITHOUT ROWID"
+        )
+        db.execute("CREATE TEMP TABLE tree_dirs (path TEXT PRIMARY KEY) WITHOUT ROWID")
+        db.execute(
+            "INSERT INTO temp.entries SELECT h.key, h.size, h.hash, NULL, 0 FROM listing l "
+            "JOIN hashed h ON h.key = l.key"
+        )
+        db.execute("INSERT INTO temp.tree_dirs SELECT key FROM dirs")
+        _add_members(db, result, progress)
+        # A path that is also the directory of other paths or of a marker ("a" and "a/b",
+        # "a" and marker "a/") cannot be both in a file tree: the directory wins, the file
+        # is skipped. '0' sorts right after '/'.
         clashes = db.execute(
-            "SELECT l.key FROM listing l WHERE EXISTS (SELECT 1 FROM listing m "
-            "WHERE m.key > l.key || '/' AND m.key < l.key || '0') OR EXISTS (SELECT 1 FROM "
-            "dirs d WHERE d.key = l.key OR (d.key > l.key || '/' AND d.key < l.key || '0'))"
+            "SELECT l.path FROM temp.entries l WHERE EXISTS (SELECT 1 FROM temp.entries m "
+            "WHERE m.path > l.path || '/' AND m.path < l.path || '0') OR EXISTS (SELECT 1 "
+            "FROM temp.tree_dirs d WHERE d.path = l.path OR (d.path > l.path || '/' AND "
+            "d.path < l.path || '0'))"
         ).fetchall()
-        for (key,) in clashes:
-            db.execute("DELETE FROM listing WHERE key = ?", (key,))
+        for (path,) in clashes:
+            db.execute("DELETE FROM temp.entries WHERE path = ?", (path,))
             result.skipped_count += 1
             if len(result.skipped) < EXAMPLES:
-                result.skipped.append((key, "is also a directory of other keys"))
-                progress.note(f"skipping {key!r}: is also a directory of other keys")
-        db.commit()
-        rows = db.execute(
-            "SELECT h.key, h.size, h.hash FROM listing l JOIN hashed h ON h.key = l.key"
-        )
-        dirs = [key for (key,) in db.execute("SELECT key FROM dirs")]
+                result.skipped.append((path, "is also a directory of other keys"))
+                progress.note(f"skipping {path!r}: is also a directory of other keys")
+        rows = db.execute("SELECT path, size, hash, 0, key, off FROM temp.entries")
+        dirs = [path for (path,) in db.execute("SELECT path FROM temp.tree_dirs")]
         result.dataset_id = write_digest(out, rows, [location_url], dirs=dirs)
-        result.files, result.total_bytes = db.execute(
-            "SELECT count(*), coalesce(sum(h.size), 0) FROM listing l JOIN hashed h "
-            "ON h.key = l.key"
+        result.files, result.total_bytes, result.members = db.execute(
+            "SELECT count(*), coalesce(sum(size), 0), count(key) FROM temp.entries"
         ).fetchone()
+        (result.shards,) = db.execute("SELECT count(*) FROM shard_listing").fetchone()
         (result.empty_dirs,) = db.execute(
-            "SELECT count(*) FROM dirs d WHERE NOT EXISTS (SELECT 1 FROM listing l "
-            "WHERE l.key > d.key || '/' AND l.key < d.key || '0') AND NOT EXISTS (SELECT 1 "
-            "FROM dirs e WHERE e.key > d.key || '/' AND e.key < d.key || '0')"
+            "SELECT count(*) FROM temp.tree_dirs d WHERE NOT EXISTS (SELECT 1 FROM "
+            "temp.entries l WHERE l.path > d.path || '/' AND l.path < d.path || '0') AND NOT "
+            "EXISTS (SELECT 1 FROM temp.tree_dirs e WHERE e.path > d.path || '/' AND "
+            "e.path < d.path || '0')"
         ).fetchone()
     finally:
         db.close()
+
+
+def _add_members(db: sqlite3.Connection, result: BuildResult, progress: Progress) -> None:
+    """Put the members of the listed shards into ``temp.entries`` and ``temp.tree_dirs``.
+
+    Extraction semantics, so that one path is one file whatever the shards hold: of the
+    members of one path the one in the shard whose key sorts last (byte order) wins, and a
+    member replaces a plain object of the same path. Each replaced file is counted in
+    ``result.shadowed`` (with the replacements inside one shard, counted when it was read).
+    """
+    db.execute(
+        "CREATE TEMP TABLE live AS SELECT m.* FROM members m JOIN shard_listing s "
+        "ON s.key = m.shard"
+    )
+    db.execute("INSERT OR IGNORE INTO temp.tree_dirs SELECT path FROM temp.live WHERE is_dir")
+    (inside,) = db.execute(
+        "SELECT coalesce(sum(duplicates), 0) FROM shards s JOIN shard_listing l ON l.key = s.key"
+    ).fetchone()
+    (across,) = db.execute(
+        "SELECT count(*) - count(DISTINCT path) FROM temp.live WHERE NOT is_dir"
+    ).fetchone()
+    for (path,) in db.execute(
+        "SELECT path FROM temp.live WHERE NOT is_dir GROUP BY path HAVING count(*) > 1 "
+        "LIMIT ?", (EXAMPLES,)
+    ).fetchall():
+        _shadow_example(result, progress, path, "is a member of several shards; the one of "
+                        "the shard whose key sorts last is kept")
+    (over_plain,) = db.execute(
+        "SELECT count(*) FROM temp.entries e WHERE EXISTS (SELECT 1 FROM temp.live m "
+        "WHERE m.path = e.path AND NOT m.is_dir)"
+    ).fetchone()
+    for (path,) in db.execute(
+        "SELECT path FROM temp.entries e WHERE EXISTS (SELECT 1 FROM temp.live m "
+        "WHERE m.path = e.path AND NOT m.is_dir) LIMIT ?", (EXAMPLES,)
+    ).fetchall():
+        _shadow_example(result, progress, path, "is both an object and a tar member; the "
+                        "member is kept")
+    # SQLite takes the bare columns of a max() aggregate from the row holding the maximum.
+    db.execute(
+        "INSERT OR REPLACE INTO temp.entries SELECT path, size, hash, max(shard), offset "
+        "FROM temp.live WHERE NOT is_dir GROUP BY path"
+    )
+    db.execute("DROP TABLE temp.live")
+    result.shadowed = inside + across + over_plain
+
+
+def _shadow_example(result: BuildResult, progress: Progress, path: str, why: str) -> None:
+    if len(result.shadowed_examples) < EXAMPLES:
+        result.shadowed_examples.append(path)
+        progress.note(f"{path!r} {why}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from typing import Annotated
 
 import trio
@@ -39,6 +40,13 @@ def _root() -> None:
     """Build, inspect, verify and diff quiverfs dataset digests."""
 
 
+class TarMode(StrEnum):
+    """``digests build --tar``: what a ``.tar`` object becomes (digests/build.py)."""
+
+    shards = "shards"
+    members = "members"
+
+
 @app.command()
 def build(
     source_url: Annotated[
@@ -60,6 +68,15 @@ def build(
             "(skipped with a warning by default).",
         ),
     ] = False,
+    tar: Annotated[
+        TarMode,
+        typer.Option(
+            help="What a .tar object becomes. shards: one file, like any object. members: a "
+            "tar shard (WebDataset or plain, uncompressed) whose members become the files, "
+            "each read from the shard by byte range; other objects stay files. "
+            "See docs/digest-format.md.",
+        ),
+    ] = TarMode.shards,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
@@ -68,8 +85,11 @@ def build(
     Example: digests build s3://bucket/imagenet -o imagenet.qd
 
     Example: digests build file:///data/imagenet --location s3://bucket/imagenet -o imagenet.qd
+
+    Example: digests build s3://bucket/imagenet-wds --tar members -o imagenet-wds.qd
     """
-    progress = make_progress("build", quiet)
+    members = tar is TarMode.members
+    progress = make_progress("build", quiet, unit="objects" if members else "files")
     try:
         result = trio.run(
             lambda: build_digest(
@@ -79,6 +99,7 @@ def build(
                 workers=workers,
                 progress=progress,
                 follow_external_links=follow_external_links,
+                tar=tar.value,
             )
         )
     except KeyboardInterrupt:
@@ -106,6 +127,14 @@ def build(
                 "external_links_skipped": result.external_links,
                 "skipped": result.skipped_count,
                 "skipped_examples": [{"key": k, "reason": r} for k, r in result.skipped],
+                "tar": result.tar,
+                "shards": result.shards,
+                "members": result.members,
+                "scanned_shards": result.scanned_shards,
+                "scanned_bytes": result.scanned_bytes,
+                "reused_shards": result.reused_shards,
+                "shadowed": result.shadowed,
+                "shadowed_examples": result.shadowed_examples,
             }
         )
         return
@@ -113,8 +142,14 @@ def build(
         f"wrote {result.out}: {result.files} files, {result.total_bytes} bytes, "
         f"dataset id {result.dataset_id}"
     )
+    if members:
+        typer.echo(
+            f"{result.members} files from {result.shards} tar shards ({result.scanned_shards} "
+            f"read, {result.scanned_bytes} bytes; {result.reused_shards} from an earlier run), "
+            f"{result.files - result.members} other objects"
+        )
     typer.echo(
-        f"hashed {result.hashed_files} objects ({result.hashed_bytes} bytes), reused "
+        f"hashed {result.hashed_files} {'other ' if members else ''}objects ({result.hashed_bytes} bytes), reused "
         f"{result.reused_files} from an earlier run; {result.markers} directory markers, "
         f"{result.empty_dirs} empty directories kept"
     )
@@ -124,10 +159,17 @@ def build(
             "the source (--follow-external-links includes them)",
             err=True,
         )
+    if result.shadowed:
+        typer.echo(
+            f"warning: {result.shadowed} tar members or objects were replaced by a later "
+            "member of the same path (the later one is kept, as extracting the shards in key "
+            "order would; see the warnings above)",
+            err=True,
+        )
     if result.skipped_count:
         typer.echo(
-            f"warning: skipped {result.skipped_count} objects that cannot be files "
-            "(see the warnings above; docs/digest-format.md)",
+            f"warning: skipped {result.skipped_count} objects{' or tar members' if members else ''}"
+            " that cannot be files (see the warnings above; docs/digest-format.md)",
             err=True,
         )
 

@@ -72,8 +72,9 @@ class Progress:
 class BarProgress(Progress):
     """A rich progress bar on a terminal."""
 
-    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+    def __init__(self, label: str, stream: TextIO | None = None, unit: str = "files") -> None:
         super().__init__()
+        self._unit = unit
         self._console = Console(file=stream or sys.stderr)
         self._bar = RichBar(
             TextColumn("{task.description}"),
@@ -100,7 +101,7 @@ class BarProgress(Progress):
             self._task,
             completed=self.done_bytes,
             total=self.total_bytes if self.total_known else None,
-            description=f"{self._label} {self.done_files}{of} files",
+            description=f"{self._label} {self.done_files}{of} {self._unit}",
         )
 
     def close(self) -> None:
@@ -114,8 +115,11 @@ class BarProgress(Progress):
 class LineProgress(Progress):
     """One line every ``interval`` seconds, for logs."""
 
-    def __init__(self, label: str, stream: TextIO | None = None, interval: float = 5.0) -> None:
+    def __init__(
+        self, label: str, stream: TextIO | None = None, interval: float = 5.0, unit: str = "files"
+    ) -> None:
         super().__init__()
+        self._unit = unit
         self._label = label
         self._stream = stream or sys.stderr
         self._interval = interval
@@ -134,7 +138,7 @@ class LineProgress(Progress):
         rate = self.done_bytes / max(now - self._start, 1e-9)
         of = f"/{self.total_files}" if self.total_known else ""
         print(
-            f"{self._label}: {self.done_files}{of} files, {_size(self.done_bytes)} of "
+            f"{self._label}: {self.done_files}{of} {self._unit}, {_size(self.done_bytes)} of "
             f"{_size(self.total_bytes)}{'' if self.total_known else '+'}, {_size(rate)}/s",
             file=self._stream,
             flush=True,
@@ -144,14 +148,20 @@ class LineProgress(Progress):
         self._draw(force=True)
 
 
-def make_progress(label: str, quiet: bool = False, stream: TextIO | None = None) -> Progress:
-    """The right reporter for ``stream`` (default stderr): bar on a TTY, lines otherwise."""
+def make_progress(
+    label: str, quiet: bool = False, stream: TextIO | None = None, unit: str = "files"
+) -> Progress:
+    """The right reporter for ``stream`` (default stderr): bar on a TTY, lines otherwise.
+
+    ``unit`` names what the counts count (``files``; ``objects`` for a build that reads tar
+    shards, where one shard is one unit however many members it holds).
+    """
     stream = stream or sys.stderr
     if quiet:
         return Progress()
     if stream.isatty():
-        return BarProgress(label, stream)
-    return LineProgress(label, stream)
+        return BarProgress(label, stream, unit=unit)
+    return LineProgress(label, stream, unit=unit)
 
 
 def _size(n: float) -> str:
