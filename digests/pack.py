@@ -543,6 +543,8 @@ async def _precheck_dest(dst: Backend, chunk_size: int, seed: int | None) -> Non
         theirs = {}
     if theirs is None:
         async for info in dst.list():
+            if _leftover(dst, info.key):
+                continue
             raise UsageError(
                 f"{dst.url} is not empty (e.g. {info.key!r}) and holds no pack manifest "
                 f"({MANIFEST_KEY}): pack into an empty location, or delete its objects to "
@@ -562,6 +564,12 @@ def _another_pack(dst: Backend, theirs: dict) -> UsageError:
     )
 
 
+def _leftover(dst: Backend, key: str) -> bool:
+    """A ``file://`` write's temporary file left by a crash (``.NAME.tmp-*``): not an object."""
+    name = key.rsplit("/", 1)[-1]
+    return dst.scheme == "file" and name.startswith(".") and ".tmp-" in name
+
+
 async def _check_dest(dst: Backend, chunks: list[Chunk], manifest: dict) -> dict[str, int]:
     """Key → size of what the destination already holds of this pack.
 
@@ -572,8 +580,7 @@ async def _check_dest(dst: Backend, chunks: list[Chunk], manifest: dict) -> dict
     present: dict[str, int] = {}
     others: list[str] = []
     async for info in dst.list():
-        name = info.key.rsplit("/", 1)[-1]
-        if dst.scheme == "file" and name.startswith(".") and ".tmp-" in name:
+        if _leftover(dst, info.key):
             continue
         if info.key in ours:
             present[info.key] = info.size
