@@ -49,7 +49,6 @@ import trio
 
 from digests.build import build
 from digests.digest import Digest
-from digests.errors import DigestError
 from digests.progress import Progress
 from digests.write import NewFile, write_digest
 from quiverfs.backends import Backend, BackendOptions, RemoteSettings, normalize_url, open_backend
@@ -320,9 +319,8 @@ async def pack(
 
     dataset_id = await trio.to_thread.run_sync(_finalize, state_path, out, dest_url)
     if dataset_id != result.dataset_id:
-        raise DigestError(
-            f"packed digest {out} has dataset id {dataset_id}, the source {result.dataset_id} "
-            "(a bug: please report it)"
+        raise AssertionError(
+            f"packed digest {out} has dataset id {dataset_id}, the source {result.dataset_id}"
         )
     os.unlink(state_path)
     _remove_source_digest(out)
