@@ -11,6 +11,8 @@ import io
 import json
 import os
 import tarfile
+import threading
+import time
 from pathlib import Path
 
 import blake3
@@ -388,3 +390,36 @@ async def test_empty_dataset(tmp_path: Path) -> None:
     with Digest.open(tmp_path / "p.qd", check="full") as d:
         assert d.file_count == 0 and d.empty_dirs() == ["only-dir"]
     assert os.listdir(tmp_path / "p") == [MANIFEST_KEY]
+
+
+async def test_workers_bound_reads_and_writes(source: Path, loose: Path, tmp_path: Path) -> None:
+    """--workers caps the source reads in flight (all chunks together) and the chunk writes,
+    whatever the backends' own limiters would allow (16 here)."""
+    src = open_backend(url(source), BackendOptions(concurrency=16), RemoteSettings())
+    dest = tmp_path / "p"
+    dest.mkdir()
+    dst = open_backend(url(dest), BackendOptions(concurrency=16), RemoteSettings())
+    lock = threading.Lock()
+    in_flight = {"read": 0, "write": 0}
+    most = {"read": 0, "write": 0}
+
+    def counted(kind: str, real):
+        def call(*args):
+            with lock:
+                in_flight[kind] += 1
+                most[kind] = max(most[kind], in_flight[kind])
+            try:
+                time.sleep(0.002)  # long enough for others to pile up if nothing held them
+                return real(*args)
+            finally:
+                with lock:
+                    in_flight[kind] -= 1
+        return call
+
+    src._read_range = counted("read", src._read_range)  # type: ignore[method-assign]
+    dst._write_object = counted("write", dst._write_object)  # type: ignore[method-assign]
+    async with src, dst:
+        result = await pack(src, dst, tmp_path / "p.qd", chunk_size=4, digest=loose, workers=3)
+    assert result.written_chunks == -(-len(FILES) // 4)
+    assert 1 <= most["read"] <= 3
+    assert 1 <= most["write"] <= 3
