@@ -301,8 +301,7 @@ def pack(
     """Shuffle SOURCE_URL's files into tar chunks under DEST_URL and write a digest of the same
     dataset (same paths and id) whose files point into the chunks; rerun to resume.
 
-    Example: digests pack s3://bucket/imagenet s3://bucket/imagenet-packed --digest imagenet.qd
-    -o imagenet-packed.qd
+    Example: digests pack s3://b/imagenet s3://b/imagenet-packed --digest imagenet.qd -o p.qd
 
     Example: digests pack /data/cifar file:///scratch/cifar-packed --chunk-size 64 --seed 7
     """
