@@ -1,7 +1,8 @@
-"""``digests``: build, inspect, verify and diff dataset digests.
+"""``digests``: build, inspect, verify, diff and pack dataset digests.
 
 A thin layer over the Python API with the same names: :func:`digests.build.build`,
-:class:`digests.digest.Digest`, :func:`digests.verify.verify`, :func:`digests.diff.diff`.
+:class:`digests.digest.Digest`, :func:`digests.verify.verify`, :func:`digests.diff.diff`,
+:func:`digests.pack.pack`.
 Errors print one line (``digests: error: ...``) with the exit codes of
 :mod:`quiverfs.console`; ``--debug`` shows tracebacks.
 """
@@ -20,12 +21,14 @@ from digests.build import build as build_digest
 from digests.diff import diff as diff_digests
 from digests.digest import Digest
 from digests.errors import Interrupted
+from digests.pack import DEFAULT_CHUNK_SIZE, default_out
+from digests.pack import pack as pack_digest
 from digests.progress import make_progress
 from digests.verify import verify as verify_digest
 from quiverfs.console import run_app
 
 app = typer.Typer(
-    help="Build, inspect, verify and diff quiverfs dataset digests.\n\n"
+    help="Build, inspect, verify, diff and pack quiverfs dataset digests.\n\n"
     "Add --debug to any command for full tracebacks.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -37,7 +40,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on 
 
 @app.callback()
 def _root() -> None:
-    """Build, inspect, verify and diff quiverfs dataset digests."""
+    """Build, inspect, verify, diff and pack quiverfs dataset digests."""
 
 
 class TarMode(StrEnum):
@@ -301,6 +304,98 @@ def diff(
             typer.echo(f"identical: dataset id {result.a_id}")
     if not result.identical:
         raise typer.Exit(1)
+
+
+@app.command()
+def pack(
+    source_url: Annotated[
+        str, typer.Argument(help="The dataset: s3://, az://, gs://, file:// URL or a local path.")
+    ],
+    dest_url: Annotated[
+        str,
+        typer.Argument(help="Where the chunks go: an empty location (a file:// one is created)."),
+    ],
+    chunk_size: Annotated[
+        int, typer.Option(help="Files per chunk (Brand's 64 by default).")
+    ] = DEFAULT_CHUNK_SIZE,
+    seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the shuffle (default: random; printed and recorded)."),
+    ] = None,
+    digest: Annotated[
+        str | None,
+        typer.Option(
+            help="A digest of SOURCE_URL: its files are packed without hashing the source "
+            "again (its keys are read under SOURCE_URL; every file is still verified)."
+        ),
+    ] = None,
+    out: Annotated[
+        str | None,
+        typer.Option("-o", "--out", help="Packed digest to write (default: NAME.qd, NAME the "
+                     "last part of DEST_URL)."),
+    ] = None,
+    workers: Annotated[
+        int, typer.Option(help="Reads in flight, and chunks assembled or written at once.")
+    ] = 16,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Shuffle SOURCE_URL's files into tar chunks under DEST_URL and write a digest of the same
+    dataset (same paths and id) whose files point into the chunks; rerun to resume.
+
+    Example: digests pack s3://b/imagenet s3://b/imagenet-packed --digest imagenet.qd -o p.qd
+
+    Example: digests pack /data/cifar file:///scratch/cifar-packed --chunk-size 64 --seed 7
+    """
+    out = out or default_out(dest_url)
+    try:
+        result = trio.run(
+            lambda: pack_digest(
+                source_url,
+                dest_url,
+                out,
+                chunk_size=chunk_size,
+                seed=seed,
+                digest=digest,
+                workers=workers,
+                progress=lambda label: make_progress(label, quiet),
+            )
+        )
+    except KeyboardInterrupt:
+        raise Interrupted(
+            f"interrupted; what is done is kept ({out}.pack-partial and the chunks under "
+            f"{dest_url}): rerun the same command to resume"
+        ) from None
+    if as_json:
+        _print_json(
+            {
+                "out": result.out,
+                "dest": result.dest,
+                "dataset_id": result.dataset_id,
+                "seed": result.seed,
+                "chunk_size": result.chunk_size,
+                "plan_id": result.plan_id,
+                "chunks": result.chunks,
+                "files": result.files,
+                "total_bytes": result.total_bytes,
+                "chunk_bytes": result.chunk_bytes,
+                "written_chunks": result.written_chunks,
+                "reused_chunks": result.reused_chunks,
+                "written_bytes": result.written_bytes,
+                "resumed": result.resumed,
+                "hashed_source": result.hashed_source,
+                "empty_dirs": len(result.empty_dirs),
+            }
+        )
+        return
+    typer.echo(
+        f"wrote {result.out}: {result.files} files, {result.total_bytes} bytes in "
+        f"{result.chunks} chunks under {result.dest}, dataset id {result.dataset_id}"
+    )
+    typer.echo(
+        f"seed {result.seed}, chunk size {result.chunk_size}: wrote {result.written_chunks} "
+        f"chunks ({result.written_bytes} bytes), {result.reused_chunks} already there"
+    )
 
 
 def _print_json(obj: object) -> None:

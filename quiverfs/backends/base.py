@@ -3,7 +3,8 @@
 A :class:`Backend` is rooted at a URL (``s3://bucket/prefix``, ``az://account/container/prefix``,
 ``gs://bucket/prefix``, ``file:///path``); every key it takes or returns is relative to that root,
 with ``/`` separators. The public API is async (trio). Subclasses implement a handful of
-*blocking* methods (``_list_page``, ``_stat``, ``_read_range``, ``_close``) that call their SDK;
+*blocking* methods (``_list_page``, ``_stat``, ``_read_range``, ``_write_object``, ``_close``)
+that call their SDK;
 this base class runs them in worker threads under a per-backend :class:`trio.CapacityLimiter`
 sized to the SDK's connection pool, translates SDK exceptions with the subclass's one table
 (:meth:`Backend._translate`), and retries :class:`TemporaryFailure` with exponential backoff and
@@ -109,12 +110,15 @@ class RetryPolicy:
 class RemoteCounters:
     """What this backend asked of the remote: requests by kind, bytes received, retries.
 
-    Kinds are ``GET`` (reads), ``HEAD`` (stat) and ``LIST`` (one per listing page). Counted in
-    the trio thread after each attempt returns, so reads of these fields need no lock.
+    Kinds are ``GET`` (reads), ``HEAD`` (stat), ``LIST`` (one per listing page) and ``PUT``
+    (whole-object writes, one per attempt). Counted in the trio thread after each attempt
+    returns, so reads of these fields need no lock.
     """
 
     requests: Counter[str] = field(default_factory=Counter)
     bytes_read: int = 0
+    #: Bytes of the writes that succeeded (a retried write counts once).
+    bytes_written: int = 0
     retries: int = 0
     failures: Counter[str] = field(default_factory=Counter)
 
@@ -161,6 +165,16 @@ class Backend(ABC):
     @abstractmethod
     def _read_range(self, key: str, offset: int, length: int) -> bytes:
         """``length`` bytes from ``offset`` (fewer only where the object ends), ``length > 0``."""
+
+    def _write_object(self, key: str, data: bytes) -> None:
+        """Store ``data`` as the whole object ``key``, replacing any object there.
+
+        Readers see the old object or the new one, never a part (object stores put atomically;
+        ``file://`` renames a complete temporary file). The bucket (container, root directory)
+        must exist: a missing one is the SDK's not-found error, never created here. Every
+        store of the registry implements it; the default is for read-only test doubles.
+        """
+        raise PermanentFailure(f"the {self.scheme} backend cannot write", url=self.url, key=key)
 
     def _close(self) -> None:  # noqa: B027 (optional hook, deliberately not abstract)
         """Release SDK clients and pools. Default: nothing to release."""
@@ -244,6 +258,19 @@ class Backend(ABC):
             yield data
             offset += len(data)
 
+    async def write_object(self, key: str, data: bytes) -> None:
+        """Store ``data`` as the whole object ``key`` (one ``PUT``), replacing what is there.
+
+        Retried on :class:`TemporaryFailure` like a read: a whole-object put is idempotent,
+        so a retry after an answer that got lost writes the same bytes again. The bucket must
+        exist (:class:`NotFound` otherwise). Cancellation: never abandoned; a put in flight
+        finishes (or fails) in its thread before the cancellation goes on.
+        """
+        if not key or key.endswith("/"):
+            raise ValueError(f"not an object key: {key!r}")
+        await self._call("PUT", key, self._write_object, key, data, count_bytes=False, writes=True)
+        self.counters.bytes_written += len(data)
+
     async def aclose(self) -> None:
         """Release the SDK's clients and connection pools."""
         await trio.to_thread.run_sync(self._close)
@@ -274,14 +301,15 @@ class Backend(ABC):
 
     async def _call(
         self, kind: str, key: str, fn: Callable[..., Any], *args: object, count_bytes: bool = True,
-        then: Callable[[Any], T] | None = None,
+        then: Callable[[Any], T] | None = None, writes: bool = False,
     ) -> T:
         """Run blocking ``fn(*args)`` in a thread, counting, translating and retrying it;
         with ``then``, run ``then(result)`` after it in the same thread (see
         :meth:`read_range_then`).
 
-        Cancellation: plain calls only read, so a cancelled caller abandons the thread
+        Cancellation: plain reads are abandoned by a cancelled caller
         (``abandon_on_cancel=True``); the SDK call finishes in the background and is dropped.
+        Calls that write (``writes``, or a ``then`` step) are waited for.
         """
         start = trio.current_time()
         attempt = 0
@@ -290,7 +318,8 @@ class Backend(ABC):
             self.counters.requests[kind] += 1
             try:
                 result = await trio.to_thread.run_sync(
-                    work, *args, limiter=self.limiter, abandon_on_cancel=then is None
+                    work, *args, limiter=self.limiter,
+                    abandon_on_cancel=then is None and not writes,
                 )
             except _ThenFailed as failed:
                 raise failed.error from None

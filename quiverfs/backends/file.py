@@ -11,12 +11,20 @@ like the cloud backends, and also names:
   were there); listed as :data:`EXTERNAL_LINK` when it leaves the root (``/etc/passwd``,
   ``../../x``), which a build skips unless asked to follow them. Links to directories are
   not descended into, like ``find`` without ``-L``.
+
+Writes are atomic: the bytes go to a temporary file in the object's directory (named
+``.NAME.tmp-PID-RANDOM``), which is fsynced and renamed over the object's name, and the
+directory is fsynced; missing directories below the root are created (and their parents
+fsynced). The root itself must exist, as a bucket must. Crash states: the object's old
+content or its new one; at worst a leftover ``.*.tmp-*`` file, which a listing shows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import secrets
 from urllib.parse import unquote
 
 from quiverfs.backends.base import DIRECTORY, EXTERNAL_LINK, Backend, BackendOptions, ObjectInfo
@@ -37,6 +45,10 @@ ERRNO_TABLE: dict[int, type[BackendError]] = {
     errno.ETIMEDOUT: TemporaryFailure,
     errno.ESTALE: TemporaryFailure,  # NFS handle went stale: reopening usually works
     errno.EIO: TemporaryFailure,
+    # what a write meets
+    errno.EROFS: AccessDenied,
+    errno.ENOSPC: PermanentFailure,
+    errno.EDQUOT: PermanentFailure,
 }
 
 
@@ -137,8 +149,64 @@ class FileBackend(Backend):
         finally:
             os.close(fd)
 
+    def _write_object(self, key: str, data: bytes) -> None:
+        if not os.path.isdir(self.root):
+            raise FileNotFoundError(errno.ENOENT, "no such directory", self.root)
+        path = os.path.normpath(self._path(key))
+        if not path.startswith(os.path.join(os.path.normpath(self.root), "")):
+            raise PermanentFailure("key leaves the root directory", url=self.url, key=key)
+        directory, name = os.path.split(path)
+        created = _make_dirs(directory)
+        tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        # 0o666 less the umask, like any file a program creates (mkstemp would give 0600).
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(directory)
+        # A new directory's entry lives in its parent: fsync the parents, deepest first.
+        for made in reversed(created):
+            _fsync_dir(os.path.dirname(made))
+
     def _translate(self, exc: BaseException, key: str) -> BackendError | None:
         if isinstance(exc, OSError) and exc.errno in ERRNO_TABLE:
             cls = ERRNO_TABLE[exc.errno]
             return cls(os.strerror(exc.errno).lower(), url=self.url, key=key)
         return None
+
+
+def _make_dirs(directory: str) -> list[str]:
+    """Create ``directory`` and its missing ancestors; the ones created, outermost first."""
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    created = []
+    for path in reversed(missing):
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            if not os.path.isdir(path):
+                raise NotADirectoryError(errno.ENOTDIR, "a file is in the way", path) from None
+            continue  # another writer made it meanwhile
+        created.append(path)
+    return created
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+

@@ -187,6 +187,17 @@ class GCSBackend(Backend):
             # object is a 404 first, so this never hides NotFound.
             return b""
 
+    def _write_object(self, key: str, data: bytes) -> None:
+        # A fresh Blob: its upload URL comes from the client's endpoint. GCS makes the
+        # object visible only once the upload completes.
+        blob = self.bucket.blob(self._full_key(key))
+        blob.upload_from_string(
+            data,
+            content_type="application/octet-stream",
+            timeout=self.options.timeout,
+            retry=None,
+        )
+
     def _close(self) -> None:
         self.client.close()
 
