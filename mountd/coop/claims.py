@@ -443,9 +443,7 @@ class EpochPool:
                 skips -= 1
                 continue
             out.append(self._give(i))
-        deadline = now + dataset.flight_ttl
-        for i in out:
-            dataset.in_flight[i] = deadline
+        dataset.fly(out, now + dataset.flight_ttl)
         return out
 
     def _packed_misses(
