@@ -153,30 +153,38 @@ class ChunkPlan:
         with that ``packing`` kept so that preloads go a packed chunk at a time."""
         if count < 1:
             raise ValueError("a dataset has at least one file")
+        chunk_of = array("i", [-1]) * count
+        index = array("i", bytes(4 * count))
         ranges: list[list[tuple[int, int]]] = []
-        seen = bytearray(count)
-        for group in groups:
-            ids = sorted(group)
+        templates: list[array] = []
+        for c, group in enumerate(groups):
+            ids = array("i", sorted(group))
             if not ids:
                 raise ValueError("a chunk holds at least one file")
             if ids[0] < 0 or ids[-1] >= count:
                 raise ValueError(f"ids must be in 0..{count - 1}")
-            for i in ids:
-                seen[i] += 1
             runs: list[tuple[int, int]] = []
-            for i in ids:  # coalesce runs of consecutive ids
-                if runs and runs[-1][1] == i:
-                    runs[-1] = (runs[-1][0], i + 1)
-                else:
-                    runs.append((i, i + 1))
+            start = prev = ids[0]
+            for k, i in enumerate(ids):
+                if chunk_of[i] >= 0:
+                    raise ValueError(f"id {i} is in two groups")
+                chunk_of[i] = c
+                index[i] = k
+                if i > prev + 1:  # coalesce runs of consecutive ids
+                    runs.append((start, prev + 1))
+                    start = i
+                prev = i
+            runs.append((start, prev + 1))
             ranges.append(runs)
-        if seen.count(1) != count:
+            templates.append(ids)
+        if -1 in chunk_of:
             raise ValueError(f"the groups must partition 0..{count - 1}")
         plan = cls.__new__(cls)
         plan.count, plan.chunks, plan.seed = count, len(ranges), seed
         plan.partitions = 1
         plan.packing = packing
-        plan._build(ranges)
+        plan._ranges, plan._chunk_of, plan._index, plan._ids = ranges, chunk_of, index, templates
+        plan._sizes = [len(ids) for ids in templates]
         return plan
 
     def _build(self, ranges: list[list[tuple[int, int]]]) -> None:
@@ -296,7 +304,7 @@ def plan_packed_chunks(
     n = len(sizes)
     if len(packing.chunk_of) != n:
         raise ValueError(f"the packing covers {len(packing.chunk_of)} files, the dataset {n}")
-    units = units_in(packing, range(n))
+    units = list(range(packing.chunks)) + [~i for i, c in enumerate(packing.chunk_of) if c < 0]
     unit_bytes = [sum(sizes[i] for i in unit_members(packing, u)) for u in units]
     order = list(range(len(units)))
     random.Random(f"packed-chunks:{seed}:{n}:{len(units)}").shuffle(order)

@@ -250,6 +250,8 @@ class DatasetState:
             if packing is not None and i not in self.in_flight:
                 u = unit_of(packing, i)
                 units[u] = units.get(u, 0) + 1
+                if units[u] == 1:
+                    self._tell_flying(u, True)
             self.in_flight[i] = deadline
 
     def _land(self, file_id: int) -> None:
@@ -261,6 +263,12 @@ class DatasetState:
                 self.flying_units[u] = left
             else:
                 del self.flying_units[u]
+                self._tell_flying(u, False)
+
+    def _tell_flying(self, unit: int, flying: bool) -> None:
+        for pool in self.pools:
+            if pool.fill is not None:
+                pool.fill.set_flying(unit, flying)
 
     # -- reservations (packed datasets) ------------------------------------------------------
 
@@ -473,7 +481,7 @@ class EpochPool:
         brought: list[int] = []
         deadline = now + dataset.flight_ttl
         while len(fetch) < need and fill.open:
-            pick = fill.best(rng, dataset.flying_units, wanted)
+            pick = fill.best(rng, wanted)
             if pick is None:
                 # Everything open is in flight: join the unit with the most open members.
                 top = max(fill.open.values())
@@ -551,7 +559,9 @@ class EpochPool:
         self.unread = unread
         self.chunk = chunk
         if self.dataset.packing is not None:
-            self.fill = FillRates(self.dataset.packing, unread.uncached_members())
+            self.fill = FillRates(
+                self.dataset.packing, unread.uncached_members(), self.dataset.flying_units
+            )
         if self.dataset.manager is not None:
             self.dataset.manager.reference(self, chunk)
 

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mountd.coop.brand import units_in
 from mountd.coop.chunks import (
     DEFAULT_GRACE,
     Action,
@@ -226,7 +225,8 @@ class SessionRegistry:
                 slots=self.chunk_slots,
             )
         if chosen is Mode.CHUNKED and (
-            len(sizes) < 3 or (packing is not None and len(units_in(packing, range(len(sizes)))) < 3)
+            len(sizes) < 3
+            or (packing is not None and packing.chunks + packing.chunk_of.count(-1) < 3)
         ):
             chosen = Mode.FULL  # nothing to chunk
         existing = self._datasets.get(dataset)

@@ -267,22 +267,33 @@ def test_preloads_go_a_packed_chunk_at_a_time():
 def test_fill_rates_pick_the_fullest_unit_and_break_ties_at_random():
     packing = make_packing(40, 4)  # 10 units of 4
     open_ids = [i for k in range(10) for i in packing.members_of(k)[: 1 + k % 3]]
-    fill = FillRates(packing, open_ids)
+    fill = FillRates(packing, open_ids, ())
     assert fill.open == {k: 1 + k % 3 for k in range(10)}
     rng = random.Random(0)
-    picks = {fill.best(rng, {}, lambda u: list(packing.members_of(u)[: 1 + u % 3]))[0]
-             for _ in range(200)}
+    picks = {fill.best(rng, lambda u: list(packing.members_of(u)[: 1 + u % 3]))[0]
+             for _ in range(300)}
     assert picks == {2, 5, 8}  # three members open of four: the best rate, each chosen
-    # a unit with members in flight counts only the others: 5 has none left, 2 two of
-    # four like 1, 4, 7 and now 8
+    # units with members in flight count only the others: 5 has none left, 2 two of four
+    # like 1, 4, 7 and now 8
     fill.remove(packing.members_of(8)[0])
+    fill.set_flying(2, True)
+    fill.set_flying(5, True)
+
+    def wanted(u):
+        return [] if u == 5 else list(packing.members_of(u)[1:3])
+
     picks = set()
-    for _ in range(200):
-        u, ids = fill.best(rng, {2: 1, 5: 3},
-                           lambda u: [] if u == 5 else list(packing.members_of(u)[1:3]))
+    for _ in range(300):
+        u, ids = fill.best(rng, wanted)
         assert len(ids) == 2
         picks.add(u)
     assert picks == {1, 2, 4, 7, 8}
+    fill.set_flying(5, False)  # landed after all: 5 is the best again
+    assert fill.best(rng, wanted)[0] == 5
+    # nothing wanted anywhere
+    for u in list(fill.open):
+        fill.set_flying(u, True)
+    assert fill.best(rng, lambda u: []) is None
 
 
 # -- claims -------------------------------------------------------------------------------------
