@@ -9,6 +9,11 @@ returns up to ``n`` files the job has not been given this epoch:
    files no other job is fetching already (:attr:`DatasetState.in_flight`); the caller must
    start fetching them at once (claims are DELI's sampler-informed prefetch hint).
 
+A packed dataset (one with a :class:`~mountd.coop.packing.Packing`) draws its misses
+differently: whole packed chunks of the current chunk by fill rate, the members beyond ``n``
+returned as ``brought`` and reserved for the job (:mod:`mountd.coop.brand`;
+docs/substitutable-reads.md "Packed datasets (Brand)"). Loose datasets are unaffected.
+
 Algorithm 1 samples ``10 × n`` random unread indices and keeps the cached ones; that yields a
 uniform sample of ``cached ∩ unread``, cut short when the lookup budget runs out. The cache
 state here is a local bitmap, so this module samples ``cached ∩ unread`` *directly*: the same
