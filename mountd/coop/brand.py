@@ -149,7 +149,9 @@ class FillRates:
                 best_w, best_size = w, size
         tied: list[tuple[int, list[int]]] = []
         packing = self.packing
-        for u in self._flying:
+        # A copy: looking at a member may find its flight expired, which files the unit
+        # among the clean ones (set_flying) while this loop runs.
+        for u in list(self._flying):
             count = self.open.get(u)
             if not count:
                 continue
@@ -165,6 +167,8 @@ class FillRates:
             tied.append((u, ids))
         if not best_w:
             return None
+        filed = {u for u, _ in tied if u in self._where}  # expired while looked at
+        tied = [t for t in tied if t[0] not in filed]
         clean = [b for (w, size), b in self._buckets.items() if w * best_size == best_w * size]
         r = rng.randrange(sum(map(len, clean)) + len(tied))
         for bucket in clean:

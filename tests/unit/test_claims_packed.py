@@ -463,6 +463,32 @@ def test_coordinated_eviction_ends_reservations():
     assert sorted(given) == list(range(1600))
 
 
+def test_lost_flights_expire_and_every_file_still_comes_once():
+    """Fills land only every fourth round, flights are presumed lost after two: units
+    whose flights expire while a claim looks at them become clean again."""
+    sim = Sim(n=640, per_pack=16, mode="off", flight_ttl=0.1)
+    reg = sim.reg
+    given = {"a": [], "b": []}
+    for job in given:
+        reg.open_session("ds", job, seed=len(job))
+    step = 0
+    while True:
+        ended = 0
+        for job in given:
+            claim = reg.claim("ds", job, 0, 8)
+            ended += claim.end_of_epoch
+            given[job].extend(claim.ids)
+            sim.request(claim.fetch + claim.brought)
+        if ended == 2:
+            break
+        step += 1
+        if step % 4 == 0:
+            sim.land()
+        sim.clock.now += 0.05
+    for ids in given.values():
+        assert sorted(ids) == list(range(640))
+
+
 def test_a_second_job_skips_packed_chunks_the_first_is_fetching():
     sim = Sim(n=320, per_pack=16, mode="off")
     reg = sim.reg
