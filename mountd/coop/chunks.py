@@ -25,6 +25,9 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from mountd.coop.brand import unit_members, units_in
+from mountd.coop.packing import Packing
+
 __all__ = [
     "Action",
     "ChunkManager",
@@ -37,6 +40,7 @@ __all__ = [
     "Preload",
     "choose_mode",
     "plan_chunks",
+    "plan_packed_chunks",
 ]
 
 #: Default chunk size as a fraction of the dataset (Quiver's 10%).
@@ -123,28 +127,82 @@ class ChunkPlan:
         self.count = count
         self.chunks = chunks
         self.seed = seed
+        #: The packed chunks (remote objects) every plan chunk is a union of: see
+        #: :meth:`from_groups`; None for a striped plan.
+        self.packing: Packing | None = None
         units = self.partitions * chunks
         rng = random.Random(f"chunks:{seed}:{count}:{chunks}")
-        self._ranges: list[list[tuple[int, int]]] = [[] for _ in range(chunks)]
-        self._chunk_of = array("i", bytes(4 * count))
+        ranges: list[list[tuple[int, int]]] = [[] for _ in range(chunks)]
         for p in range(self.partitions):
             deal = list(range(chunks))
             if chunks > 1:
                 rng.shuffle(deal)
             for j, c in enumerate(deal):
                 u = p * chunks + j
-                start, stop = u * count // units, (u + 1) * count // units
-                self._ranges[c].append((start, stop))
-                if c:
-                    self._chunk_of[start:stop] = array("i", [c]) * (stop - start)
-        for r in self._ranges:
+                ranges[c].append((u * count // units, (u + 1) * count // units))
+        self._build(ranges)
+
+    @classmethod
+    def from_groups(
+        cls, count: int, groups: Sequence[Iterable[int]], *, seed: int = 0,
+        packing: Packing | None = None,
+    ) -> ChunkPlan:
+        """A plan whose chunk ``c`` is exactly the ids of ``groups[c]`` (a partition of
+        ``0..count-1`` into non-empty groups): the plan of a packed dataset, whose chunks
+        are unions of whole packed chunks (:func:`mountd.coop.brand.plan_packed_chunks`),
+        with that ``packing`` kept so that preloads go a packed chunk at a time."""
+        if count < 1:
+            raise ValueError("a dataset has at least one file")
+        chunk_of = array("i", [-1]) * count
+        index = array("i", bytes(4 * count))
+        ranges: list[list[tuple[int, int]]] = []
+        templates: list[array] = []
+        for c, group in enumerate(groups):
+            ids = array("i", sorted(group))
+            if not ids:
+                raise ValueError("a chunk holds at least one file")
+            if ids[0] < 0 or ids[-1] >= count:
+                raise ValueError(f"ids must be in 0..{count - 1}")
+            runs: list[tuple[int, int]] = []
+            start = prev = ids[0]
+            for k, i in enumerate(ids):
+                if chunk_of[i] >= 0:
+                    raise ValueError(f"id {i} is in two groups")
+                chunk_of[i] = c
+                index[i] = k
+                if i > prev + 1:  # coalesce runs of consecutive ids
+                    runs.append((start, prev + 1))
+                    start = i
+                prev = i
+            runs.append((start, prev + 1))
+            ranges.append(runs)
+            templates.append(ids)
+        if -1 in chunk_of:
+            raise ValueError(f"the groups must partition 0..{count - 1}")
+        plan = cls.__new__(cls)
+        plan.count, plan.chunks, plan.seed = count, len(ranges), seed
+        plan.partitions = 1
+        plan.packing = packing
+        plan._ranges, plan._chunk_of, plan._index, plan._ids = ranges, chunk_of, index, templates
+        plan._sizes = [len(ids) for ids in templates]
+        return plan
+
+    def _build(self, ranges: list[list[tuple[int, int]]]) -> None:
+        """Index the chunks' id ranges: chunk of each id, sizes, the per-chunk templates."""
+        count = self.count
+        self._ranges = ranges
+        self._chunk_of = array("i", bytes(4 * count))
+        for c, r in enumerate(ranges):
             r.sort()
-        self._sizes = [sum(b - a for a, b in r) for r in self._ranges]
+            if c:
+                for start, stop in r:
+                    self._chunk_of[start:stop] = array("i", [c]) * (stop - start)
+        self._sizes = [sum(b - a for a, b in r) for r in ranges]
         # Built once per plan, copied (memcpy) whenever a job enters a chunk: the chunk's ids
         # in order, and each id's index in its chunk's list.
         self._ids = []
         self._index = array("i", bytes(4 * count))
-        for r in self._ranges:
+        for r in ranges:
             ids = array("i")
             for start, stop in r:
                 self._index[start:stop] = array("i", range(len(ids), len(ids) + stop - start))
@@ -176,6 +234,20 @@ class ChunkPlan:
         """A new ``array('i')``: for each id, its index in ``ids_of(chunk_of(id))``."""
         return self._index[:]
 
+    def preload_order(
+        self, chunk: int, rng: random.Random, wanted: Callable[[int], bool]
+    ) -> list[int]:
+        """The ``wanted`` ids of ``chunk`` in the order a preload fetches them: random (a
+        partly done preload is a random subset of the chunk), a packed chunk at a time for
+        a packed plan (its members together, in offset order: one ranged GET each)."""
+        if self.packing is None:
+            ids = [i for i in self._ids[chunk] if wanted(i)]
+            rng.shuffle(ids)
+            return ids
+        units = units_in(self.packing, self._ids[chunk])
+        rng.shuffle(units)
+        return [i for u in units for i in unit_members(self.packing, u) if wanted(i)]
+
 
 def plan_chunks(
     sizes: Sequence[int],
@@ -205,6 +277,65 @@ def plan_chunks(
         if biggest <= target or k >= n:
             return plan
         k = min(n, max(k + 1, math.ceil(k * biggest / target)))
+
+
+def plan_packed_chunks(
+    sizes: Sequence[int],
+    packing: Packing,
+    budget: int,
+    *,
+    fraction: float = DEFAULT_FRACTION,
+    max_chunk_bytes: int | None = None,
+    seed: int = 0,
+    slots: int = 2,
+) -> ChunkPlan:
+    """The :class:`ChunkPlan` of a packed dataset: every chunk a union of whole packed chunks.
+
+    Brand's mapping (../shared/papers/brand-batched-random-access.txt §3.2) made a Quiver
+    budget: the *units* (packed chunks, and loose files as units of one) are shuffled with
+    a seeded generator and the shuffled sequence is cut into ``K`` runs of near-equal bytes,
+    so a chunk's preload is a set of whole packed chunks (one ranged GET each) and every
+    chunk is a uniform random sample of the dataset at packed-chunk granularity (a uniform
+    sample of files too when the packing itself was shuffled, as ``digests pack`` does:
+    Brand §4). ``K`` is chosen as :func:`plan_chunks` does (at least 3, grown until the
+    largest chunk fits ``min(fraction × total, max_chunk_bytes, budget / slots)``); a
+    chunk exceeds the byte average by less than one unit.
+    """
+    n = len(sizes)
+    if len(packing.chunk_of) != n:
+        raise ValueError(f"the packing covers {len(packing.chunk_of)} files, the dataset {n}")
+    units = list(range(packing.chunks)) + [~i for i, c in enumerate(packing.chunk_of) if c < 0]
+    unit_bytes = [sum(sizes[i] for i in unit_members(packing, u)) for u in units]
+    order = list(range(len(units)))
+    random.Random(f"packed-chunks:{seed}:{n}:{len(units)}").shuffle(order)
+    total = sum(unit_bytes)
+    target = max(1.0, _chunk_bytes(total, budget, fraction, max_chunk_bytes, slots))
+    k = min(len(units), max(3, math.ceil(total / target)))
+    while True:
+        groups = _cut(order, unit_bytes, k)
+        biggest = max(sum(unit_bytes[j] for j in g) for g in groups)
+        if biggest <= target or k >= len(units):
+            break
+        k = min(len(units), max(k + 1, math.ceil(k * biggest / target)))
+    members = [[i for j in g for i in unit_members(packing, units[j])] for g in groups]
+    return ChunkPlan.from_groups(n, members, seed=seed, packing=packing)
+
+
+def _cut(order: list[int], unit_bytes: list[int], k: int) -> list[list[int]]:
+    """``order`` cut into ``k`` non-empty runs of near-equal bytes: a unit goes to the run
+    its bytes' midpoint falls in, each run holding at least one unit."""
+    total = sum(unit_bytes) or 1
+    groups: list[list[int]] = [[] for _ in range(k)]
+    c, done = 0, 0
+    for j, u in enumerate(order):
+        b = unit_bytes[u]
+        if groups[c] and c < k - 1 and (
+            (done + b / 2) * k >= (c + 1) * total or len(order) - j <= k - 1 - c
+        ):
+            c += 1
+        groups[c].append(u)
+        done += b
+    return groups
 
 
 class ChunkState(enum.StrEnum):
@@ -467,8 +598,7 @@ class ChunkManager:
             chunk.failed.clear()
             chunk.first_done = chunk.last_done = None
             self.loading = index
-            ids = [i for i in self.plan.ids_of(index) if not self._is_cached(i)]
-            self._rng.shuffle(ids)  # a partly done preload is a random subset of the chunk
+            ids = self.plan.preload_order(index, self._rng, lambda i: not self._is_cached(i))
             self._order, self._cursor = ids, 0
             actions.append(Preload(self.dataset, index, tuple(ids)))
         return actions

@@ -9,6 +9,11 @@ returns up to ``n`` files the job has not been given this epoch:
    files no other job is fetching already (:attr:`DatasetState.in_flight`); the caller must
    start fetching them at once (claims are DELI's sampler-informed prefetch hint).
 
+A packed dataset (one with a :class:`~mountd.coop.packing.Packing`) draws its misses
+differently: whole packed chunks of the current chunk by fill rate, the members beyond ``n``
+returned as ``brought`` and reserved for the job (:mod:`mountd.coop.brand`;
+docs/substitutable-reads.md "Packed datasets (Brand)"). Loose datasets are unaffected.
+
 Algorithm 1 samples ``10 × n`` random unread indices and keeps the cached ones; that yields a
 uniform sample of ``cached ∩ unread``, cut short when the lookup budget runs out. The cache
 state here is a local bitmap, so this module samples ``cached ∩ unread`` *directly*: the same
@@ -38,7 +43,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 
+from mountd.coop.brand import FillRates, unit_members, unit_of
 from mountd.coop.chunks import ChunkManager, ChunkPlan
+from mountd.coop.packing import Packing
 
 __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
 
@@ -127,6 +134,10 @@ class UnreadSet:
         self._swap(self._pos[file_id], len(self._members) - 1)
         self._members.pop()
 
+    def uncached_members(self) -> array:
+        """The uncached members (a copy)."""
+        return self._members[self._split :]
+
     def sample_cached(self, rng: random.Random) -> int:
         """A uniformly random cached member (there must be one)."""
         return self._members[rng.randrange(self._split)]
@@ -145,6 +156,13 @@ class DatasetState:
     miss draw skips them while others are available, so concurrent jobs fetch disjoint
     subsets (Quiver §5.2) and the remote serves about ``N`` files per epoch whatever the count
     of jobs. Chunked datasets have a :class:`ChunkManager`.
+
+    A packed dataset has a ``packing`` (:mod:`mountd.coop.brand`): claims then hand out misses
+    a packed chunk at a time, ``flying_units`` counts the in-flight ids per fetch unit, and,
+    when ``reserve`` is on (every mode but lru), the members a claim's GET brings beyond its
+    misses are *reserved* for the claiming pool until it is given them: ``reserved`` counts
+    the pools holding each id (the caller pins those files once cached) and ``released``
+    collects ids whose last reservation went (the caller unpins them: :meth:`take_released`).
     """
 
     def __init__(
@@ -154,6 +172,8 @@ class DatasetState:
         *,
         manager_options: dict | None = None,
         flight_ttl: float = 120.0,
+        packing: Packing | None = None,
+        reserve: bool = True,
     ) -> None:
         self.name = name
         self.plan = plan
@@ -162,6 +182,14 @@ class DatasetState:
         self.cached_total = 0
         self.in_flight: dict[int, float] = {}
         self.flight_ttl = flight_ttl
+        self.packing = packing
+        self.reserve = reserve and packing is not None
+        #: unit -> ids of it in ``in_flight`` (packed datasets only; expired ones included
+        #: until :meth:`flying` looks at them).
+        self.flying_units: dict[int, int] = {}
+        #: id -> pools that reserved it (packed datasets with ``reserve`` only).
+        self.reserved: dict[int, int] = {}
+        self.released: list[int] = []
         #: Live epoch pools of every job on this dataset (they get cache notifications).
         self.pools: set[EpochPool] = set()
         self.manager: ChunkManager | None = None
@@ -176,7 +204,7 @@ class DatasetState:
         """Record fills; returns the ids that were not cached before."""
         new = []
         for i in ids:
-            self.in_flight.pop(i, None)
+            self._land(i)
             if not self.cached[i]:
                 self.cached[i] = 1
                 new.append(i)
@@ -206,7 +234,7 @@ class DatasetState:
         loading chunk)."""
         ids = list(ids)
         for i in ids:
-            self.in_flight.pop(i, None)
+            self._land(i)
         if self.manager is not None:
             self.manager.on_failed(ids)
 
@@ -216,9 +244,65 @@ class DatasetState:
         if deadline is None:
             return False
         if deadline <= now:
-            del self.in_flight[file_id]
+            self._land(file_id)
             return False
         return True
+
+    def fly(self, ids: Iterable[int], deadline: float) -> None:
+        """Enter ``ids`` in the in-flight map until ``deadline``."""
+        packing, units = self.packing, self.flying_units
+        for i in ids:
+            if packing is not None and i not in self.in_flight:
+                u = unit_of(packing, i)
+                units[u] = units.get(u, 0) + 1
+                if units[u] == 1:
+                    self._tell_flying(u, True)
+            self.in_flight[i] = deadline
+
+    def _land(self, file_id: int) -> None:
+        """``file_id`` is no longer in flight (cached, failed, or presumed lost)."""
+        if self.in_flight.pop(file_id, None) is not None and self.packing is not None:
+            u = unit_of(self.packing, file_id)
+            left = self.flying_units[u] - 1
+            if left:
+                self.flying_units[u] = left
+            else:
+                del self.flying_units[u]
+                self._tell_flying(u, False)
+
+    def _tell_flying(self, unit: int, flying: bool) -> None:
+        for pool in self.pools:
+            if pool.fill is not None:
+                pool.fill.set_flying(unit, flying)
+
+    # -- reservations (packed datasets) ------------------------------------------------------
+
+    def _reserve(self, ids: Iterable[int]) -> None:
+        for i in ids:
+            self.reserved[i] = self.reserved.get(i, 0) + 1
+
+    def _unreserve(self, ids: Iterable[int]) -> None:
+        for i in ids:
+            left = self.reserved[i] - 1
+            if left:
+                self.reserved[i] = left
+            else:
+                del self.reserved[i]
+                self.released.append(i)
+
+    def drop_reservations(self, ids: Iterable[int]) -> None:
+        """Co-ordinated eviction removes ``ids``: no pool holds them any longer."""
+        ids = set(ids)
+        for pool in self.pools:
+            mine = pool.reserved & ids
+            if mine:
+                pool.reserved -= mine
+                self._unreserve(mine)
+
+    def take_released(self) -> list[int]:
+        """Ids whose last reservation went since the last call (to unpin)."""
+        out, self.released = self.released, []
+        return [i for i in out if i not in self.reserved]
 
 
 @dataclass(frozen=True)
@@ -229,6 +313,9 @@ class Claim:
     ``end_of_epoch`` is true exactly when ``ids`` is empty: this rank's part of the epoch is
     given out. ``chunk`` is the chunk every id belongs to (0 when the dataset is not chunked;
     None for an empty claim). ``remaining`` counts the job's files not yet given this epoch.
+    ``brought`` (packed datasets): the other wanted members of the packed chunks the misses
+    come from; not given, but fetched with them in the same GET, and reserved for the job
+    (they become its hits as they land). The caller fetches ``fetch + brought``.
     """
 
     epoch: int
@@ -236,6 +323,7 @@ class Claim:
     fetch: tuple[int, ...]
     chunk: int | None
     remaining: int
+    brought: tuple[int, ...] = ()
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -274,6 +362,10 @@ class EpochPool:
     #: Unread files of the current chunk, cached ones apart (None when no chunk).
     unread: UnreadSet | None = field(init=False, default=None)
     given_per_chunk: list[int] = field(init=False)
+    #: Packed datasets: open members per fetch unit of the current chunk (None otherwise).
+    fill: FillRates | None = field(init=False, default=None)
+    #: Ids reserved for this pool (brought by its claims, not given yet; packed datasets).
+    reserved: set[int] = field(init=False, default_factory=set)
 
     def __post_init__(self) -> None:
         n = self.dataset.count
@@ -303,7 +395,11 @@ class EpochPool:
         self.dataset.pools.discard(self)
         if self.dataset.manager is not None:
             self.dataset.manager.detach(self)
+        if self.reserved:
+            self.dataset._unreserve(self.reserved)
+            self.reserved = set()
         self.unread = None
+        self.fill = None
         self.chunk = None
 
     @property
@@ -325,6 +421,7 @@ class EpochPool:
         n = min(n, self.rank_remaining(rank))
         hits: list[int] = []
         fetch: list[int] = []
+        brought: list[int] = []
         chunk = None
         if n > 0:
             if self.chunk is None:
@@ -335,11 +432,16 @@ class EpochPool:
             while len(hits) < n and unread.cached:
                 hits.append(self._give(unread.sample_cached(rng)))
             if len(hits) < n:
-                fetch = self._misses(n - len(hits), rng, lookahead, now)
+                if self.fill is None:
+                    fetch = self._misses(n - len(hits), rng, lookahead, now)
+                else:
+                    fetch, brought = self._packed_misses(n - len(hits), rng, now)
             self.given_by_rank[rank] += len(hits) + len(fetch)
             if not self.unread:
                 self._leave(now)
-        return Claim(self.epoch, tuple(hits), tuple(fetch), chunk, self.remaining)
+        return Claim(
+            self.epoch, tuple(hits), tuple(fetch), chunk, self.remaining, tuple(brought)
+        )
 
     def _misses(self, need: int, rng: random.Random, lookahead: int, now: float) -> list[int]:
         """``need`` random unread (uncached) files, skipping in-flight ones within the budget
@@ -354,13 +456,66 @@ class EpochPool:
                 skips -= 1
                 continue
             out.append(self._give(i))
-        deadline = now + dataset.flight_ttl
-        for i in out:
-            dataset.in_flight[i] = deadline
+        dataset.fly(out, now + dataset.flight_ttl)
         return out
+
+    def _packed_misses(
+        self, need: int, rng: random.Random, now: float
+    ) -> tuple[list[int], list[int]]:
+        """Brand's misses: whole packed chunks of the current chunk, highest fill rate first.
+
+        Takes units (:meth:`FillRates.best`: most open members not in flight, as a share of
+        the unit) until ``need`` misses are given; every wanted member of a taken unit goes
+        in flight (its one GET brings them all), the ones beyond ``need`` as ``brought``:
+        reserved for this pool, read as hits by its later claims. When every open member is
+        in flight already (another job's GET, or this pool's own brought ones), the unit
+        with the most open members is given anyway: progress is guaranteed, and the fetch
+        joins the running one (single-flight).
+        """
+        unread, fill, dataset = self.unread, self.fill, self.dataset
+        assert unread is not None and fill is not None and dataset.packing is not None
+        packing = dataset.packing
+
+        def open_members(u: int) -> list[int]:
+            return [i for i in unit_members(packing, u) if i in unread and not unread.is_cached(i)]
+
+        def wanted(u: int) -> list[int]:
+            return [i for i in open_members(u) if not dataset.flying(i, now)]
+
+        fetch: list[int] = []
+        brought: list[int] = []
+        deadline = now + dataset.flight_ttl
+        while len(fetch) < need and fill.open:
+            pick = fill.best(rng, wanted)
+            if pick is None:
+                # Everything open is in flight: join the unit with the most open members.
+                top = max(fill.open.values())
+                unit = rng.choice([u for u, c in fill.open.items() if c == top])
+                ids = open_members(unit)
+                rng.shuffle(ids)
+                fetch.extend(self._give(i) for i in ids[: need - len(fetch)])
+                break
+            _, ids = pick
+            dataset.fly(ids, deadline)
+            rng.shuffle(ids)
+            take = ids[: need - len(fetch)]
+            fetch.extend(self._give(i) for i in take)
+            extra = ids[len(take) :]
+            if extra:
+                brought.extend(extra)
+                if dataset.reserve:
+                    fresh = [i for i in extra if i not in self.reserved]
+                    self.reserved.update(fresh)
+                    dataset._reserve(fresh)
+        return fetch, brought
 
     def _give(self, i: int) -> int:
         assert self.unread is not None
+        if self.fill is not None and i in self.unread and not self.unread.is_cached(i):
+            self.fill.remove(i)
+        if i in self.reserved:
+            self.reserved.discard(i)
+            self.dataset._unreserve((i,))
         self.given[i] = 1
         self.given_total += 1
         self.given_per_chunk[self.dataset.plan.chunk_of(i)] += 1
@@ -408,6 +563,10 @@ class EpochPool:
                 unread.discard(i)
         self.unread = unread
         self.chunk = chunk
+        if self.dataset.packing is not None:
+            self.fill = FillRates(
+                self.dataset.packing, unread.uncached_members(), self.dataset.flying_units
+            )
         if self.dataset.manager is not None:
             self.dataset.manager.reference(self, chunk)
 
@@ -419,6 +578,7 @@ class EpochPool:
             self.dataset.manager.finished(self, done, now)
         self.chunk = None
         self.unread = None
+        self.fill = None
         if self.remaining:
             self._enter(self._next_unread_chunk(done, include_start=False))
 
@@ -426,15 +586,21 @@ class EpochPool:
 
     def on_cached(self, ids: list[int]) -> None:
         """``ids`` became cached: unread ones of the current chunk become hits."""
-        if self.unread is not None:
+        unread, fill = self.unread, self.fill
+        if unread is not None:
             for i in ids:
-                self.unread.set_cached(i, True)
+                if fill is not None and i in unread and not unread.is_cached(i):
+                    fill.remove(i)
+                unread.set_cached(i, True)
 
     def on_evicted(self, ids: list[int]) -> None:
         """``ids`` left the cache: they are misses again."""
-        if self.unread is not None:
+        unread, fill = self.unread, self.fill
+        if unread is not None:
             for i in ids:
-                self.unread.set_cached(i, False)
+                if fill is not None and unread.is_cached(i):
+                    fill.add(i)
+                unread.set_cached(i, False)
 
 
 #: 0 ↔ 1: a scope mask into the "given" mask of what is out of scope.

@@ -23,6 +23,10 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   loading or resident chunk are pinned as they land (so LRU pressure from other datasets
   cannot evict them), and ``Evict`` unpins the chunk and removes exactly its files with
   :meth:`Cache.evict_hashes`, except those another resident chunk or dataset still holds.
+* **Packed datasets (Brand).** A claim's misses come a packed chunk at a time; the other
+  wanted members of those packed chunks (``Claim.brought``) are fetched with them and
+  reserved for the claiming job: pinned as they land, unpinned at the next tick once the
+  registry releases them (:meth:`SessionRegistry.take_released`) and nothing else holds them.
 
 Everything runs in mountd's trio thread; each method is atomic between awaits.
 """
@@ -199,6 +203,7 @@ class CoopService:
                 cached = await trio.to_thread.run_sync(lambda: list(view.cached_ids(present)))
                 mode = self.registry.add_dataset(
                     dataset, view.sizes, budget=self.budget, mode=self.mode, cached=cached,
+                    packing=view.packing,
                 )
             except BaseException:
                 view.close()
@@ -275,8 +280,9 @@ class CoopService:
             if event == "filled":
                 reg.on_cached(name, ids)
                 state = reg.dataset(name)
-                if state.manager is not None and any(
-                    state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids
+                if any(i in state.reserved for i in ids) or (
+                    state.manager is not None
+                    and any(state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids)
                 ):
                     self.cache.pin([arg])
             else:
@@ -297,7 +303,7 @@ class CoopService:
         claim = self.registry.claim(dataset, job, rank, n, epoch=epoch)
         if claim.fetch and dataset in self.mountd_fills:
             view = self.views[dataset]
-            self.cache.fetch_now(view.items(claim.fetch), dataset)
+            self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset)
         self.wake()
         return {
             "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),
@@ -327,8 +333,30 @@ class CoopService:
                 log.info("dataset %s: chunk %d loaded", action.dataset, action.chunk)
             elif isinstance(action, Evict):
                 self._evict(view, action)
+        self._release_reserved()
         self._pump_preloads()
         return actions
+
+    def _release_reserved(self) -> None:
+        """Unpin the packed members no job holds reserved any longer, unless a held chunk
+        or another reservation still holds their content."""
+        for name, view in self.views.items():
+            ids = self.registry.take_released(name)
+            if ids:
+                self._unpin([h for h in view.hashes_of(ids) if not self._pinned_for(h)])
+
+    def _pinned_for(self, content_hash: bytes) -> bool:
+        """Whether some dataset holds ``content_hash`` pinned: reserved for a job, or in a
+        loading or resident chunk."""
+        for name, view in self.views.items():
+            state = self.registry.dataset(name)
+            for i in view.ids_of(content_hash):
+                if i in state.reserved or (
+                    state.manager is not None
+                    and state.manager.state(state.plan.chunk_of(i)) in _HELD
+                ):
+                    return True
+        return False
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
         state = self.registry.dataset(action.dataset)

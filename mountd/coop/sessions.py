@@ -26,8 +26,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from mountd.coop.chunks import DEFAULT_GRACE, Action, ChunkPlan, Mode, choose_mode, plan_chunks
+from mountd.coop.chunks import (
+    DEFAULT_GRACE,
+    Action,
+    ChunkPlan,
+    Evict,
+    Mode,
+    choose_mode,
+    plan_chunks,
+    plan_packed_chunks,
+)
 from mountd.coop.claims import Claim, DatasetState, EpochPool
+from mountd.coop.packing import Packing
 from mountd.coop.requests import (
     LIVE_EPOCHS,
     MAX_CLAIM,
@@ -174,12 +184,17 @@ class SessionRegistry:
         max_chunk_bytes: int | None = None,
         cached: Iterable[int] = (),
         seed: int = 0,
+        packing: Packing | None = None,
     ) -> Mode:
         """Register ``dataset`` (``sizes[i]`` = bytes of compact id ``i``); returns its mode.
 
         ``mode`` None picks :func:`mountd.coop.chunks.choose_mode` from ``budget`` (required then;
         also required for ``chunked``). ``cached`` are the ids in the cache now. Registering
         the same dataset again with the same file count is a no-op.
+
+        ``packing``: the packed chunks of a packed dataset (None: loose). Its chunks are
+        then unions of whole packed chunks (:func:`~mountd.coop.chunks.plan_packed_chunks`)
+        and its claims follow Brand's policy (docs/substitutable-reads.md "Packed datasets").
         """
         check_name("dataset", dataset)
         if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not sizes:
@@ -193,6 +208,8 @@ class SessionRegistry:
         if max_chunk_bytes is not None:
             check_int("max_chunk_bytes", max_chunk_bytes, 1, 1 << 62)
         check_int("seed", seed, 0, (1 << 64) - 1)
+        if packing is not None and len(packing.chunk_of) != len(sizes):
+            raise InvalidRequest("the packing must cover every file of the dataset")
         try:
             chosen = Mode(mode) if mode is not None else None
         except ValueError:
@@ -207,14 +224,28 @@ class SessionRegistry:
                 max_chunk_bytes=max_chunk_bytes,
                 slots=self.chunk_slots,
             )
-        if chosen is Mode.CHUNKED and len(sizes) < 3:
+        if chosen is Mode.CHUNKED and (
+            len(sizes) < 3
+            or (packing is not None and packing.chunks + packing.chunk_of.count(-1) < 3)
+        ):
             chosen = Mode.FULL  # nothing to chunk
         existing = self._datasets.get(dataset)
         if existing is not None:
             if existing.count != len(sizes):
                 raise SessionConflict(f"dataset {dataset} is registered with another file count")
             return self._modes[dataset]
-        if chosen is Mode.CHUNKED:
+        if chosen is Mode.CHUNKED and packing is not None:
+            assert budget is not None
+            plan = plan_packed_chunks(
+                sizes,
+                packing,
+                budget,
+                fraction=fraction,
+                max_chunk_bytes=max_chunk_bytes,
+                seed=seed,
+                slots=self.chunk_slots,
+            )
+        elif chosen is Mode.CHUNKED:
             assert budget is not None
             plan = plan_chunks(
                 sizes,
@@ -236,6 +267,9 @@ class SessionRegistry:
                 "slots": self.chunk_slots,
             },
             flight_ttl=self.flight_ttl,
+            packing=packing,
+            # lru is the comparison baseline: the cache's own policy alone decides.
+            reserve=chosen is not Mode.LRU,
         )
         cached_ids = check_ids(state, cached)
         state.mark_cached(cached_ids)
@@ -306,8 +340,18 @@ class SessionRegistry:
         actions: list[Action] = []
         for state in self._datasets.values():
             if state.manager is not None:
-                actions.extend(state.manager.tick(now))
+                for action in state.manager.tick(now):
+                    if isinstance(action, Evict) and state.reserved:
+                        # Co-ordinated eviction ends the reservations of the chunk's files.
+                        state.drop_reservations(state.plan.ids_of(action.chunk))
+                    actions.append(action)
         return actions
+
+    def take_released(self, dataset: str) -> list[int]:
+        """Files of a packed ``dataset`` no pool holds reserved any longer since the last
+        call (given to the job that brought them, its pool closed, or its chunk evicted):
+        the caller unpins them unless something else holds them. Empty for loose ones."""
+        return self._dataset(dataset).take_released()
 
     def next_deadline(self) -> float | None:
         """The earliest clock (``self.clock``) at which a chunk's grace ends, if any: the
