@@ -4,7 +4,9 @@
 (:mod:`mountd.store.recovery`), the index (:mod:`mountd.store.index`), single-flight fills
 (:mod:`mountd.store.fill`) under the shared remote limits (:mod:`mountd.store.limits`), space accounting
 with a pluggable eviction policy (:mod:`mountd.store.policy`) and a per-user quota
-(:mod:`mountd.store.quota`), scrub and counters.
+(:mod:`mountd.store.quota`), scrub and counters. A miss of a file packed with others in one
+remote object fetches the wanted members together (chunk fills: :mod:`mountd.store.span`,
+:mod:`mountd.store.chunkfill`).
 
 Lifetime (one nursery owns it)::
 

@@ -160,7 +160,8 @@ def cold_pass(dataset: Dataset, hashes: list[bytes], row: Row, args: argparse.Na
     row.add(rate, counters)
     gets = counters["remote_requests"]["GET"]
     progress(f"  {row.name}: {rate:,.0f} files/s, {gets:,} GETs, "
-             f"{counters['remote_bytes'] / 1e6:,.1f} MB, {counters.get('chunk_fills', 0):,} chunk fills")
+             f"{counters['remote_bytes'] / 1e6:,.1f} MB, {counters.get('chunk_fills', 0):,} chunk fills, "
+             f"{counters['misses']:,} misses")
 
 
 def main() -> None:
