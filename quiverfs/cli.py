@@ -78,6 +78,14 @@ def mountd_command(
     remote_concurrency: int = typer.Option(
         16, "--remote-concurrency", help="Remote reads in flight at once.", min=1
     ),
+    remote_latency_ms: float = typer.Option(
+        0.0, "--remote-latency-ms", metavar="MS", min=0, max=60_000,
+        help="Delay each remote request's first byte by MS milliseconds (concurrent requests wait side by side): a cloud bucket's latency for benchmarks against a local emulator. Default 0: none.",
+    ),
+    max_span: str = typer.Option(
+        "4M", "--max-span", metavar="SIZE",
+        help="Most bytes one ranged GET may span to fetch several files of a packed object at once (chunk fills); 0 fetches each file on its own.",
+    ),
     metrics_port: int | None = typer.Option(
         None, "--metrics-port",
         help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port).",
@@ -137,6 +145,8 @@ def mountd_command(
         remote_bandwidth=_rate(remote_bandwidth, "--remote-bandwidth"),
         remote_requests=remote_requests,
         remote_concurrency=remote_concurrency,
+        remote_latency=remote_latency_ms / 1000,
+        span_max_bytes=layout.parse_size(max_span) if max_span.strip() != "0" else 0,
         sync_interval=sync_interval,
         private_store=private_store,
         user_quota=None if user_quota is None else layout.parse_size(user_quota, whole=cap),

@@ -112,6 +112,14 @@ def print_users(users: Mapping[str, Mapping[str, Any]], console: Console | None 
     (console or _console()).print(table)
 
 
+def _chunk_fills(row: Mapping[str, Any]) -> str:
+    """Chunk fills and the files each stored on average (one GET each): ``12 (×63.5)``."""
+    fills = row.get("chunk_fills", 0)  # absent from an older mountd
+    if not fills:
+        return "-"
+    return f"{fills} (×{row.get('chunk_members', 0) / fills:.1f})"
+
+
 def print_stats(report: Mapping[str, Any], console: Console | None = None) -> None:
     """Three tables: what was read from where, how fills went, and what the cache saved."""
     console = console or _console()
@@ -119,8 +127,8 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
     for column in ("dataset", "hits", "misses", "hit ratio", "from cache", "from remote", "remote requests"):
         reads.add_column(column, justify="left" if column in ("dataset", "remote requests") else "right")
     health = Table(title="mountd: fills", title_justify="left")
-    for column in ("dataset", "prefetched", "verify fail", "errors", "evicted", "fill p50", "fill mean",
-                   "fill p95"):
+    for column in ("dataset", "prefetched", "chunk fills", "verify fail", "errors", "evicted", "fill p50",
+                   "fill mean", "fill p95"):
         health.add_column(column, justify="left" if column == "dataset" else "right", no_wrap=True)
     for name, row in _rows(report):
         reads.add_row(
@@ -131,7 +139,8 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
         latency = row["fill_latency"]
         p95 = latency["p95_le_s"]
         health.add_row(
-            name, str(row["prefetches"]), str(row["verify_failures"]), str(row["fill_errors"]),
+            name, str(row["prefetches"]), _chunk_fills(row), str(row["verify_failures"]),
+            str(row["fill_errors"]),
             f"{row['evicted_files']} ({human_bytes(row['evicted_bytes'])})",
             _seconds(latency.get("p50_s")),
             _seconds(latency["mean_s"]),

@@ -12,7 +12,9 @@ chunk (to fetch them in the same request) and, for its claim policy, the chunks 
 
 * ``chunk_of[cid]``: the chunk of compact id ``cid``, or ``-1`` for a loose file (the only
   file of its object);
-* chunk ``k``'s members are ``members[starts[k]:starts[k + 1]]``, in offset order.
+* chunk ``k``'s members are ``members[starts[k]:starts[k + 1]]``, in offset order, and
+  ``offsets[j]`` is the byte offset of ``members[j]`` in its object (~8 bytes a packed file:
+  with it mountd names a chunk's members' locations without a digest read per member).
 
 A chunk is any object (one source, one key) that two or more files of the digest point into.
 Files whose ``loc_key`` is NULL name their own object (digest-format.md) and are loose.
@@ -28,10 +30,13 @@ from collections.abc import Sequence
 class Packing:
     """The chunks of one dataset (see the module docstring). Built by :func:`scan_packing`."""
 
-    def __init__(self, chunk_of: array, starts: array, members: array) -> None:
+    def __init__(self, chunk_of: array, starts: array, members: array,
+                 offsets: array | None = None) -> None:
         self.chunk_of = chunk_of
         self.starts = starts
         self.members = members
+        #: Byte offset of ``members[j]`` in its object (parallel to ``members``).
+        self.offsets = offsets if offsets is not None else array("q", [0]) * len(members)
 
     @property
     def chunks(self) -> int:
@@ -45,6 +50,10 @@ class Packing:
     def members_of(self, chunk: int) -> Sequence[int]:
         """Compact ids of chunk ``chunk``'s files, in offset order."""
         return self.members[self.starts[chunk] : self.starts[chunk + 1]]
+
+    def member_offsets(self, chunk: int) -> Sequence[int]:
+        """Byte offsets in their object of :meth:`members_of` ``chunk``, in the same order."""
+        return self.offsets[self.starts[chunk] : self.starts[chunk + 1]]
 
     def siblings(self, cid: int) -> Sequence[int]:
         """Every file of ``cid``'s chunk in offset order (``cid`` included); ``[cid]`` when
@@ -70,7 +79,9 @@ def scan_packing(conn: sqlite3.Connection, file_ids: array) -> Packing | None:
     chunk_of = array("i", [-1]) * len(file_ids)
     starts = array("q", [0])
     members = array("i")
+    offsets = array("q")
     group: list[int] = []
+    group_offsets: list[int] = []
     current: tuple[int, str] | None = None
 
     def close_group() -> None:
@@ -78,19 +89,22 @@ def scan_packing(conn: sqlite3.Connection, file_ids: array) -> Packing | None:
             for cid in group:
                 chunk_of[cid] = len(starts) - 1
             members.extend(group)
+            offsets.extend(group_offsets)
             starts.append(len(members))
         group.clear()
+        group_offsets.clear()
 
     rows = conn.execute(
-        "SELECT loc_source, loc_key, id FROM files WHERE loc_key IS NOT NULL "
+        "SELECT loc_source, loc_key, id, loc_offset FROM files WHERE loc_key IS NOT NULL "
         "ORDER BY loc_source, loc_key, loc_offset, id"
     )
-    for source, key, file_id in rows:
+    for source, key, file_id, offset in rows:
         if (source, key) != current:
             close_group()
             current = (source, key)
         group.append(cid_of[file_id - first])
+        group_offsets.append(offset or 0)
     close_group()
     if not members:
         return None
-    return Packing(chunk_of, starts, members)
+    return Packing(chunk_of, starts, members, offsets)

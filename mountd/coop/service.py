@@ -15,6 +15,10 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   and replayed after it is added (the cached set is a snapshot taken before loading).
 * **Claims.** A claim's misses start filling at once (:meth:`Cache.fetch_now`: ahead of the
   prefetch queue, under the remote limits).
+* **Chunk fills.** It names the members of a packed dataset's chunks to the cache
+  (:meth:`CoopService.chunk_members`, :meth:`Cache.set_chunk_members`), so every fill mountd
+  starts of a packed file (a miss, a claim's miss, a preload, a prefetch) fetches the wanted
+  members of its chunk with the same GET (mountd/store/span.py).
 * **Ticks.** About every second, right after claims and notifications, and when a marked
   chunk's grace ends (:meth:`SessionRegistry.next_deadline`),
   :meth:`CoopService.tick` performs the registry's actions: ``Preload`` pins the chunk's
@@ -45,6 +49,8 @@ from mountd.coop.datasets import DatasetView, load_view
 from mountd.coop.sessions import SessionInfo, SessionRegistry
 from mountd.errors import UnknownDataset
 from mountd.store.cache import Cache
+from mountd.store.span import Member
+from quiverfs.backends.base import Location
 from quiverfs.errors import QuiverError
 
 log = logging.getLogger("mountd.coop.service")
@@ -114,6 +120,7 @@ class CoopService:
         #: (dataset, chunk, files removed, forced) of the last co-ordinated evictions
         self.evictions: deque[tuple[str, int, int, bool]] = deque(maxlen=1000)
         cache.add_listener(self)
+        cache.set_chunk_members(self.chunk_members)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -150,6 +157,7 @@ class CoopService:
     def close(self) -> None:
         """Stop listening to the cache and close the digests."""
         self.cache.remove_listener(self)
+        self.cache.set_chunk_members(None)
         for view in self.views.values():
             view.close()
         self.views.clear()
@@ -249,6 +257,42 @@ class CoopService:
                     continue
                 event = self._start_load(dataset)
             await event.wait()
+
+    def chunk_members(self, dataset: str | None, content_hash: bytes,
+                      location: Location) -> list[Member] | None:
+        """The members of the chunk that holds ``content_hash`` at ``location`` in
+        ``dataset``, in offset order (:class:`mountd.store.span.ChunkMembers`), or None: no
+        view of ``dataset`` (unknown, not loaded yet, no digest), a loose dataset or file.
+
+        Locations come from the packing's offsets and ``location``'s object (every member
+        shares it), so this reads the digest only when one content sits at this offset in
+        two chunks (duplicates), to tell which object ``location`` names."""
+        view = self.views.get(dataset) if dataset is not None else None
+        packing = view.packing if view is not None else None
+        if view is None or packing is None:
+            return None
+        matches: list[tuple[int, int]] = []  # (compact id, chunk) at this offset
+        for cid in view.ids_of(content_hash):
+            chunk = packing.chunk(cid)
+            if chunk < 0:
+                continue
+            at = list(packing.members_of(chunk)).index(cid)
+            if packing.member_offsets(chunk)[at] == location.offset:
+                matches.append((cid, chunk))
+        if len(matches) > 1:  # one content at this offset of two chunks: which object is it?
+            matches = [(cid, chunk) for cid, chunk in matches if self._in_object(view, cid, location)]
+        if len(matches) != 1:
+            return None
+        chunk = matches[0][1]
+        sizes = view.sizes
+        return [Member(view.hash_of(m), sizes[m], Location(location.url, location.key, off, sizes[m]))
+                for m, off in zip(packing.members_of(chunk), packing.member_offsets(chunk), strict=True)]
+
+    @staticmethod
+    def _in_object(view: DatasetView, cid: int, location: Location) -> bool:
+        """Whether the digest places ``cid`` in ``location``'s object (one digest read)."""
+        entry = view.digest.entry(view.file_ids[cid])
+        return entry is not None and entry.location is not None and entry.location.key == location.key
 
     # -- cache events (CacheListener) ----------------------------------------------------------
 

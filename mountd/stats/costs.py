@@ -181,6 +181,8 @@ def _row(counters: Mapping, schemes: list[str], in_region: bool) -> dict:
         "fill_errors": int(counters.get("fill_errors", 0)),
         "evicted_files": int(counters.get("evicted_files", 0)),
         "evicted_bytes": int(counters.get("evicted_bytes", 0)),
+        "chunk_fills": int(counters.get("chunk_fills", 0)),
+        "chunk_members": int(counters.get("chunk_members", 0)),
         "fill_latency": _latency(counters.get("fill_latency")),
         "schemes": schemes,
         **cost.to_json(),

@@ -78,6 +78,11 @@ class DatasetCounters:
     fill_errors: int = 0
     evicted_files: int = 0
     evicted_bytes: int = 0
+    #: Chunk fills (mountd/store/span.py): ranged GETs that brought several members of one
+    #: packed object, and the members they stored (``chunk_members / chunk_fills`` files a
+    #: GET; their GETs and bytes are in ``remote_requests`` and ``remote_bytes`` as any).
+    chunk_fills: int = 0
+    chunk_members: int = 0
     fill_latency: Histogram = field(default_factory=Histogram)
 
     def snapshot(self) -> dict:
@@ -95,6 +100,8 @@ class DatasetCounters:
             "fill_errors": self.fill_errors,
             "evicted_files": self.evicted_files,
             "evicted_bytes": self.evicted_bytes,
+            "chunk_fills": self.chunk_fills,
+            "chunk_members": self.chunk_members,
             "fill_latency": self.fill_latency.snapshot(),
         }
 
@@ -149,6 +156,12 @@ class Counters:
         for c in self._targets(dataset):
             c.bytes_from_remote += nbytes
             c.fill_latency.observe(seconds)
+
+    def add_chunk_fill(self, dataset: str | None, members: int) -> None:
+        """One chunk fill that stored ``members`` files from one GET."""
+        for c in self._targets(dataset):
+            c.chunk_fills += 1
+            c.chunk_members += members
 
     def add_verify_failure(self, dataset: str | None) -> None:
         for c in self._targets(dataset):

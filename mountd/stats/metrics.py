@@ -30,6 +30,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "fill_errors": ("fill_errors_total", "Fills that failed for other reasons."),
     "evicted_files": ("evicted_files_total", "Files evicted from the cache."),
     "evicted_bytes": ("evicted_bytes_total", "Bytes evicted from the cache."),
+    "chunk_fills": ("chunk_fills_total", "Ranged GETs that filled several members of one packed object."),
+    "chunk_members": ("chunk_members_total", "Files stored by chunk fills."),
 }
 
 MAX_REQUEST = 8192

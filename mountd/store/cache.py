@@ -4,7 +4,9 @@
 (:mod:`mountd.store.recovery`), the index (:mod:`mountd.store.index`), single-flight fills
 (:mod:`mountd.store.fill`) under the shared remote limits (:mod:`mountd.store.limits`), space accounting
 with a pluggable eviction policy (:mod:`mountd.store.policy`) and a per-user quota
-(:mod:`mountd.store.quota`), scrub and counters.
+(:mod:`mountd.store.quota`), scrub and counters. A miss of a file packed with others in one
+remote object fetches the wanted members together (chunk fills: :mod:`mountd.store.span`,
+:mod:`mountd.store.chunkfill`).
 
 Lifetime (one nursery owns it)::
 
@@ -39,22 +41,24 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from functools import partial
 
 import trio
 
 from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked
 from mountd.stats.counters import Counters
 from mountd.store import disk, durability, layout
+from mountd.store.chunkfill import ChunkFills
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
+from mountd.store.flights import CacheListener, Flight
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
 from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.quota import Charges, own_victims
 from mountd.store.recovery import RecoveryReport, recover
 from mountd.store.scrub import ScrubReport, scrub
+from mountd.store.span import ChunkMembers
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends import Backend, normalize_url, open_backend
 from quiverfs.backends.base import BackendOptions, Location
@@ -62,6 +66,7 @@ from quiverfs.errors import CorruptObject, QuiverError
 
 __all__ = [
     "Cache",
+    "CacheListener",
     "CacheClosed",
     "CacheConfig",
     "CacheError",
@@ -89,64 +94,12 @@ TOUCH_INTERVAL = 1.0
 TOUCH_WRITE_STEP = 2048
 
 
-class CacheListener(Protocol):
-    """Told of every change to the store's content (mountd's session layer, tests).
-
-    Called in the trio thread, in the same step as the change; must not await or raise
-    (an exception is logged and ignored: a listener can never break a fill or an eviction).
-    """
-
-    def filled(self, hash: bytes) -> None:
-        """``hash`` is now in the store (a fill landed)."""
-
-    def removed(self, hashes: Sequence[bytes]) -> None:
-        """``hashes`` left the store (eviction, scrub, ``evict``, missing file)."""
-
-    def fill_failed(self, hash: bytes) -> None:
-        """A fill of ``hash`` failed for good (not: cancelled)."""
-
-
 #: Seconds a client may hold a lease (it was told to supply a hash's bytes) before mountd
 #: gives the hash to the next requester.
 LEASE_SECONDS = 60.0
 
 
-@dataclass(eq=False)
-class _Flight:
-    """One fill in progress; every ensure() of the same hash waits on it (single-flight).
-
-    Whose authority fills it (docs/operations.md "Security"): ``source`` None means mountd's
-    own, reading ``location``; otherwise the bytes a client supplied. ``lease`` is set on a
-    flight that waits for a client to supply the bytes (:meth:`Cache.lease`): it has not
-    started, and belongs to that client until it supplies, releases, or the lease expires."""
-
-    hash: bytes
-    size: int
-    location: Location
-    dataset: str | None
-    prefetch: bool
-    source: SuppliedBytes | None = None
-    lease: object | None = None
-    done: trio.Event = field(default_factory=trio.Event)
-    path: str | None = None
-    error: BaseException | None = None
-    #: The task running the fill was cancelled (or its lease given up): waiters start a new
-    #: flight.
-    cancelled: bool = False
-    #: Whether the fill itself has started (a lease waits for its bytes until then).
-    started: bool = True
-    #: The uid the entry is charged to once stored (mountd/store/quota.py): the requester of
-    #: a fill mountd reads, the supplier of supplied bytes; None: nobody.
-    uid: int | None = None
-
-    def fills_for(self, source: SuppliedBytes | None) -> bool:
-        """Whether a failure of this flight is the failure of a caller with ``source``: the
-        same authority (mountd's own, or this very supply). Anyone else's failure is never
-        passed on: the caller tries with its own rights (no one learns from another's)."""
-        return self.source is source and self.lease is None
-
-
-class Cache:
+class Cache(ChunkFills):
     """The store, its index and the fills that populate it. See the module docstring."""
 
     def __init__(
@@ -159,6 +112,7 @@ class Cache:
             config.remote_requests,
             config.remote_concurrency,
             config.burst_seconds,
+            config.remote_latency,
         )
         self.recovery: RecoveryReport | None = None
         # The SDK's pool and thread limit are sized to the remote concurrency: a smaller pool
@@ -169,9 +123,10 @@ class Cache:
         self._index: Index | None = None
         self._policy: EvictionPolicy | None = None
         self._lock_fd: int | None = None
-        self._flights: dict[bytes, _Flight] = {}
+        self._flights: dict[bytes, Flight] = {}
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
         self._io_limiter = trio.CapacityLimiter(config.io_threads)
+        self._chunk_members: ChunkMembers | None = None
         self._filler = Filler(
             config.cache_dir,
             self.limits,
@@ -600,7 +555,7 @@ class Cache:
                 if size > self.config.cache_size:
                     raise self._larger_than_cache(hash, size)
                 self.charges.check_size(hash, size, uid)
-                flight = _Flight(hash, size, Location("", "", 0, size), dataset, prefetch=False,
+                flight = Flight(hash, size, Location("", "", 0, size), dataset, prefetch=False,
                                  lease=holder, started=False, uid=uid)
                 self._flights[hash] = flight
                 if self._nursery is not None:
@@ -625,13 +580,13 @@ class Cache:
             self._give_up(flight)
         return len(gone)
 
-    def _give_up(self, flight: _Flight) -> None:
+    def _give_up(self, flight: Flight) -> None:
         flight.cancelled = True
         if self._flights.get(flight.hash) is flight:
             del self._flights[flight.hash]
         flight.done.set()
 
-    async def _expire_lease(self, flight: _Flight) -> None:
+    async def _expire_lease(self, flight: Flight) -> None:
         await trio.sleep(LEASE_SECONDS)
         if not flight.started and not flight.done.is_set():
             log.warning("lease of %s not supplied within %.0f s; asking the next requester",
@@ -645,7 +600,7 @@ class Cache:
         """Join or start the flight of ``hash``: with mountd's authority (``source`` None) or
         from ``source``, charged to ``uid``. A flight of another authority that fails is not
         this caller's failure: it looks again and fills with its own (see
-        :meth:`_Flight.fills_for`)."""
+        :meth:`Flight.fills_for`)."""
         while True:
             path = self._landed(hash, size, dataset)  # filled while we looped
             if path is not None:
@@ -669,14 +624,11 @@ class Cache:
                         raise self._larger_than_cache(hash, size)
                     raise await self._too_large(hash, size, location, dataset)
                 self.charges.check_size(hash, size, uid)
-                flight = _Flight(hash, size, location, dataset, prefetch, source=source, uid=uid)
+                flight = Flight(hash, size, location, dataset, prefetch, source=source, uid=uid)
                 if source is not None:
                     source.adopted = True
                 self._flights[hash] = flight
-                if self._nursery is not None:
-                    self._start(flight)
-                else:
-                    await self._run_flight(flight)
+                await self._launch(flight)
             await flight.done.wait()
             if flight.cancelled:
                 if source is not None and flight.source is source:
@@ -729,11 +681,23 @@ class Cache:
             f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
             f"({self.config.cache_size} bytes); raise --cache-size")
 
-    def _start(self, flight: _Flight) -> None:
+    def _start(self, flight: Flight) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(self._run_flight, flight)
 
-    async def _run_flight(self, flight: _Flight) -> None:
+    async def _launch(self, flight: Flight) -> None:
+        """Run the new ``flight``: as a chunk fill with its siblings when it is a member of a
+        packed object (:meth:`ChunkFills._open_span`), else alone; in the cache's nursery when
+        :meth:`run` is running, else in the caller."""
+        opened = self._open_span(flight)
+        run = self._run_flight if opened is None else partial(self._run_span, *opened)
+        args = (flight,) if opened is None else ()
+        if self._nursery is not None:
+            self._nursery.start_soon(run, *args)
+        else:
+            await run(*args)
+
+    async def _run_flight(self, flight: Flight) -> None:
         counters = self.counters
         counters.fills_in_flight += 1
         if flight.prefetch:
@@ -748,55 +712,67 @@ class Cache:
                     path = await self._filler.fill(
                         backend, flight.hash, flight.size, flight.location, flight.dataset
                     )
-                    # The file is at its final name: index it in this same trio step as the
-                    # reservation turns into use (no await in between).
-                    self._index_new(flight)
-                    self._unsynced.set()
-                    self.used += flight.size
-                    self.entries += 1
-                    self.charges.charge(uid, flight.size)
-                    assert self._policy is not None
-                    self._policy.on_insert(flight.hash, flight.size)
-                    self._tell("filled", lambda listener: listener.filled(flight.hash))
-                    if self._nursery is None or self.index.pending >= GROUP_COMMIT_ROWS:
-                        self._flush_index()
-                    else:
-                        self._rows_waiting.set()
+                    self._stored(flight, path)
                 finally:
                     self.reserved -= flight.size
                     self.charges.unreserve(uid, flight.size)
                     self._notify_space()
-            flight.path = str(path)
             counters.add_fill(flight.dataset, flight.size, trio.current_time() - start)
         except trio.Cancelled:
             flight.cancelled = True
             raise
-        except CorruptObject as exc:
+        except Exception as exc:
+            self._failed(flight, exc)
+        finally:
+            counters.fills_in_flight -= 1
+            self._finish(flight)
+
+    def _stored(self, flight: Flight, path: os.PathLike[str] | str) -> None:
+        """The file of ``flight`` is at its final name: index it in this same trio step as
+        its reservation turns into use (no await in between; the caller releases the
+        reservation)."""
+        self._index_new(flight)
+        self._unsynced.set()
+        self.used += flight.size
+        self.entries += 1
+        self.charges.charge(flight.uid, flight.size)
+        assert self._policy is not None
+        self._policy.on_insert(flight.hash, flight.size)
+        self._tell("filled", lambda listener: listener.filled(flight.hash))
+        if self._nursery is None or self.index.pending >= GROUP_COMMIT_ROWS:
+            self._flush_index()
+        else:
+            self._rows_waiting.set()
+        flight.path = str(path)
+
+    def _failed(self, flight: Flight, exc: Exception) -> None:
+        """``flight`` failed for good: counted and logged once, its waiters get ``exc``."""
+        counters = self.counters
+        if isinstance(exc, CorruptObject):
             counters.add_verify_failure(flight.dataset)
             log.warning("verify failure: %s", exc)  # once per event, with the location
             flight.error = exc
-            self._tell("fill_failed", lambda listener: listener.fill_failed(flight.hash))
-        except QuiverError as exc:
+        elif isinstance(exc, QuiverError):
             counters.add_fill_error(flight.dataset)
             log.warning("fill of %s failed: %s", flight.hash.hex(), exc)
             flight.error = exc
-            self._tell("fill_failed", lambda listener: listener.fill_failed(flight.hash))
-        except Exception as exc:
+        else:
             counters.add_fill_error(flight.dataset)
-            log.exception("fill of %s failed unexpectedly", flight.hash.hex())
+            log.error("fill of %s failed unexpectedly", flight.hash.hex(), exc_info=exc)
             error = CacheError(f"fill of {flight.hash.hex()} failed: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             flight.error = error
-            self._tell("fill_failed", lambda listener: listener.fill_failed(flight.hash))
-        finally:
-            counters.fills_in_flight -= 1
-            if self._flights.get(flight.hash) is flight:
-                del self._flights[flight.hash]
-            if flight.source is not None:
-                flight.source.close()
-            flight.done.set()
+        self._tell("fill_failed", lambda listener: listener.fill_failed(flight.hash))
 
-    def _index_new(self, flight: _Flight) -> None:
+    def _finish(self, flight: Flight) -> None:
+        """``flight`` is over (stored, failed or cancelled): wake its waiters."""
+        if self._flights.get(flight.hash) is flight:
+            del self._flights[flight.hash]
+        if flight.source is not None:
+            flight.source.close()
+        flight.done.set()
+
+    def _index_new(self, flight: Flight) -> None:
         """Insert the row of a file just renamed into place. On "disk full" from SQLite, free
         some space and retry once; failing that, remove the file (never an unindexed,
         unaccounted file while running) and raise :class:`CacheFull`."""

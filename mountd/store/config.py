@@ -26,6 +26,15 @@ class CacheConfig:
     remote_requests: float | None = None
     #: Remote reads in flight at once, across all backends.
     remote_concurrency: int = 16
+    #: Seconds each remote request waits before its first byte (``--remote-latency-ms``): a
+    #: bucket's latency for benchmarks against a loopback emulator; 0 = none.
+    remote_latency: float = 0.0
+    #: Most bytes one ranged GET of a packed object may span (a chunk fill,
+    #: mountd/store/span.py); 0 turns chunk fills off (one GET per file, as for loose files).
+    span_max_bytes: int = 4 * 1024 * 1024
+    #: Largest run of unwanted bytes (cached members, headers) a chunk fill's span may cross
+    #: to reach one more member still wanted.
+    span_max_gap: int = 256 * 1024
     #: Fills (ensure + prefetch) writing at once; bounds memory to about fill_concurrency × chunk.
     #: None: 32, or ``remote_concurrency`` if larger (fills must not cap the remote reads).
     fill_concurrency: int | None = None
@@ -83,6 +92,10 @@ class CacheConfig:
                 raise UsageError(
                     f"{name.replace('_', ' ')} must be at least 1, got {getattr(self, name)}"
                 )
+        if not 0 <= self.remote_latency <= 60:  # also refuses NaN
+            raise UsageError(f"remote latency must be in [0, 60] seconds, got {self.remote_latency}")
+        if self.span_max_bytes < 0 or self.span_max_gap < 0:
+            raise UsageError("span max bytes and span max gap must be >= 0")
         if self.prefetch_queue < 0 or self.burst_seconds <= 0:
             raise UsageError("prefetch queue must be >= 0 and burst seconds > 0")
         if not 0 < self.sync_interval <= 3600:

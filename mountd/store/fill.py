@@ -27,6 +27,7 @@ from mountd.errors import CacheFull
 from mountd.stats.counters import Counters
 from mountd.store import disk
 from mountd.store.limits import RemoteLimits
+from mountd.store.span import Span
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends import Backend
 from quiverfs.backends.base import Location
@@ -105,13 +106,66 @@ class Filler:
                 raise self._disk_full(size) from exc
             raise
 
+    async def fill_span(
+        self, backend: Backend, span: Span, dataset: str | None
+    ) -> list[Path | Exception]:
+        """A chunk fill (:mod:`mountd.store.span`): one ranged GET of ``span`` under the remote
+        limits, then every member cut out of it, verified and stored exactly as :meth:`fill`
+        stores one file, in the same worker thread (one thread hop for the whole span).
+
+        Returns, for each of ``span.members``, its final path or the error that member alone
+        failed with (:class:`CorruptObject`: its bytes do not verify; :class:`CacheFull`;
+        ``OSError``): a bad member never spoils its neighbours. Raises what the GET raised
+        (every member failed with it). The caller has reserved ``span.content_bytes``."""
+        received: list[int] = []
+        split = partial(self._split_and_store, span, received)
+        async with self.limits.request(span.length):
+            try:
+                results = await backend.read_range_then(span.key, span.start, span.length, split)
+            finally:
+                if received:  # the GET itself succeeded, whatever came of its bytes
+                    self.counters.add_request(dataset, "GET", received[0])
+        # Shielded: the other members are at their final names already, and the caller must
+        # get to index them (a cancellation here would leave them unaccounted until recovery).
+        with trio.CancelScope(shield=True):
+            for i, result in enumerate(results):
+                if isinstance(result, _NoSpace):  # disk full: evict, write once more
+                    member = span.members[i]
+                    self._make_room(member.size, result.error)
+                    try:
+                        results[i] = await trio.to_thread.run_sync(
+                            disk.write_file, self.cache_dir, member.hash, result.data,
+                            self.fanout, limiter=self.io)
+                    except OSError as exc:
+                        results[i] = self._disk_full(member.size) if disk.is_enospc(exc) else exc
+        return results
+
+    def _split_and_store(self, span: Span, received: list[int], data: bytes) -> list:
+        """In a worker thread: each member of ``span`` verified and stored on its own (a short
+        read leaves the members past its end short, hence corrupt)."""
+        received.append(len(data))
+        out: list = []
+        view = memoryview(data)
+        for member in span.members:
+            at = member.location.offset - span.start
+            try:
+                out.append(self._store_verified(
+                    member.hash, member.location, member.size, bytes(view[at : at + member.size])))
+            except (CorruptObject, _NoSpace, OSError) as exc:
+                out.append(exc)
+        return out
+
     def _verify_and_store(
         self, hash: bytes, location: Location, size: int, received: list[int], data: bytes
     ) -> Path:
+        """In a worker thread: note the bytes received, then :meth:`_store_verified`."""
+        received.append(len(data))
+        return self._store_verified(hash, location, size, data)
+
+    def _store_verified(self, hash: bytes, location: Location, size: int, data: bytes) -> Path:
         """In a worker thread: check size and blake3, then write and rename into the store.
         Raises CorruptObject (nothing written), :class:`_NoSpace` (disk full; the caller
         evicts in the trio thread and writes again), OSError."""
-        received.append(len(data))
         self._check_size(hash, location, len(data), size)
         self._check_hash(hash, location, _digest(data))
         try:

@@ -1,7 +1,13 @@
-"""Remote limits shared by every fill: bytes/s, requests/s and requests in flight.
+"""Remote limits shared by every fill: bytes/s, requests/s, requests in flight, and latency.
 
 Each backend ``read_range`` goes through :meth:`RemoteLimits.request` (the length is known up
 front, so the bandwidth tokens are taken before the request, not after the bytes arrive).
+
+``latency`` is not a limit a real bucket needs but one benchmarks need: a loopback emulator
+answers in a fraction of a millisecond, where a cloud bucket takes 10–50 ms to the first byte,
+and that latency is what makes one request per small file slow (issue 14). Each request
+waits it out while holding its concurrency slot, as a real request holds a connection;
+concurrent requests wait side by side (it models latency, not a lock).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ class TokenBucket:
 
 
 class RemoteLimits:
-    """The three limits every remote read is placed under; ``None`` disables one."""
+    """The limits every remote read is placed under; ``None`` (or a latency of 0) disables one."""
 
     def __init__(
         self,
@@ -67,6 +73,7 @@ class RemoteLimits:
         requests: float | None,
         concurrency: int,
         burst_seconds: float = 0.1,
+        latency: float = 0.0,
     ) -> None:
         self.bandwidth = TokenBucket(bandwidth, bandwidth * burst_seconds) if bandwidth else None
         # At least one request of burst so a lone request never waits.
@@ -74,17 +81,26 @@ class RemoteLimits:
             TokenBucket(requests, max(1.0, requests * burst_seconds)) if requests else None
         )
         self.concurrency = trio.CapacityLimiter(concurrency)
+        #: Seconds added before each request's first byte (benchmarks; 0: none).
+        self.latency = latency
+        #: Requests that waited out ``latency`` (tests read it instead of a clock).
+        self.delayed = 0
 
     @asynccontextmanager
     async def request(self, length: int) -> AsyncIterator[None]:
-        """Hold a concurrency slot, then pay one request token and ``length`` byte tokens.
+        """Hold a concurrency slot, then pay one request token and ``length`` byte tokens,
+        then wait out the configured latency.
 
         Tokens are taken while holding the slot so waiting requests do not bank tokens and
-        then burst together when slots free up.
+        then burst together when slots free up. The latency is waited in the slot too (a
+        request in flight holds its connection while it waits for its first byte).
         """
         async with self.concurrency:
             if self.requests is not None:
                 await self.requests.acquire(1)
             if self.bandwidth is not None:
                 await self.bandwidth.acquire(length)
+            if self.latency > 0:
+                await trio.sleep(self.latency)
+                self.delayed += 1
             yield

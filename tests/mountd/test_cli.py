@@ -66,9 +66,9 @@ def test_stats_tables_show_the_same_numbers(capsys, monkeypatch, daemon, activit
             for line in out.splitlines() if "cli-ds" in line]
     assert len(rows) == 3  # one row in each table: reads, fills, saved
     assert rows[0] == ["cli-ds", "5", "3", "62.5%", "48.8 KiB", "29.3 KiB", "GET 3"]
-    assert rows[1][:5] == ["cli-ds", "0", "0", "0", "0 (0 B)"]
+    assert rows[1][:6] == ["cli-ds", "0", "-", "0", "0", "0 (0 B)"]  # "-": no chunk fills
     # fill p50 and mean in ms, then the p95 bucket's bound
-    assert rows[1][5].endswith(" ms") and rows[1][6].endswith(" ms") and rows[1][7].startswith("≤ ")
+    assert rows[1][6].endswith(" ms") and rows[1][7].endswith(" ms") and rows[1][8].startswith("≤ ")
     assert rows[2] == ["cli-ds", "file", "5", "48.8 KiB", "$0.0000", "$0.0000"]
     assert "internet egress priced" in out
 

@@ -107,3 +107,45 @@ async def test_cancelled_waiter_returns_its_tokens(autojump_clock: trio.testing.
     start = trio.current_time()
     await bucket.acquire(10)  # only its own second of debt, not the abandoned 10 s
     assert trio.current_time() - start == pytest.approx(1.0, abs=0.01)
+
+
+async def test_latency_delays_every_request_and_requests_overlap(
+    autojump_clock: trio.testing.MockClock,
+):
+    """``--remote-latency-ms``: each request waits the latency before its bytes, in its slot;
+    eight at once (within the concurrency) all wait the same 20 ms side by side, not 8 × 20."""
+    limits = RemoteLimits(None, None, concurrency=16, latency=0.02)
+    served: list[float] = []
+
+    async def one() -> None:
+        async with limits.request(16384):
+            served.append(trio.current_time())
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(8):
+            nursery.start_soon(one)
+    assert served == [pytest.approx(start + 0.02)] * 8
+    assert limits.delayed == 8
+
+
+async def test_latency_waits_inside_the_concurrency_slot(autojump_clock: trio.testing.MockClock):
+    """A request waiting for its first byte holds its connection: with 2 slots, 4 requests of
+    10 ms latency take two rounds."""
+    limits = RemoteLimits(None, None, concurrency=2, latency=0.01)
+    served: list[float] = []
+
+    async def one() -> None:
+        async with limits.request(1):
+            served.append(trio.current_time())
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(4):
+            nursery.start_soon(one)
+    assert sorted(served) == [pytest.approx(start + t) for t in (0.01, 0.01, 0.02, 0.02)]
+
+
+def test_no_latency_by_default():
+    limits = RemoteLimits(None, None, concurrency=1)
+    assert limits.latency == 0.0 and limits.delayed == 0

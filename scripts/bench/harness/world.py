@@ -144,6 +144,10 @@ class MountdConfig:
     dataset_mode: str | None = None
     chunk_slots: int | None = None
     chunk_grace: float | None = None
+    #: ``--remote-latency-ms``: each remote request's delay to its first byte (None: none).
+    remote_latency_ms: float | None = None
+    #: ``--max-span`` in bytes (chunk fills of packed datasets; 0: off; None: mountd's default).
+    max_span: int | None = None
 
     def flags(self) -> list[str]:
         out = ["--cache-size", str(int(self.cache_size))]
@@ -159,6 +163,10 @@ class MountdConfig:
             out += ["--chunk-slots", str(self.chunk_slots)]
         if self.chunk_grace is not None:
             out += ["--chunk-grace", f"{self.chunk_grace:g}"]
+        if self.remote_latency_ms:
+            out += ["--remote-latency-ms", f"{self.remote_latency_ms:g}"]
+        if self.max_span is not None:
+            out += ["--max-span", str(int(self.max_span))]
         return out
 
 

@@ -1,0 +1,153 @@
+"""Chunk fills inside the cache: the flights of one span, started and finished together.
+
+:class:`ChunkFills` is the part of :class:`mountd.store.cache.Cache` that runs a chunk fill
+(the span is chosen by :func:`mountd.store.span.plan_span`, fetched and split by
+:meth:`mountd.store.fill.Filler.fill_span`). It is a base class of ``Cache`` (kept in its own
+module: ``cache.py`` is long enough) and uses the cache's accounting, listed below; every
+method runs in the trio thread, atomic between awaits as the cache's own.
+
+What a chunk fill keeps exactly as a fill of one file (docs/store-layout.md "Chunk fills"):
+
+* **Single-flight per member.** Every member the span will store gets its own
+  :class:`~mountd.store.flights.Flight` in the same trio step as the span is planned, so a
+  concurrent miss of any of them waits for this one GET. Members already cached or being
+  filled are never in a span (they are not "wanted"), so one hash never has two flights.
+* **Space and quota.** The span reserves the sum of its members' sizes (charged to the
+  requester's uid, as a plain fill is) before its GET; each member's share turns into use
+  in the trio step its row is indexed.
+* **Verification.** Each member is verified against its own hash; one that fails is
+  dropped alone (its waiters get :class:`~quiverfs.errors.CorruptObject`, EIO), its
+  neighbours are stored.
+* **Counters.** One GET and its bytes (``remote_requests``/``remote_bytes``), one fill per
+  member stored (``bytes_from_remote``, fill latency), plus ``chunk_fills`` and
+  ``chunk_members`` (members stored by chunk fills).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from os import PathLike
+
+import trio
+
+from mountd.stats.counters import Counters
+from mountd.store.config import CacheConfig
+from mountd.store.fill import Filler
+from mountd.store.flights import Flight
+from mountd.store.index import Index
+from mountd.store.quota import Charges
+from mountd.store.span import ChunkMembers, Member, Span, plan_span
+from quiverfs.backends import Backend
+
+
+class ChunkFills:
+    """Chunk fills of :class:`mountd.store.cache.Cache` (see the module docstring)."""
+
+    # What it uses of the cache (set by Cache.__init__ and its methods).
+    config: CacheConfig
+    counters: Counters
+    charges: Charges
+    reserved: int
+    _flights: dict[bytes, Flight]
+    _fill_limiter: trio.CapacityLimiter
+    _filler: Filler
+    _chunk_members: ChunkMembers | None
+    _require_open: Callable[[], Index]
+    _reserve: Callable[[int, int | None], Awaitable[None]]
+    _backend: Callable[[str], Backend]
+    _stored: Callable[[Flight, PathLike[str] | str], None]
+    _failed: Callable[[Flight, Exception], None]
+    _finish: Callable[[Flight], None]
+    _notify_space: Callable[[], None]
+
+    def set_chunk_members(self, lookup: ChunkMembers | None) -> None:
+        """Fetch misses of packed files a chunk span at a time (:mod:`mountd.store.span`):
+        ``lookup`` names the members of a file's object (mountd's session layer, which knows
+        each dataset's chunks). None: one GET per file."""
+        self._chunk_members = lookup
+
+    def _open_span(self, flight: Flight) -> tuple[Span, list[Flight]] | None:
+        """Plan a chunk fill for mountd's own new ``flight`` and open a flight for each other
+        member it will store, in this trio step (so a concurrent miss of any of them joins
+        it). The span and its flights, ``flight`` first; None for a plain fill."""
+        lookup, cfg = self._chunk_members, self.config
+        if lookup is None or flight.source is not None or cfg.span_max_bytes <= 0:
+            return None
+        members = lookup(flight.dataset, flight.hash, flight.location)
+        if not members:
+            return None
+        index = self._require_open()
+        # Memory per span is bounded like a streamed fill's chunk; a span never asks for a
+        # large share of the cache (or of the requester's quota) at once.
+        limit = min(cfg.span_max_bytes, cfg.chunk_size, cfg.cache_size // 4)
+        if cfg.user_quota is not None and flight.uid is not None:
+            limit = min(limit, cfg.user_quota // 4)
+
+        def wanted(content: bytes) -> bool:
+            return content not in self._flights and index.size_of(content) is None
+
+        requested = Member(flight.hash, flight.size, flight.location)
+        span = plan_span(members, requested, wanted, limit, cfg.span_max_gap)
+        if span is None:
+            return None
+        flights = [flight]
+        for member in span.members:
+            if member.hash != flight.hash:
+                sibling = Flight(member.hash, member.size, member.location, flight.dataset,
+                                 prefetch=False, uid=flight.uid)
+                self._flights[member.hash] = sibling
+                flights.append(sibling)
+        return span, flights
+
+    async def _run_span(self, span: Span, flights: list[Flight]) -> None:
+        """A chunk fill: one GET for every member of ``span``, each stored (or failed) on its
+        own flight as ``Cache._run_flight`` would, under one reservation for them all."""
+        counters = self.counters
+        first = flights[0]
+        by_hash = {f.hash: f for f in flights}
+        left = set(by_hash)  # flights not finished yet
+        counters.fills_in_flight += len(flights)
+        if first.prefetch:
+            counters.add_prefetch(first.dataset)
+        start = trio.current_time()
+        uid, total = first.uid, span.content_bytes
+        try:
+            async with self._fill_limiter:
+                await self._reserve(total, uid)
+                try:
+                    results = await self._filler.fill_span(
+                        self._backend(span.url), span, first.dataset)
+                    stored = 0
+                    for member, result in zip(span.members, results, strict=True):
+                        flight = by_hash[member.hash]
+                        try:
+                            if isinstance(result, Exception):
+                                raise result
+                            # Every member's file is at its final name already: each must
+                            # be indexed or removed here, whatever happens to the others.
+                            self._stored(flight, result)
+                        except Exception as exc:
+                            self._failed(flight, exc)
+                        else:
+                            counters.add_fill(flight.dataset, flight.size,
+                                              trio.current_time() - start)
+                            stored += 1
+                        left.discard(flight.hash)
+                        counters.fills_in_flight -= 1
+                        self._finish(flight)
+                    counters.add_chunk_fill(first.dataset, stored)
+                finally:
+                    self.reserved -= total
+                    self.charges.unreserve(uid, total)
+                    self._notify_space()
+        except trio.Cancelled:
+            for content in left:
+                by_hash[content].cancelled = True
+            raise
+        except Exception as exc:
+            for content in left:  # the GET failed (or no room): every member with it
+                self._failed(by_hash[content], exc)
+        finally:
+            counters.fills_in_flight -= len(left)
+            for content in left:
+                self._finish(by_hash[content])

@@ -1,0 +1,70 @@
+"""The cache's single-flight records, and who hears of the store's changes.
+
+A :class:`Flight` is one fill in progress: every ``ensure()`` of its hash waits on it, so
+concurrent misses of one hash make one remote read. A chunk fill (:mod:`mountd.store.span`)
+opens one flight per member it will store, all at once, so a concurrent miss of any of them
+waits for that one GET instead of starting another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import trio
+
+from mountd.store.supplied import SuppliedBytes
+from quiverfs.backends.base import Location
+
+
+class CacheListener(Protocol):
+    """Told of every change to the store's content (mountd's session layer, tests).
+
+    Called in the trio thread, in the same step as the change; must not await or raise
+    (an exception is logged and ignored: a listener can never break a fill or an eviction).
+    """
+
+    def filled(self, hash: bytes) -> None:
+        """``hash`` is now in the store (a fill landed)."""
+
+    def removed(self, hashes: Sequence[bytes]) -> None:
+        """``hashes`` left the store (eviction, scrub, ``evict``, missing file)."""
+
+    def fill_failed(self, hash: bytes) -> None:
+        """A fill of ``hash`` failed for good (not: cancelled)."""
+
+
+@dataclass(eq=False)
+class Flight:
+    """One fill in progress; every ensure() of the same hash waits on it (single-flight).
+
+    Whose authority fills it (docs/operations.md "Security"): ``source`` None means mountd's
+    own, reading ``location``; otherwise the bytes a client supplied. ``lease`` is set on a
+    flight that waits for a client to supply the bytes (:meth:`Cache.lease`): it has not
+    started, and belongs to that client until it supplies, releases, or the lease expires."""
+
+    hash: bytes
+    size: int
+    location: Location
+    dataset: str | None
+    prefetch: bool
+    source: SuppliedBytes | None = None
+    lease: object | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+    path: str | None = None
+    error: BaseException | None = None
+    #: The task running the fill was cancelled (or its lease given up): waiters start a new
+    #: flight.
+    cancelled: bool = False
+    #: Whether the fill itself has started (a lease waits for its bytes until then).
+    started: bool = True
+    #: The uid the entry is charged to once stored (mountd/store/quota.py): the requester of
+    #: a fill mountd reads, the supplier of supplied bytes; None: nobody.
+    uid: int | None = None
+
+    def fills_for(self, source: SuppliedBytes | None) -> bool:
+        """Whether a failure of this flight is the failure of a caller with ``source``: the
+        same authority (mountd's own, or this very supply). Anyone else's failure is never
+        passed on: the caller tries with its own rights (no one learns from another's)."""
+        return self.source is source and self.lease is None
