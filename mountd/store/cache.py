@@ -52,6 +52,7 @@ from mountd.store.chunkfill import ChunkFills
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
 from mountd.store.flights import CacheListener, Flight
+from mountd.store.holds import Holds
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
 from mountd.store.policy import EvictionPolicy, make_policy
@@ -124,6 +125,10 @@ class Cache(ChunkFills):
         self._policy: EvictionPolicy | None = None
         self._lock_fd: int | None = None
         self._flights: dict[bytes, Flight] = {}
+        #: Files whose path was just answered, kept from eviction until their client opens
+        #: them (mountd/store/holds.py).
+        self.holds = Holds()
+        self._first_held: bytes | None = None  # the first held victim the last eviction met
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
         self._io_limiter = trio.CapacityLimiter(config.io_threads)
         self._chunk_members: ChunkMembers | None = None
@@ -467,10 +472,11 @@ class Cache(ChunkFills):
         """
         hash = layout.check_hash(hash)
         path = self._hit(hash, size, dataset)
-        if path is not None:
-            return path
-        self.counters.add_miss(dataset)
-        return await self._await_fill(hash, size, location, dataset, prefetch=False, uid=uid)
+        if path is None:
+            self.counters.add_miss(dataset)
+            path = await self._await_fill(hash, size, location, dataset, prefetch=False, uid=uid)
+        self.holds.hold(hash)  # the caller opens it next: never evicted in between
+        return path
 
     def _hit(self, hash: bytes, size: int, dataset: str | None) -> str | None:
         """The store path of an indexed ``hash`` (counted as a hit), else None."""
@@ -826,6 +832,12 @@ class Cache(ChunkFills):
                 # Fills in flight hold the space; once they finish their files are evictable.
                 await self._space_changed.wait()
                 continue
+            expiry = self.holds.deadline(self._first_held)
+            if expiry is not None:
+                # A file just answered stands first in the policy's order: evictable once
+                # its hold ends (waiting for that one keeps the order the policy's).
+                await trio.sleep_until(expiry)
+                continue
             if own > 0:
                 assert uid is not None
                 raise charges.pinned_error(uid, size)
@@ -840,16 +852,24 @@ class Cache(ChunkFills):
         victims = own_victims(self._require_open(), uid, need, self._flights)
         self.charges.quota_evicted(uid, *self._remove(victims, reason="evict"))
 
-    def _evict_until(self, need: int) -> tuple[int, int]:
-        """Evict by policy until ``need`` bytes are freed (or nothing evictable is left)."""
+    def _evict_until(self, need: int, *, holds: bool = True) -> tuple[int, int]:
+        """Evict by policy until ``need`` bytes are freed (or nothing evictable is left);
+        files just answered are skipped unless ``holds`` is False (a full disk)."""
         assert self._policy is not None
         victims: list[tuple[bytes, int]] = []
         freed = 0
+        held = self.holds if holds else ()
+        self.holds.expire()
+        self._first_held = None
         for hash, size in self._policy.victims():
             if freed >= need:
                 break
             if hash in self._flights:
                 continue  # being refilled right now (cannot happen for indexed rows; be safe)
+            if hash in held:
+                if self._first_held is None:
+                    self._first_held = hash
+                continue  # answered a moment ago: its client is about to open it
             victims.append((hash, size))
             freed += size
         return self._remove(victims, reason="evict")
@@ -857,7 +877,7 @@ class Cache(ChunkFills):
     def _free_disk(self, need: int) -> int:
         """ENOSPC while writing: evict ``need`` bytes beyond the accounting (the disk is
         smaller than the cap, or shared with others); returns bytes freed."""
-        return self._evict_until(need)[1]
+        return self._evict_until(need, holds=False)[1]
 
     def _remove(self, victims: Sequence[tuple[bytes, int]], reason: str,
                 owners: Mapping[bytes, int] | None = None) -> tuple[int, int]:
@@ -1063,7 +1083,7 @@ class Cache(ChunkFills):
                            self._drop_entries, progress)
 
     def usage(self) -> dict:
-        """``{"used_bytes", "cap_bytes", "reserved_bytes", "entries", "fills_in_flight",
+        """``{"used_bytes", "cap_bytes", "reserved_bytes", "entries", "fills_in_flight", "held",
         "datasets": {id: {"entries", "bytes", "registered", "info"}}}`` (bytes of content;
         a file shared by datasets counts in each)."""
         index = self._require_open()
@@ -1074,6 +1094,7 @@ class Cache(ChunkFills):
             "reserved_bytes": self.reserved,
             "entries": self.entries,
             "fills_in_flight": self.counters.fills_in_flight,
+            "held": self.holds.count(),
             "policy": self.config.policy,
             "datasets": index.dataset_usage(),
         }

@@ -148,6 +148,9 @@ def test_opening_refreshes_lru_recency(workdir, dataset) -> None:
     with running_mountd(workdir / "small", cache_size="15K") as small:
         fill(small.cache_dir, url, files[:3])
         with SyncClient.connect(small.cache_dir) as client:
+            # Files whose path ensure answered are held from eviction for a moment
+            # (mountd/store/holds.py); this test is about the order after that.
+            wait_until(lambda: client.usage()["held"] == 0, 10, "the fills' holds to end")
             close_opened(client.open([files[0].hash]))
             client.ensure(files[3].hash, files[3].size, location(url, files[3]))
             assert client.usage()["entries"] == 3

@@ -1,0 +1,63 @@
+"""Short holds on files whose path mountd just answered: the client opens them next.
+
+``ensure`` answers with a store path; the client (a mount, a loader) opens it one round trip
+later. On a busy cache, in between, other fills make room: a chunk fill stores dozens of
+members at once, and when pinned chunks take most of the cache, the few unpinned entries are
+the newest ones, the very file just answered among them. Measured: with packed 64-file
+chunks, a cache of 20% and four jobs, readers met the file gone three times in a row and
+failed with EIO (scripts/bench/packed_training.py, 2026-11-23).
+
+So for :data:`HOLD_SECONDS` after an answer, policy eviction (LRU, making room) skips that
+file. Co-ordinated chunk eviction does not: it removes exactly a chunk that every job has
+finished, and a straggler that still reads one of its files meets ENOENT and asks again,
+which refetches it once (the mount retries, quiverfs/fs.py). A hold is not a pin (the index's ``pinned`` column, owned by the
+session layer): it lives in memory only and expires by itself. Eviction passes over a held
+entry to the next one in the policy's order; a reservation that cannot make room without
+held entries waits for the hold of the first of them (in the policy's order) to end, then
+evicts it, instead of failing with ``CacheFull``. Holds are few (one per ``ensure`` answered in the last seconds).
+"""
+
+from __future__ import annotations
+
+import trio
+
+#: Seconds an answered file is kept from eviction (its client opens it within milliseconds).
+HOLD_SECONDS = 2.0
+
+
+class Holds:
+    """Hashes kept from eviction until their deadline (trio time). Insertion order is
+    expiry order: every hold lasts :data:`HOLD_SECONDS`, and a renewed one moves to the end."""
+
+    def __init__(self, seconds: float = HOLD_SECONDS) -> None:
+        self.seconds = seconds
+        self._until: dict[bytes, float] = {}
+
+    def hold(self, content_hash: bytes) -> None:
+        """Keep ``content_hash`` from eviction for the next :attr:`seconds`."""
+        self._until.pop(content_hash, None)
+        self._until[content_hash] = trio.current_time() + self.seconds
+
+    def __contains__(self, content_hash: object) -> bool:
+        until = self._until.get(content_hash)  # type: ignore[call-overload]
+        return until is not None and until > trio.current_time()
+
+    def count(self) -> int:
+        """How many hashes are held now (``usage``'s ``held``)."""
+        self.expire()
+        return len(self._until)
+
+    def expire(self) -> None:
+        """Forget the holds whose time is up."""
+        now = trio.current_time()
+        until = self._until
+        while until:
+            first = next(iter(until))
+            if until[first] > now:
+                return
+            del until[first]
+
+    def deadline(self, content_hash: bytes | None) -> float | None:
+        """When the hold of ``content_hash`` ends (trio time), None when it is not held."""
+        until = self._until.get(content_hash) if content_hash is not None else None
+        return until if until is not None and until > trio.current_time() else None
