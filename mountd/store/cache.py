@@ -52,7 +52,7 @@ from mountd.store.chunkfill import ChunkFills
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
 from mountd.store.flights import CacheListener, Flight
-from mountd.store.holds import Holds
+from mountd.store.holds import HOLD_SHARE, Holds
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
 from mountd.store.policy import EvictionPolicy, make_policy
@@ -127,7 +127,7 @@ class Cache(ChunkFills):
         self._flights: dict[bytes, Flight] = {}
         #: Files whose path was just answered, kept from eviction until their client opens
         #: them (mountd/store/holds.py).
-        self.holds = Holds()
+        self.holds = Holds(int(config.cache_size * HOLD_SHARE))
         self._first_held: bytes | None = None  # the first held victim the last eviction met
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
         self._io_limiter = trio.CapacityLimiter(config.io_threads)
@@ -475,7 +475,7 @@ class Cache(ChunkFills):
         if path is None:
             self.counters.add_miss(dataset)
             path = await self._await_fill(hash, size, location, dataset, prefetch=False, uid=uid)
-        self.holds.hold(hash)  # the caller opens it next: never evicted in between
+        self.holds.hold(hash, size)  # the caller opens it next: not evicted in between
         return path
 
     def _hit(self, hash: bytes, size: int, dataset: str | None) -> str | None:
@@ -832,11 +832,13 @@ class Cache(ChunkFills):
                 # Fills in flight hold the space; once they finish their files are evictable.
                 await self._space_changed.wait()
                 continue
-            expiry = self.holds.deadline(self._first_held)
-            if expiry is not None:
+            if self._first_held is not None:
                 # A file just answered stands first in the policy's order: evictable once
-                # its hold ends (waiting for that one keeps the order the policy's).
-                await trio.sleep_until(expiry)
+                # its hold ends (waiting for that one keeps the order the policy's). Its
+                # hold may have ended since it was met: then simply try again.
+                expiry = self.holds.deadline(self._first_held)
+                if expiry is not None:
+                    await trio.sleep_until(expiry)
                 continue
             if own > 0:
                 assert uid is not None

@@ -21,22 +21,39 @@ from __future__ import annotations
 
 import trio
 
-#: Seconds an answered file is kept from eviction (its client opens it within milliseconds).
-HOLD_SECONDS = 2.0
+#: Seconds an answered file is kept from eviction (its client opens it within milliseconds;
+#: this covers a machine so loaded that the client's next step waits that long).
+HOLD_SECONDS = 0.5
+#: Share of the cache that holds may keep at most: past it the oldest holds end early, so
+#: fills can always make room and a small cache under a storm of misses is not throttled to
+#: one cache's worth of fills per HOLD_SECONDS.
+HOLD_SHARE = 0.5
 
 
 class Holds:
     """Hashes kept from eviction until their deadline (trio time). Insertion order is
     expiry order: every hold lasts :data:`HOLD_SECONDS`, and a renewed one moves to the end."""
 
-    def __init__(self, seconds: float = HOLD_SECONDS) -> None:
+    def __init__(self, max_bytes: int, seconds: float = HOLD_SECONDS) -> None:
         self.seconds = seconds
+        self.max_bytes = max_bytes
         self._until: dict[bytes, float] = {}
+        self._sizes: dict[bytes, int] = {}
+        self._bytes = 0
 
-    def hold(self, content_hash: bytes) -> None:
-        """Keep ``content_hash`` from eviction for the next :attr:`seconds`."""
-        self._until.pop(content_hash, None)
+    def hold(self, content_hash: bytes, size: int) -> None:
+        """Keep ``content_hash`` (``size`` bytes) from eviction for the next :attr:`seconds`,
+        ending the oldest holds early when more than :attr:`max_bytes` would be held."""
+        self._drop(content_hash)
         self._until[content_hash] = trio.current_time() + self.seconds
+        self._sizes[content_hash] = size
+        self._bytes += size
+        while self._bytes > self.max_bytes and self._until:
+            self._drop(next(iter(self._until)))
+
+    def _drop(self, content_hash: bytes) -> None:
+        if self._until.pop(content_hash, None) is not None:
+            self._bytes -= self._sizes.pop(content_hash)
 
     def __contains__(self, content_hash: object) -> bool:
         until = self._until.get(content_hash)  # type: ignore[call-overload]
@@ -55,7 +72,7 @@ class Holds:
             first = next(iter(until))
             if until[first] > now:
                 return
-            del until[first]
+            self._drop(first)
 
     def deadline(self, content_hash: bytes | None) -> float | None:
         """When the hold of ``content_hash`` ends (trio time), None when it is not held."""

@@ -16,20 +16,34 @@ HOLD = 0.3
 
 
 async def test_holds_end_by_themselves_in_order(autojump_clock) -> None:
-    holds = Holds(seconds=1.0)
-    holds.hold(b"a" * 32)
+    holds = Holds(max_bytes=100, seconds=1.0)
+    holds.hold(b"a" * 32, 10)
     await trio.sleep(0.5)
-    holds.hold(b"b" * 32)
+    holds.hold(b"b" * 32, 10)
     assert b"a" * 32 in holds and b"b" * 32 in holds and holds.count() == 2
     assert holds.deadline(b"a" * 32) == pytest.approx(trio.current_time() + 0.5)
     await trio.sleep(0.6)
     assert b"a" * 32 not in holds and b"b" * 32 in holds and holds.count() == 1
     assert holds.deadline(b"a" * 32) is None and holds.deadline(None) is None
-    holds.hold(b"b" * 32)  # renewed: a full second again
+    holds.hold(b"b" * 32, 10)  # renewed: a full second again
     await trio.sleep(0.9)
     assert holds.count() == 1
     await trio.sleep(0.2)
     assert holds.count() == 0
+
+
+def test_holds_keep_at_most_their_bytes_the_oldest_end_first() -> None:
+    async def main() -> None:
+        holds = Holds(max_bytes=25, seconds=10.0)
+        for name in b"abc":
+            holds.hold(bytes([name]) * 32, 10)  # c's hold ends a's: 30 bytes > 25
+        assert [bytes([n]) * 32 in holds for n in b"abc"] == [False, True, True]
+        holds.hold(b"b" * 32, 10)  # renewed: now the newest, c is the oldest
+        holds.hold(b"d" * 32, 10)
+        assert [bytes([n]) * 32 in holds for n in b"bcd"] == [True, False, True]
+        assert holds.count() == 2
+
+    trio.run(main)
 
 
 async def test_an_answered_file_outlives_the_next_fill_until_its_hold_ends(
