@@ -19,6 +19,7 @@ session as it was. All methods run in mountd's trio thread: each call is atomic.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import OrderedDict
@@ -77,6 +78,8 @@ __all__ = [
 ]
 
 # -- sessions ------------------------------------------------------------------------------------
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,16 @@ class SessionRegistry:
                 seed=seed,
                 slots=self.chunk_slots,
             )
+            largest = max(sum(sizes[i] for i in plan.ids_of(c)) for c in range(plan.chunks))
+            if largest * self.chunk_slots > budget:
+                # Packed chunks too big for the budget: chunks made of whole ones cannot
+                # have their slots resident at once (pins would fill the cache and every
+                # other fill would fail). No chunk management, then: claims still prefer
+                # what is cached, and the cache's own policy evicts.
+                log.info("dataset %s: its packed chunks are too large for %d chunk slots in "
+                         "%d bytes (largest chunk %d bytes): mode off", dataset,
+                         self.chunk_slots, budget, largest)
+                chosen, plan = Mode.OFF, ChunkPlan.whole(len(sizes))
         elif chosen is Mode.CHUNKED:
             assert budget is not None
             plan = plan_chunks(

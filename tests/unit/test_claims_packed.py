@@ -558,3 +558,21 @@ def test_order_is_random_over_ten_epochs(mode):
     for m in mean:
         deciles[min(9, int(m * 10))] += 1
     assert deciles[0] + deciles[9] < 0.05 * n, deciles
+
+
+def test_packed_chunks_too_big_for_the_slots_turn_chunk_management_off():
+    # 2,400 files of 16 KiB in packed chunks of 256 (4 MiB) with a cache of 20% (7.7 MB):
+    # two slots of whole packed chunks need 8 MiB. Pinning them filled the cache and every
+    # other fill failed with CacheFull (packed_training.py); such a dataset is not chunked.
+    n = 2400
+    sizes = [16384] * n
+    reg = SessionRegistry(clock=FakeClock(), chunk_grace=0.0)
+    budget = int(0.2 * sum(sizes))
+    assert reg.add_dataset("big", sizes, budget=budget, packing=make_packing(n, 256)) == Mode.OFF
+    assert reg.dataset("big").plan.chunks == 1
+    # chunks of 16 files (256 KiB) fit two slots of whole packed chunks: chunked as before
+    assert reg.add_dataset("small", sizes, budget=budget, packing=make_packing(n, 16)) == \
+        Mode.CHUNKED
+    plan = reg.dataset("small").plan
+    largest = max(sum(sizes[i] for i in plan.ids_of(c)) for c in range(plan.chunks))
+    assert 2 * largest <= budget
