@@ -174,6 +174,7 @@ class DatasetState:
         flight_ttl: float = 120.0,
         packing: Packing | None = None,
         reserve: bool = True,
+        reserve_limit: int | None = None,
     ) -> None:
         self.name = name
         self.plan = plan
@@ -189,6 +190,9 @@ class DatasetState:
         self.flying_units: dict[int, int] = {}
         #: id -> pools that reserved it (packed datasets with ``reserve`` only).
         self.reserved: dict[int, int] = {}
+        #: At most this many ids reserved at once (None: no limit): reservations pin, and
+        #: pins past the cache's budget would make every other fill fail.
+        self.reserve_limit = reserve_limit
         self.released: list[int] = []
         #: Live epoch pools of every job on this dataset (they get cache notifications).
         self.pools: set[EpochPool] = set()
@@ -276,6 +280,12 @@ class DatasetState:
                 pool.fill.set_flying(unit, flying)
 
     # -- reservations (packed datasets) ------------------------------------------------------
+
+    def reserve_room(self) -> int | None:
+        """How many more ids may be reserved now (None: any number)."""
+        if self.reserve_limit is None:
+            return None
+        return max(0, self.reserve_limit - len(self.reserved))
 
     def _reserve(self, ids: Iterable[int]) -> None:
         for i in ids:
@@ -505,6 +515,9 @@ class EpochPool:
                 brought.extend(extra)
                 if dataset.reserve:
                     fresh = [i for i in extra if i not in self.reserved]
+                    room = dataset.reserve_room()
+                    if room is not None:
+                        fresh = fresh[:room]  # the rest is fetched, not protected
                     self.reserved.update(fresh)
                     dataset._reserve(fresh)
         return fetch, brought

@@ -576,3 +576,19 @@ def test_packed_chunks_too_big_for_the_slots_turn_chunk_management_off():
     plan = reg.dataset("small").plan
     largest = max(sum(sizes[i] for i in plan.ids_of(c)) for c in range(plan.chunks))
     assert 2 * largest <= budget
+
+
+def test_reservations_pin_at_most_a_quarter_of_the_budget():
+    # Packed chunks of 64 with a 5% cache, four jobs: each claim brings up to 63 members.
+    # Unbounded, their reservations pinned more than the whole cache.
+    sim = Sim(n=1600, per_pack=64, cache=0.05, mode="off")
+    limit = sim.state.reserve_limit
+    mean = sum(sim.sizes) / len(sim.sizes)
+    assert limit is not None and limit * mean <= 0.25 * sim.capacity + mean
+    seen = []
+
+    def check(sim, pool, claim):
+        seen.append(len(sim.state.reserved))
+
+    sim.run(jobs=4, ranks=1, epochs=1, n=4, check=check)
+    assert max(seen) == limit  # reached, never passed
