@@ -46,12 +46,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import multiprocessing
 import os
-import queue
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -64,8 +61,9 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-import blake3  # noqa: E402
 import trio  # noqa: E402
+from harness.readers import S3Target  # noqa: E402
+from harness.readers import read_pass as readers_pass  # noqa: E402
 from harness.world import (  # noqa: E402
     MountdConfig,
     World,
@@ -86,7 +84,6 @@ CLASSES = 20
 TARGET_FILE = 0.25  # cold in order ÷ direct, file:// source
 TARGET_P50_S = 0.002  # mountd's fill latency p50
 TARGET_S3 = 0.8  # cold in order ÷ plain boto3 reader, S3 emulator
-SAMPLE_EVERY = 16  # readers hash every 16th file of their share against the digest
 BUCKET, PREFIX = "coldbench", "train"
 PASS_TIMEOUT = 900.0  # seconds one read pass may take (today's cold S3 pass: ~10 s)
 BARRIER_TIMEOUT = 120.0
@@ -152,108 +149,12 @@ def prepare_source(n_files: int) -> tuple[Path, Dataset]:
 # -- reading ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class S3Target:
-    """Where the boto3 readers GET from (moto's endpoint, dummy credentials)."""
-
-    endpoint: str
-    env: dict[str, str]
-    bucket: str
-    prefix: str
-
-
-def _s3_client(target: S3Target):
-    import boto3
-
-    return boto3.session.Session().client(
-        "s3", endpoint_url=target.endpoint, region_name=target.env["AWS_DEFAULT_REGION"],
-        aws_access_key_id=target.env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=target.env["AWS_SECRET_ACCESS_KEY"])
-
-
-def _reader(items: list[str], hashes: list[bytes], s3: S3Target | None, barrier, results) -> None:
-    """One reader process: read ``items`` (paths, or S3 keys with ``s3``) after the barrier;
-    report (start, end, bytes, sampled, mismatches) with ``time.perf_counter`` (one clock for
-    all processes: CLOCK_MONOTONIC), then hash the sampled files outside the timed loop."""
-    # Ctrl-C is the parent's to handle (it stops the readers); SIGTERM ends a reader at once.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        client = None
-        if s3 is not None:  # a plain reader's set-up, not timed: its client and connection
-            client = _s3_client(s3)
-            client.head_bucket(Bucket=s3.bucket)
-        barrier.wait(BARRIER_TIMEOUT)
-        start = time.perf_counter()
-        total = 0
-        kept = []
-        for i, item in enumerate(items):
-            if client is not None:
-                data = client.get_object(Bucket=s3.bucket, Key=item)["Body"].read()
-            else:
-                with open(item, "rb") as f:
-                    data = f.read()
-            total += len(data)
-            if i % SAMPLE_EVERY == 0:
-                kept.append((i, data))
-        end = time.perf_counter()
-        bad = [items[i] for i, data in kept if blake3.blake3(data).digest() != hashes[i]]
-        results.put(("ok", start, end, total, len(kept), bad[:3]))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the pass
-        results.put(("error", f"{type(exc).__name__}: {exc}"))
-
-
 def read_pass(items: list[str], hashes: list[bytes], readers: int, shuffle_seed: int | None = None,
               s3: S3Target | None = None) -> float:
-    """Files/s of ``readers`` processes reading interleaved shares of ``items`` at once.
-
-    Reader k reads items k, k+R, k+2R, ... (of a random permutation with ``shuffle_seed``).
-    Fails when a reader fails, reads the wrong number of bytes or a sampled hash differs.
-    """
-    order = list(range(len(items)))
-    if shuffle_seed is not None:
-        random.Random(shuffle_seed).shuffle(order)
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(readers + 1)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_reader, daemon=True,
-                         args=([items[j] for j in order[k::readers]], [hashes[j] for j in order[k::readers]],
-                               s3, barrier, results))
-             for k in range(readers)]
-    try:
-        for p in procs:
-            p.start()
-        barrier.wait(BARRIER_TIMEOUT)
-        outs = []
-        deadline = time.monotonic() + PASS_TIMEOUT
-        while len(outs) < readers:
-            try:
-                out = results.get(timeout=1.0)
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"a read pass took longer than {PASS_TIMEOUT:.0f} s") from None
-                dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if dead:
-                    raise RuntimeError(f"a reader process died (exit {dead[0]})") from None
-                continue
-            if out[0] != "ok":
-                raise RuntimeError(f"a reader failed: {out[1]}")
-            outs.append(out)
-    finally:
-        deadline = time.monotonic() + 5.0  # readers that reported exit on their own
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:  # the others (a failure, Ctrl-C) are stopped
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-    got = sum(out[3] for out in outs)
-    if got != len(items) * FILE_SIZE:
-        raise RuntimeError(f"read {got} bytes, expected {len(items) * FILE_SIZE}")
-    bad = [path for out in outs for path in out[5]]
-    if bad:
-        raise RuntimeError(f"content differs from the digest's blake3: {bad}")
-    return len(items) / (max(out[2] for out in outs) - min(out[1] for out in outs))
+    """Files/s of ``readers`` processes reading interleaved shares of ``items`` at once
+    (harness/readers.py), with this benchmark's file size and time limits."""
+    return readers_pass(items, hashes, FILE_SIZE, readers, shuffle_seed=shuffle_seed, s3=s3,
+                        pass_timeout=PASS_TIMEOUT, barrier_timeout=BARRIER_TIMEOUT)
 
 
 # -- a fresh cache, mountd and mount --------------------------------------------------------------

@@ -29,12 +29,9 @@ the last pass are in .bench/packed_reads/world/. Ctrl-C unmounts and stops every
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
-import queue
 import random
 import shutil
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -46,6 +43,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import blake3  # noqa: E402
+from harness.readers import read_pass  # noqa: E402
 from harness.world import (  # noqa: E402
     Dataset,
     DatasetSpec,
@@ -58,7 +56,6 @@ from quiverfs.testing.packed import loose_digest, pack, packed_digest  # noqa: E
 
 WORK = REPO / ".bench" / "packed_reads"
 BUCKET = "packed-reads"
-SAMPLE_EVERY = 16
 BARRIER_TIMEOUT = 60.0
 PASS_TIMEOUT = 600.0
 TARGET = 5.0
@@ -66,71 +63,6 @@ TARGET = 5.0
 
 def progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _reader(paths: list[str], hashes: list[bytes], barrier, results) -> None:
-    """One reader process: read ``paths`` after the barrier, report (start, end, bytes, bad)
-    with ``time.perf_counter`` (CLOCK_MONOTONIC: one clock for every process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        barrier.wait(BARRIER_TIMEOUT)
-        start = time.perf_counter()
-        total = 0
-        kept = []
-        for i, path in enumerate(paths):
-            with open(path, "rb") as f:
-                data = f.read()
-            total += len(data)
-            if i % SAMPLE_EVERY == 0:
-                kept.append((i, data))
-        end = time.perf_counter()
-        bad = [paths[i] for i, data in kept if blake3.blake3(data).digest() != hashes[i]]
-        results.put(("ok", start, end, total, bad[:3]))
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the pass
-        results.put(("error", f"{type(exc).__name__}: {exc}"))
-
-
-def read_pass(paths: list[str], hashes: list[bytes], size: int, readers: int, seed: int) -> float:
-    """Files/s of ``readers`` processes reading interleaved shares of a permutation."""
-    order = list(range(len(paths)))
-    random.Random(seed).shuffle(order)
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(readers + 1)
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_reader, daemon=True,
-                         args=([paths[j] for j in order[k::readers]],
-                               [hashes[j] for j in order[k::readers]], barrier, results))
-             for k in range(readers)]
-    outs = []
-    try:
-        for p in procs:
-            p.start()
-        barrier.wait(BARRIER_TIMEOUT)
-        deadline = time.monotonic() + PASS_TIMEOUT
-        while len(outs) < readers:
-            try:
-                out = results.get(timeout=1.0)
-            except queue.Empty:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"a pass took longer than {PASS_TIMEOUT:.0f} s") from None
-                continue
-            if out[0] != "ok":
-                raise RuntimeError(f"a reader failed: {out[1]}")
-            outs.append(out)
-    finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-    got = sum(out[3] for out in outs)
-    if got != len(paths) * size:
-        raise RuntimeError(f"read {got} bytes, expected {len(paths) * size}")
-    bad = [path for out in outs for path in out[4]]
-    if bad:
-        raise RuntimeError(f"content differs from the digest's blake3: {bad}")
-    return len(paths) / (max(out[2] for out in outs) - min(out[1] for out in outs))
 
 
 @dataclass
@@ -155,7 +87,8 @@ def cold_pass(dataset: Dataset, hashes: list[bytes], row: Row, args: argparse.Na
               env: dict[str, str], seed: int) -> None:
     config = MountdConfig(cache_size=4 << 30, remote_latency_ms=args.latency_ms)
     with World(dataset, "world", config, root=WORK, env=env) as world:
-        rate = read_pass(world.paths, hashes, args.size, args.readers, seed)
+        rate = read_pass(world.paths, hashes, args.size, args.readers, shuffle_seed=seed,
+                         pass_timeout=PASS_TIMEOUT, barrier_timeout=BARRIER_TIMEOUT)
         counters = world.counters()
     row.add(rate, counters)
     gets = counters["remote_requests"]["GET"]
