@@ -23,6 +23,7 @@ import pytest
 import trio
 
 from quiverfs.testing.mountd import log_tail, stop_process
+from quiverfs.testing.users import LocalUser, spawn_as, stop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,6 +213,45 @@ class MountProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+class UserMount:
+    """``quiverfs mount --foreground [ARGS] --cache-dir CACHE DIGEST MOUNTPOINT`` run as a
+    throwaway local ``user`` from ``home`` (the real-user tests); the mount point is made the
+    user's; unmounted and stopped on exit. The log is ``MOUNTPOINT.log`` beside it."""
+
+    def __init__(self, user: LocalUser, home: Path, cache: Path, digest: Path, mountpoint: Path,
+                 *args: str) -> None:
+        self.user, self.home, self.cache, self.digest = user, home, cache, digest
+        self.mountpoint = mountpoint
+        self.args = args
+        self.log = mountpoint.parent / f"{mountpoint.name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> UserMount:
+        self.mountpoint.mkdir(parents=True, exist_ok=True)
+        os.chown(self.mountpoint, self.user.uid, self.user.gid)
+        self.proc = spawn_as(self.user, self.home, [
+            "mount", "--foreground", *self.args, "--cache-dir", str(self.cache), str(self.digest),
+            str(self.mountpoint)], self.log)
+        try:
+            # is_mounted reads the mount table: root may not stat another user's FUSE mount.
+            wait_for(lambda: is_mounted(self.mountpoint), f"{self.user.name}'s mount",
+                     alive=self._died)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def _died(self) -> str | None:
+        assert self.proc is not None
+        code = self.proc.poll()
+        return None if code is None else f"exited {code}: {self.log.read_text()[-2000:]}"
+
+    def __exit__(self, *exc_info: object) -> None:
+        force_unmount(self.mountpoint)
+        if self.proc is not None:
+            stop(self.proc)
 
 
 # -- datasets -----------------------------------------------------------------------------------

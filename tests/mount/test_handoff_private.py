@@ -34,16 +34,12 @@ from quiverfs.testing.users import (
     LocalUsers,
     interpreter_reachable,
     run_as,
-    spawn_as,
-    stop,
 )
 from tests.mount.conftest import (
     REPO,
     MountdProcess,
+    UserMount,
     build_digest,
-    force_unmount,
-    is_mounted,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.mount, pytest.mark.usefixtures("fuse")]
@@ -72,9 +68,6 @@ def world(dev_fuse_for_users: None, local_users: LocalUsers) -> Iterator[dict]:
     cache = work / "cache"
     mountd = MountdProcess(cache, "1G", "--private-store", "--shared").start()
     mountpoint = work / "mnt"
-    mountpoint.mkdir()
-    os.chown(mountpoint, user.uid, user.gid)
-    mount = None
     try:
         with Digest.open(digest) as d, SyncClient.connect(cache) as client:  # root fills
             entries = sorted(d.iter_files(), key=lambda entry: entry.path)
@@ -82,19 +75,12 @@ def world(dev_fuse_for_users: None, local_users: LocalUsers) -> Iterator[dict]:
             files = {entry.path: (entry.hash, entry.size) for entry in entries}
             for entry in entries:
                 client.ensure(entry.hash, entry.size, entry.location, dataset)
-        with interpreter_reachable(REPO):
-            log = work / "mount.log"
-            # No read-ahead: the cold file stays cold until the test reads it.
-            mount = spawn_as(user, home, ["mount", "--foreground", "--readahead", "0",
-                                          "--cache-dir", str(cache), str(digest), str(mountpoint)], log)
-            wait_for(lambda: is_mounted(mountpoint), "the user's mount",
-                     alive=lambda: None if mount.poll() is None else log.read_text()[-2000:])
+        # No read-ahead: the cold file stays cold until the test reads it.
+        with interpreter_reachable(REPO), \
+                UserMount(user, home, cache, digest, mountpoint, "--readahead", "0"):
             yield {"user": user, "cache": cache, "mnt": mountpoint, "source": source,
                    "dataset": dataset, "files": files, "cold": cold.path}
     finally:
-        force_unmount(mountpoint)
-        if mount is not None:
-            stop(mount)
         mountd.stop()
         shutil.rmtree(work, ignore_errors=True)
 

@@ -33,15 +33,13 @@ from quiverfs.testing.users import (
     interpreter_reachable,
     run_as,
     spawn_as,
-    stop,
 )
 from tests.mount.conftest import (
     REPO,
     MountdProcess,
+    UserMount,
     build_digest,
-    force_unmount,
     is_mounted,
-    wait_for,
     write_tree,
 )
 
@@ -99,34 +97,9 @@ def quiverfs_as(world: dict, user: LocalUser, argv: list[str], log: Path) -> sub
     return spawn_as(user, world["work"] / "homes" / user.name, argv, log)
 
 
-class UserMount:
-    """``quiverfs mount --foreground`` as a user; stopped on exit."""
-
-    def __init__(self, world: dict, user: LocalUser, digest: Path, mountpoint: Path) -> None:
-        self.world, self.user, self.digest, self.mountpoint = world, user, digest, mountpoint
-        self.log = mountpoint.parent / f"{mountpoint.name}.log"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> UserMount:
-        self.mountpoint.mkdir(parents=True, exist_ok=True)
-        os.chown(self.mountpoint, self.user.uid, self.user.gid)
-        self.proc = quiverfs_as(self.world, self.user, [
-            "mount", "--foreground", "--cache-dir", str(self.world["cache"]), str(self.digest),
-            str(self.mountpoint)], self.log)
-        # is_mounted reads the mount table: root may not stat another user's FUSE mount.
-        wait_for(lambda: is_mounted(self.mountpoint), f"{self.user.name}'s mount",
-                 alive=self._died)
-        return self
-
-    def _died(self) -> str | None:
-        assert self.proc is not None
-        code = self.proc.poll()
-        return None if code is None else f"exited {code}: {self.log.read_text()[-2000:]}"
-
-    def __exit__(self, *exc_info: object) -> None:
-        force_unmount(self.mountpoint)
-        if self.proc is not None:
-            stop(self.proc)
+def user_mount(world: dict, user: LocalUser, digest: Path, mountpoint: Path) -> UserMount:
+    """``user``'s mount of ``digest`` on the world's shared cache."""
+    return UserMount(user, world["work"] / "homes" / user.name, world["cache"], digest, mountpoint)
 
 
 def read_as(user: LocalUser, paths: list[Path]) -> dict[str, str]:
@@ -176,14 +149,14 @@ def test_users_fill_with_their_own_rights_and_share_by_hash(world: dict):
     first, rest = names[:4], names[4:]
     with SyncClient.connect(cache) as admin:
         before = admin.stats()["users"]
-    with UserMount(world, a, world["a_digest"], world["work"] / "a-mnt") as am:
+    with user_mount(world, a, world["a_digest"], world["work"] / "a-mnt") as am:
         got = read_as(a, [am.mountpoint / n for n in first])
         assert got == {str(am.mountpoint / n): sha(world["a_files"][n]) for n in first}
     with SyncClient.connect(cache) as admin:
         users = admin.stats()["users"]
         assert users[str(a.uid)]["supplied"] - before.get(str(a.uid), {}).get("supplied", 0) == 4
         assert admin.usage()["entries"] == 4
-    with UserMount(world, b, world["b_view"], world["work"] / "b-mnt") as bm:
+    with user_mount(world, b, world["b_view"], world["work"] / "b-mnt") as bm:
         # What A cached, B gets by hash; what nobody cached, B cannot make mountd read.
         got = read_as(b, [bm.mountpoint / n for n in names])
     assert {n: got[str(bm.mountpoint / n)] for n in first} == {n: sha(world["a_files"][n]) for n in first}
@@ -212,11 +185,11 @@ def test_a_forged_digest_cannot_poison_the_cache(world: dict):
         db.execute("UPDATE meta SET value = (SELECT sum(size) FROM files) WHERE key = 'total_bytes'")
     os.chown(forged, b.uid, b.gid)
     store_file = layout.store_path(cache, a_hashes[victim])
-    with UserMount(world, b, forged, work / "b-forged-mnt") as bm:
+    with user_mount(world, b, forged, work / "b-forged-mnt") as bm:
         got = read_as(b, [bm.mountpoint / "c0/evil.bin"])
     assert set(got.values()) <= {"errno:EIO", "errno:EINVAL"}  # refused: it does not verify
     assert not store_file.exists()
-    with UserMount(world, a, world["a_digest"], work / "a-mnt2") as am:
+    with user_mount(world, a, world["a_digest"], work / "a-mnt2") as am:
         assert read_as(a, [am.mountpoint / victim]) == {str(am.mountpoint / victim): sha(world["a_files"][victim])}
     assert store_file.read_bytes() == world["a_files"][victim]
 

@@ -14,7 +14,6 @@ import errno
 import hashlib
 import os
 import shutil
-import subprocess
 import tempfile
 import zoneinfo  # noqa: F401  (a lazy import of the CLI; the children cannot read /root)
 from collections.abc import Iterator
@@ -32,16 +31,12 @@ from quiverfs.testing.users import (
     LocalUsers,
     interpreter_reachable,
     run_as,
-    spawn_as,
-    stop,
 )
 from tests.mount.conftest import (
     REPO,
     MountdProcess,
+    UserMount,
     build_digest,
-    force_unmount,
-    is_mounted,
-    wait_for,
     write_tree,
 )
 
@@ -108,36 +103,13 @@ def _world(local_users: LocalUsers) -> Iterator[dict]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-class UserMount:
-    """``quiverfs mount --foreground --readahead 0`` as a user (no read-ahead: exactly the
-    files read are filled, in the order read); stopped on exit."""
+class QuotaMount(UserMount):
+    """``user``'s mount of ``digest`` at ``WORK/name`` on the world's cache, with no
+    read-ahead (exactly the files read are filled, in the order read)."""
 
     def __init__(self, world: dict, user: LocalUser, digest: Path, name: str) -> None:
-        self.world, self.user, self.digest = world, user, digest
-        self.mountpoint = world["work"] / name
-        self.log = world["work"] / f"{name}.log"
-        self.proc: subprocess.Popen | None = None
-
-    def __enter__(self) -> UserMount:
-        self.mountpoint.mkdir()
-        os.chown(self.mountpoint, self.user.uid, self.user.gid)
-        self.proc = spawn_as(self.user, self.world["work"] / "homes" / self.user.name, [
-            "mount", "--foreground", "--readahead", "0", "--cache-dir", str(self.world["cache"]),
-            str(self.digest), str(self.mountpoint)], self.log)
-        # is_mounted reads the mount table: root may not stat another user's FUSE mount.
-        wait_for(lambda: is_mounted(self.mountpoint), f"{self.user.name}'s mount",
-                 alive=self._died)
-        return self
-
-    def _died(self) -> str | None:
-        assert self.proc is not None
-        code = self.proc.poll()
-        return None if code is None else f"exited {code}: {self.log.read_text()[-2000:]}"
-
-    def __exit__(self, *exc_info: object) -> None:
-        force_unmount(self.mountpoint)
-        if self.proc is not None:
-            stop(self.proc)
+        super().__init__(user, world["work"] / "homes" / user.name, world["cache"], digest,
+                         world["work"] / name, "--readahead", "0")
 
     def read(self, names: list[str]) -> list[str]:
         """Each file's sha256 as the user reads it through the mount, one after the other
@@ -176,11 +148,11 @@ def user_stats(cache: Path, user: LocalUser) -> dict:
 
 def test_a_user_past_its_quota_loses_its_own_oldest_files_and_the_others_stay(world: dict):
     a, b, cache = world["a"], world["b"], world["cache"]
-    with UserMount(world, b, world["b_digest"], "b-mnt") as bm:
+    with QuotaMount(world, b, world["b_digest"], "b-mnt") as bm:
         assert bm.read(sorted(B_FILES)) == [sha(B_FILES[n]) for n in sorted(B_FILES)]
     assert in_store(cache, B_FILES) == dict.fromkeys(B_FILES, True)
     names = sorted(A_FILES)
-    with UserMount(world, a, world["a_digest"], "a-mnt") as am:
+    with QuotaMount(world, a, world["a_digest"], "a-mnt") as am:
         assert am.read(names) == [sha(A_FILES[n]) for n in names]
     # A's three oldest went for A's quota; B's files (older still) are all there.
     assert in_store(cache, A_FILES) == {n: i >= 3 for i, n in enumerate(names)}
@@ -197,7 +169,7 @@ def test_a_user_past_its_quota_loses_its_own_oldest_files_and_the_others_stay(wo
     assert (theirs["supplied"], theirs["cached_files"], theirs["cached_bytes"],
             theirs["quota_evicted_files"]) == (3, 3, 3 * SIZE, 0)
     # B reads its files again: all still cached, nothing supplied anew.
-    with UserMount(world, b, world["b_digest"], "b-mnt2") as bm:
+    with QuotaMount(world, b, world["b_digest"], "b-mnt2") as bm:
         assert bm.read(sorted(B_FILES)) == [sha(B_FILES[n]) for n in sorted(B_FILES)]
     assert user_stats(cache, b)["supplied"] == 3
 
@@ -205,7 +177,7 @@ def test_a_user_past_its_quota_loses_its_own_oldest_files_and_the_others_stay(wo
 def test_a_file_larger_than_the_quota_fails_with_edquot_and_evicts_nothing(world: dict):
     a, cache = world["a"], world["cache"]
     before = user_stats(cache, a)
-    with UserMount(world, a, world["a_digest"], "a-big-mnt") as am:
+    with QuotaMount(world, a, world["a_digest"], "a-big-mnt") as am:
         assert am.read(sorted(A_BIG)) == ["errno:EDQUOT"]
         # The user's other files are still served (the last three it read are cached).
         names = sorted(A_FILES)[3:]
