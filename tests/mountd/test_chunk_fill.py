@@ -114,16 +114,25 @@ async def world(tmp_path: Path, moto: MotoEmulator, *, members: int = MEMBERS,
         objects[victim.key] = bytes(raw)
     moto.upload_many(bucket, {f"data/{k}": v for k, v in objects.items()})
     backends = S3Backends(moto)
+    async with serving(tmp_path, backends, dataset, tmp_path / "packed.qd", **cfg) as (cache, coop):
+        yield World(cache, coop, backends, placed, url, dataset)
+
+
+@asynccontextmanager
+async def serving(tmp_path: Path, backends: S3Backends, dataset: str, digest: Path,
+                  **cfg) -> AsyncIterator[tuple[Cache, CoopService]]:
+    """An in-process cache with mountd's session layer, ``dataset`` registered with its
+    ``digest`` and its view loaded (which names chunks' members to the cache)."""
     cache = Cache(config(tmp_path / "cache", **cfg), backends)
     await cache.open()
     coop = CoopService(cache)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(cache.run)
-            coop.dataset_registered(dataset, str(tmp_path / "packed.qd"))
+            coop.dataset_registered(dataset, str(digest))
             await coop.ensure_view(dataset)
             try:
-                yield World(cache, coop, backends, placed, url, dataset)
+                yield cache, coop
             finally:
                 await cache.aclose()
     finally:
@@ -286,23 +295,13 @@ async def test_a_loose_dataset_keeps_one_get_per_file(tmp_path: Path, moto):
     moto.upload_many(bucket, {f"data/{p}": d for p, d in files})
     dataset = loose_digest(tmp_path / "loose.qd", url, files)
     backends = S3Backends(moto)
-    cache = Cache(config(tmp_path / "cache"), backends)
-    await cache.open()
-    coop = CoopService(cache)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(cache.run)
-            coop.dataset_registered(dataset, str(tmp_path / "loose.qd"))
-            view = await coop.ensure_view(dataset)
-            assert view.packing is None
-            for cid in range(view.count):
-                h, size, loc = view.item(cid)
-                assert loc.offset == 0
-                await cache.ensure(h, size, loc, dataset)
-            assert backends.gets() == 8
-            assert cache.counters.total.chunk_fills == 0
-            assert cache.entries == 8
-            await cache.aclose()
-    finally:
-        coop.close()
-        await cache.aclose()
+    async with serving(tmp_path, backends, dataset, tmp_path / "loose.qd") as (cache, coop):
+        view = await coop.ensure_view(dataset)
+        assert view.packing is None
+        for cid in range(view.count):
+            h, size, loc = view.item(cid)
+            assert loc.offset == 0
+            await cache.ensure(h, size, loc, dataset)
+        assert backends.gets() == 8
+        assert cache.counters.total.chunk_fills == 0
+        assert cache.entries == 8
