@@ -461,20 +461,26 @@ class Index:
             return
         self.write_refs()
         self.flush()
+        # Never back: a fill may have stamped the row since (INSERT OR REPLACE).
+        self._write_advisory("UPDATE entries SET last_use=?1 WHERE hash=?2 AND last_use<?1",
+                             sorted(rows, key=lambda row: row[1]),  # neighbours share pages
+                             f"the last use of {len(rows)} cached files")
+
+    def _write_advisory(self, sql: str, rows: list[tuple], what: str) -> None:
+        """``sql`` over ``rows`` in one transaction, for what hits noted (recency,
+        references): advisory, so a failure is rolled back and logged, never raised."""
         c = self.conn
         try:
             c.execute("BEGIN")
             try:
-                # Never back: a fill may have stamped the row since (INSERT OR REPLACE).
-                c.executemany("UPDATE entries SET last_use=?1 WHERE hash=?2 AND last_use<?1",
-                              sorted(rows, key=lambda row: row[1]))  # neighbours share pages
+                c.executemany(sql, rows)
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     c.execute("ROLLBACK")
                 raise
             c.execute("COMMIT")
         except sqlite3.Error as exc:
-            log.warning("could not record the last use of %d cached files: %s", len(rows), exc)
+            log.warning("could not record %s: %s", what, exc)
 
     def write_refs(self) -> int:
         """Write the dataset references that hits added (:meth:`touch`); how many. Like
@@ -484,19 +490,9 @@ class Index:
             return 0
         self._touched_refs = set()
         self.flush()
-        c = self.conn
-        try:
-            c.execute("BEGIN")
-            try:
-                c.executemany("INSERT OR IGNORE INTO refs (dataset, hash) "
-                              "SELECT ?, hash FROM entries WHERE hash=?", sorted(refs))
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    c.execute("ROLLBACK")
-                raise
-            c.execute("COMMIT")
-        except sqlite3.Error as exc:
-            log.warning("could not record %d dataset references of cached files: %s", len(refs), exc)
+        self._write_advisory("INSERT OR IGNORE INTO refs (dataset, hash) "
+                             "SELECT ?, hash FROM entries WHERE hash=?", sorted(refs),
+                             f"{len(refs)} dataset references of cached files")
         return len(refs)
 
     def set_pinned(self, hashes: Sequence[bytes], pinned: bool) -> int:
