@@ -279,11 +279,7 @@ class SyncClient:
                 if progress is not None:
                     progress(message["progress"])
                 continue
-            try:
-                return _result(message), received
-            except BaseException:
-                close_all(received)
-                raise
+            return _result_with(message, received)
 
     def notify(self, op: str, args: Mapping[str, Any] | None = None) -> None:
         """Send a request that gets no answer (``hits``, ``prefetch``)."""
@@ -378,6 +374,16 @@ def _result(message: Mapping[str, Any]) -> Any:
     if ok is False:
         raise protocol.exception_from_payload(message.get("error"))
     raise ProtocolError("mountd sent a response without 'ok'")
+
+
+def _result_with(message: Mapping[str, Any], received: list[int]) -> tuple[Any, list[int]]:
+    """``(result, descriptors)`` of a response that came with ``received`` descriptors; they
+    are closed when the response is an error (nobody else would)."""
+    try:
+        return _result(message), received
+    except BaseException:
+        close_all(received)
+        raise
 
 
 # -- starting mountd on demand --------------------------------------------------------------------
@@ -705,11 +711,7 @@ class AsyncClient:
                         f"lost the connection to mountd at {self.socket_path} during {op}: {exc}"
                     ) from None
                 continue
-            try:
-                return _result(message), received
-            except BaseException:
-                close_all(received)
-                raise
+            return _result_with(message, received)
         raise AssertionError("unreachable")
 
     async def notify(self, op: str, args: Mapping[str, Any] | None = None) -> None:
