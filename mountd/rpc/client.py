@@ -376,7 +376,7 @@ def _result(message: Mapping[str, Any]) -> Any:
     raise ProtocolError("mountd sent a response without 'ok'")
 
 
-def _result_with(message: Mapping[str, Any], received: list[int]) -> tuple[Any, list[int]]:
+def _result_with(message: Mapping[str, Any], received: Sequence[int]) -> tuple[Any, Sequence[int]]:
     """``(result, descriptors)`` of a response that came with ``received`` descriptors; they
     are closed when the response is an error (nobody else would)."""
     try:
