@@ -37,44 +37,43 @@ class Holds:
     def __init__(self, max_bytes: int, seconds: float = HOLD_SECONDS) -> None:
         self.seconds = seconds
         self.max_bytes = max_bytes
-        self._until: dict[bytes, float] = {}
-        self._sizes: dict[bytes, int] = {}
+        #: hash -> (trio time its hold ends, bytes), oldest first
+        self._held: dict[bytes, tuple[float, int]] = {}
         self._bytes = 0
 
     def hold(self, content_hash: bytes, size: int) -> None:
         """Keep ``content_hash`` (``size`` bytes) from eviction for the next :attr:`seconds`,
         ending the oldest holds early when more than :attr:`max_bytes` would be held."""
         self._drop(content_hash)
-        self._until[content_hash] = trio.current_time() + self.seconds
-        self._sizes[content_hash] = size
+        self._held[content_hash] = (trio.current_time() + self.seconds, size)
         self._bytes += size
-        while self._bytes > self.max_bytes and self._until:
-            self._drop(next(iter(self._until)))
+        while self._bytes > self.max_bytes and self._held:
+            self._drop(next(iter(self._held)))
 
     def _drop(self, content_hash: bytes) -> None:
-        if self._until.pop(content_hash, None) is not None:
-            self._bytes -= self._sizes.pop(content_hash)
+        held = self._held.pop(content_hash, None)
+        if held is not None:
+            self._bytes -= held[1]
 
     def __contains__(self, content_hash: object) -> bool:
-        until = self._until.get(content_hash)  # type: ignore[call-overload]
-        return until is not None and until > trio.current_time()
+        return self.deadline(content_hash) is not None  # type: ignore[arg-type]
 
     def count(self) -> int:
         """How many hashes are held now (``usage``'s ``held``)."""
         self.expire()
-        return len(self._until)
+        return len(self._held)
 
     def expire(self) -> None:
         """Forget the holds whose time is up."""
         now = trio.current_time()
-        until = self._until
-        while until:
-            first = next(iter(until))
-            if until[first] > now:
+        held = self._held
+        while held:
+            first = next(iter(held))
+            if held[first][0] > now:
                 return
             self._drop(first)
 
     def deadline(self, content_hash: bytes | None) -> float | None:
         """When the hold of ``content_hash`` ends (trio time), None when it is not held."""
-        until = self._until.get(content_hash) if content_hash is not None else None
-        return until if until is not None and until > trio.current_time() else None
+        held = self._held.get(content_hash) if content_hash is not None else None
+        return held[0] if held is not None and held[0] > trio.current_time() else None
