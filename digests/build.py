@@ -206,6 +206,7 @@ async def _build(
     if not os.path.isdir(parent):
         raise UsageError(f"output directory does not exist: {parent}")
     _remove_stale_tmp(out)
+    fresh = not os.path.exists(partial)
     # SQLite is used from the trio thread only: code between two awaits is atomic, so the
     # lister and the workers never interleave inside a statement or a commit.
     db = sqlite3.connect(partial)
@@ -218,12 +219,23 @@ async def _build(
         db.commit()
         await _list_and_hash(db, backend, workers, progress, result, follow_external_links)
         db.commit()
-    finally:
+    except BaseException:
         db.commit()
+        useless = fresh and not _holds_work(db)
         db.close()
+        if useless:  # nothing a rerun would reuse (a missing source, say): leave no partial
+            os.unlink(partial)
+        raise
+    db.close()
     await trio.to_thread.run_sync(_finalize, partial, out, location_url, result, progress)
     os.unlink(partial)
     return result
+
+
+def _holds_work(db: sqlite3.Connection) -> bool:
+    """Whether a partial holds anything a rerun would reuse (hashed files or scanned shards)."""
+    return any(db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone()
+               for table in ("hashed", "shards"))
 
 
 def _remove_stale_tmp(out: str) -> None:

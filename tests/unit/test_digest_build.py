@@ -17,7 +17,7 @@ from digests.digest import Digest
 from digests.progress import Progress
 from digests.write import NewFile, write_digest
 from quiverfs.backends import BackendOptions, RemoteSettings, open_backend
-from quiverfs.errors import AccessDenied, CorruptObject, UsageError
+from quiverfs.errors import AccessDenied, CorruptObject, NotFound, UsageError
 
 FILES = {f"train/c{i % 5}/img_{i:03d}.jpg": os.urandom(100 + i * 37) for i in range(60)}
 FILES["big/blob.bin"] = os.urandom(3 * 1024 * 1024 + 17)
@@ -223,6 +223,19 @@ async def test_stale_tmp_removed_and_missing_out_dir(tree, tmp_path):
     assert not stale.exists()
     with pytest.raises(UsageError, match="output directory does not exist"):
         await build(backend(tree), tmp_path / "nope" / "d.qd")
+
+
+async def test_failure_before_any_work_leaves_no_partial(tree, tmp_path):
+    """A missing source: nothing to resume, so no OUT.partial is left behind; a partial that
+    holds hashed files is kept (test_resume_after_failure_rereads_nothing_done)."""
+    with pytest.raises(NotFound):
+        await build(backend(tmp_path / "missing"), tmp_path / "d.qd")
+    assert sorted(os.listdir(tmp_path)) == ["data"]
+    # A partial from an earlier run is never removed by a failing rerun.
+    (tmp_path / "d.qd.partial").write_bytes(b"")
+    with pytest.raises(NotFound):
+        await build(backend(tmp_path / "missing"), tmp_path / "d.qd")
+    assert (tmp_path / "d.qd.partial").exists()
 
 
 def test_progress_kinds():
