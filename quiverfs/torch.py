@@ -191,8 +191,9 @@ class QuiverBatchSampler(Sampler[list[int]]):
         if self.root is not None and order == "claims":
             self._open_on_mount(epoch)
         self._finalizer: weakref.finalize | None = None
-        if self.control is None and order == "claims":
-            _warn_off_mount(self.paths[0])
+        if self.control is None:
+            if order == "claims":
+                _warn_off_mount(self.paths[0])
         else:
             self._finalizer = weakref.finalize(self, _close_session, self.control, self.job, self.rank)
 
