@@ -112,7 +112,8 @@ def format_plan(result: Plan) -> str:
     lines += [
         "",
         f"first job alone: {result.profiles[0].standalone():.1f}s (100%)",
-        f"optimum (binary search, {result.evaluations} predictions): stagger {opt.stagger:.0%} "
+        f"optimum (binary search, {result.evaluations} predictions, makespans within "
+        f"{result.tolerance:.1%} equal): stagger {opt.stagger:.0%} "
         f"= start {names[1]} {opt.starts[1]:.1f}s after {names[0]}; "
         f"exhaustive sweep: {result.exhaustive.stagger:.0%}",
         f"makespan {opt.makespan:.1f}s vs {sim.makespan:.1f}s simultaneous "
@@ -182,6 +183,10 @@ def register(app: typer.Typer) -> None:
                                               help="With --mount: mountd's cache directory."),
         step: str = typer.Option("10%", "--step", help="Stagger step of the table and the search grid."),
         top: str = typer.Option("100%", "--max", help="Largest stagger considered."),
+        tolerance: str = typer.Option(
+            "1%", "--tolerance",
+            help="Makespans this close to the shortest count as equal; the latest such stagger wins (it frees the GPUs longest). 0: the paper's exact minimum.",
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print JSON."),
     ) -> None:
         """Predict the makespan of jobs sharing a dataset for each stagger, the optimum and the GPU time it saves (HiPC'23 model).
@@ -191,6 +196,7 @@ def register(app: typer.Typer) -> None:
         Example: quiverfs plan stagger --job A:iters=1560,compute=0.30,wait=0.45,cached=0.05,conc=0.70 --job B:iters=1560,compute=0.20,wait=0.54,cached=0.03,conc=0.80
         """
         step_f, top_f = parse_percent(step, "--step"), parse_percent(top, "--max")
+        tolerance_f = parse_percent(tolerance, "--tolerance")
         if mount is not None:
             if profiles is not None:
                 raise UsageError("give --mount (measure) or --profiles (numbers), not both")
@@ -205,7 +211,7 @@ def register(app: typer.Typer) -> None:
             found = [profile_from(*parse_job(spec, NUMBER_KEYS)) for spec in job]
         if len(found) < 2:
             raise UsageError("give at least two jobs (--job twice, --profiles or --mount)")
-        result = plan(found, step_f, top_f)
+        result = plan(found, step_f, top_f, tolerance_f)
         if as_json:
             typer.echo(json.dumps(result.to_dict(), indent=2, sort_keys=True))
         else:

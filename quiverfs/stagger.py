@@ -32,7 +32,9 @@ finish, and the tests check the closed form against the state machine.
 A *stagger* ``s`` (a fraction, 0.4 = 40 %) starts job ``k`` at ``k × s × T₀``, where ``T₀`` is
 the first job's standalone runtime (the paper: 100 % = the first job run alone, cold); with two
 jobs, the second starts at ``s × T₀``. The optimum is found by the paper's binary search over a
-grid of steps (:func:`binary_search`), which :func:`sweep` checks exhaustively.
+grid of steps (:func:`binary_search`), which :func:`sweep` checks exhaustively; with a
+``tolerance``, makespans that close to the optimum count as equal and the latest such stagger
+wins (it frees the GPUs longest).
 """
 
 from __future__ import annotations
@@ -247,13 +249,18 @@ def sweep(profiles: Sequence[Profile], step: float = 0.1, top: float = 1.0) -> l
     return [predict(profiles, s) for s in grid(step, top)]
 
 
-def best(outcomes: Sequence[Outcome]) -> Outcome:
-    """The best of ``outcomes`` by :func:`better` (the earliest among equals)."""
-    winner = outcomes[0]
-    for outcome in outcomes[1:]:
-        if better(outcome, winner):
-            winner = outcome
-    return winner
+def best(outcomes: Sequence[Outcome], tolerance: float = 0.0) -> Outcome:
+    """The best of ``outcomes`` (in stagger order) by :func:`better`, the earliest among equals;
+    with ``tolerance``, then the latest stagger after it whose makespan is within ``tolerance``
+    (a fraction) of that best one, as :func:`binary_search` picks it."""
+    index = 0
+    for i in range(1, len(outcomes)):
+        if better(outcomes[i], outcomes[index]):
+            index = i
+    limit = outcomes[index].makespan * (1 + tolerance)
+    while tolerance > 0 and index + 1 < len(outcomes) and outcomes[index + 1].makespan <= limit:
+        index += 1
+    return outcomes[index]
 
 
 @dataclass
@@ -264,13 +271,21 @@ class Search:
     evaluations: int
 
 
-def binary_search(profiles: Sequence[Profile], step: float = 0.1, top: float = 1.0) -> Search:
+def binary_search(profiles: Sequence[Profile], step: float = 0.1, top: float = 1.0,
+                  tolerance: float = 0.0) -> Search:
     """The paper's §V-B search: halve the grid by comparing neighbours.
 
     At the middle index ``m`` it predicts ``m`` and ``m + 1``; if ``m + 1`` is better the
     optimum lies to the right, else at ``m`` or to its left. The makespan falls while staggering
     trades contention for reuse and rises once the second job waits for nothing (the paper's
     Observation 3), so this finds the grid optimum in about ``2·log2(grid)`` predictions.
+
+    ``tolerance`` (a fraction, e.g. 0.01): a makespan within it of the optimum counts as equal,
+    and the latest such stagger after the optimum wins, since a later start frees the GPUs for
+    longer (the paper's second goal). Where the makespan is flat, as when the jobs hardly
+    contend (docs/staggering.md), this picks the end of the flat stretch instead of a point
+    chosen by float noise. Right of the optimum the makespan only rises, so a second binary
+    search finds that end.
     """
     points = grid(step, top)
     cache: dict[int, Outcome] = {}
@@ -287,6 +302,15 @@ def binary_search(profiles: Sequence[Profile], step: float = 0.1, top: float = 1
             lo = mid + 1
         else:
             hi = mid
+    if tolerance > 0:
+        limit = at(lo).makespan * (1 + tolerance)
+        hi = len(points) - 1
+        while lo < hi:  # the last index after the optimum with a makespan within the limit
+            mid = (lo + hi + 1) // 2
+            if at(mid).makespan <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
     return Search(at(lo), len(cache))
 
 
@@ -296,6 +320,7 @@ class Plan:
 
     profiles: list[Profile]
     step: float
+    tolerance: float
     table: list[Outcome]
     optimum: Outcome
     exhaustive: Outcome
@@ -324,6 +349,7 @@ class Plan:
             "jobs": [p.to_dict() for p in self.profiles],
             "first_job_standalone": self.profiles[0].standalone(),
             "step": self.step,
+            "tolerance": self.tolerance,
             "table": [row(o) for o in self.table],
             "optimum": row(self.optimum),
             "exhaustive_optimum": row(self.exhaustive),
@@ -334,13 +360,18 @@ class Plan:
         }
 
 
-def plan(profiles: Sequence[Profile], step: float = 0.1, top: float = 1.0) -> Plan:
-    """Sweep, search and compare with a simultaneous start."""
+def plan(profiles: Sequence[Profile], step: float = 0.1, top: float = 1.0,
+         tolerance: float = 0.0) -> Plan:
+    """Sweep, search and compare with a simultaneous start (``tolerance``: see
+    :func:`binary_search`)."""
     if len(profiles) < 2:
         raise UsageError("staggering needs at least two jobs")
+    if not (math.isfinite(tolerance) and 0 <= tolerance < 1):
+        raise UsageError(f"the tolerance must be a fraction from 0 to below 100%, not {tolerance!r}")
     table = sweep(profiles, step, top)
-    search = binary_search(profiles, step, top)
-    return Plan(list(profiles), step, table, search.optimum, best(table), table[0], search.evaluations)
+    search = binary_search(profiles, step, top, tolerance)
+    return Plan(list(profiles), step, tolerance, table, search.optimum, best(table, tolerance),
+                table[0], search.evaluations)
 
 
 # -- the shared order ------------------------------------------------------------------------------

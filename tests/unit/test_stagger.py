@@ -187,6 +187,40 @@ def test_binary_search_finds_the_exhaustive_optimum_within_one_step() -> None:
         assert found.makespan <= exhaustive.makespan * 1.05, (case, profiles)
 
 
+def test_a_tolerance_picks_the_end_of_a_flat_makespan() -> None:
+    # No contention (W_conc = W): the makespan is flat while B finishes before A, then rises.
+    a = job("A", compute=0.1, wait=0.03, cached=0.0, conc=0.03, epochs=2)
+    b = job("B", compute=0.04, wait=0.09, cached=0.0, conc=0.09, epochs=2)
+    exact = plan([a, b], 0.1)
+    flat = plan([a, b], 0.1, tolerance=0.01)
+    assert flat.optimum.stagger >= exact.optimum.stagger
+    assert flat.optimum.makespan <= exact.optimum.makespan * 1.01
+    assert flat.optimum.gpu_seconds < exact.simultaneous.gpu_seconds
+    nxt = predict([a, b], flat.optimum.stagger + 0.1)
+    assert nxt.makespan > exact.optimum.makespan * 1.01  # the end of the flat stretch
+    assert flat.optimum.stagger == flat.exhaustive.stagger
+
+
+def test_binary_search_with_a_tolerance_matches_the_sweep() -> None:
+    rng = random.Random(16)
+    for case in range(300):
+        profiles = []
+        for name in "AB":
+            compute = rng.uniform(0.01, 1.0)
+            cached = rng.uniform(0.0, 0.3)
+            wait = cached + rng.uniform(0.0, 1.0)
+            conc = wait + rng.uniform(0.0, 0.5)
+            profiles.append(Profile(name, rng.randint(10, 2000), rng.randint(1, 4), compute,
+                                    wait, cached, conc, rng.randint(1, 8)))
+        step = rng.choice([0.1, 0.05])
+        tolerance = rng.choice([0.005, 0.01, 0.05])
+        exhaustive = best(sweep(profiles, step), tolerance)
+        found = binary_search(profiles, step, tolerance=tolerance).optimum
+        within_step = abs(found.stagger - exhaustive.stagger) <= step + 1e-9
+        near = math.isclose(found.makespan, exhaustive.makespan, rel_tol=tolerance)
+        assert within_step or near, (case, profiles, step, tolerance, found.stagger, exhaustive.stagger)
+
+
 def test_binary_search_takes_logarithmically_many_predictions() -> None:
     profiles = [job("A"), job("B", compute=0.2, cached=0.03, conc=0.8)]
     assert binary_search(profiles, 0.01).evaluations <= 2 * math.ceil(math.log2(101)) + 1
@@ -202,6 +236,8 @@ def test_grid_and_bad_input() -> None:
         plan([job("A")], 0.1)
     with pytest.raises(UsageError):
         predict([job("A"), job("B")], -0.1)
+    with pytest.raises(UsageError, match="tolerance"):
+        plan([job("A"), job("B")], 0.1, tolerance=1.5)
     with pytest.raises(UsageError, match="wait"):
         job("A", wait=-1.0)
     with pytest.raises(UsageError, match="iterations"):
