@@ -20,6 +20,7 @@ from typing import Any
 
 import typer
 
+from quiverfs import start_record
 from quiverfs.errors import UsageError
 from quiverfs.stagger import Plan, Profile, plan
 
@@ -241,8 +242,6 @@ def register(app: typer.Typer) -> None:
 
         Example: quiverfs run --after /mnt/imagenet --plan plan.json -- python train.py --arch resnet50
         """
-        from quiverfs import start_record
-
         if (first is None) == (after is None):
             raise UsageError("give --first MOUNT or --after MOUNT")
         if not command:
@@ -295,14 +294,12 @@ def _plan_numbers(path: Path | None) -> dict[str, float]:
         raise UsageError(f"{path} is not the JSON of `quiverfs plan stagger --json`") from None
 
 
-def _run_child(command: list[str], on_start: Any = None) -> int:
+def _run_child(command: list[str]) -> int:
     """Run ``command``, forwarding SIGTERM and SIGINT; its exit status (128 + signal if killed)."""
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
         raise UsageError(f"cannot run {command[0]}: {exc.strerror or exc}") from exc
-    if on_start is not None:
-        on_start(child.pid)
 
     def forward(signum: int, frame: Any) -> None:
         child.send_signal(signum)
@@ -317,16 +314,11 @@ def _run_child(command: list[str], on_start: Any = None) -> int:
 
 
 def _run_first(mountpoint: Path, command: list[str], runtime: float | None, state_dir: Path | None) -> int:
-    from quiverfs import start_record
-
-    pid: list[int] = []
-
-    def started(child_pid: int) -> None:
-        pid.append(child_pid)
-        start_record.write_start(mountpoint, child_pid, runtime, state_dir)
-
+    """Record the start, then run the job. The record names this process (it lives exactly
+    as long as the job, plus the bookkeeping) and is written before the job starts, so a
+    job that looks for it (or a ``--after`` started by it) always finds it."""
+    start_record.write_start(mountpoint, os.getpid(), runtime, state_dir)
     try:
-        return _run_child(command, started)
+        return _run_child(command)
     finally:
-        if pid:
-            start_record.mark_ended(mountpoint, pid[0], state_dir)
+        start_record.mark_ended(mountpoint, os.getpid(), state_dir)
