@@ -454,12 +454,15 @@ class Evict:
     """Evict ``chunk``: remove ``ids`` (its files cached now) unless other datasets hold them.
 
     ``forced`` when the timeout after the first finished job expired with jobs still on it.
+    ``members``: every file the chunk held when it was evicted (cached or not); the chunk
+    may be re-drawn at once (:meth:`ChunkManager.plan_next`), so read this, not the plan.
     """
 
     dataset: str
     chunk: int
     ids: tuple[int, ...]
     forced: bool = False
+    members: tuple[int, ...] = field(default=(), compare=False)
 
 
 Action = Preload | ChunkReady | Evict
@@ -545,9 +548,6 @@ class ChunkManager:
         #: Chunks planned (membership drawn, frozen) and not loading yet, in load order.
         self.planned: list[int] = []
         self._last_planned = -1
-        #: Chunks evicted by the running tick: not re-drawn before the next one, so that the
-        #: caller still finds an :class:`Evict`'s chunk as it was (``plan.ids_of``).
-        self._evicted: set[int] = set()
         self._holders: set[object] = set()
         self.loading: int | None = None
         self._order: list[int] = []  # the loading chunk's uncached ids, shuffled
@@ -597,8 +597,7 @@ class ChunkManager:
     def is_free(self, chunk: int) -> bool:
         """Whether ``chunk`` may be re-drawn: idle, not planned, no reader on it."""
         c = self._chunks[chunk]
-        return (c.state is ChunkState.IDLE and not c.refs and chunk not in self.planned
-                and chunk not in self._evicted)
+        return c.state is ChunkState.IDLE and not c.refs and chunk not in self.planned
 
     def held(self) -> list[int]:
         """The chunks that are not free (planned, loading, resident, or read), oldest
@@ -780,6 +779,10 @@ class ChunkManager:
         self._holders.add(holder)
         self._chunks[chunk].refs.add(holder)
 
+    def detach_chunk(self, holder: object, chunk: int) -> None:
+        """``holder`` leaves ``chunk`` without having read from it (not a finish)."""
+        self._chunks[chunk].refs.discard(holder)
+
     def finished(self, holder: object, chunk: int, now: float) -> None:
         """``holder`` was given every file of ``chunk`` (``informServersDoneUsingChunk``)."""
         c = self._chunks[chunk]
@@ -826,7 +829,6 @@ class ChunkManager:
         3. While a reader is attached and a slot is free, the next chunk starts loading.
         """
         actions: list[Action] = []
-        self._evicted.clear()
         self._evict_marked(now, actions)
         if self._promote(actions):
             self._evict_marked(now, actions)
@@ -871,10 +873,10 @@ class ChunkManager:
             forced = chunk.first_done is not None and now - chunk.first_done >= self.evict_timeout
             if not forced and (chunk.refs or self._in_grace(chunk, now)):
                 continue
-            ids = tuple(i for i in self.plan.ids_of(index) if self._is_cached(i))
-            actions.append(Evict(self.dataset, index, ids, forced=bool(chunk.refs)))
+            members = tuple(self.plan.ids_of(index))
+            ids = tuple(i for i in members if self._is_cached(i))
+            actions.append(Evict(self.dataset, index, ids, forced=bool(chunk.refs), members=members))
             chunk.state = ChunkState.IDLE
-            self._evicted.add(index)
             # A straggler keeps its reference (it reads the chunk as misses now), so that the
             # chunk is not re-drawn under it; it goes when the straggler finishes or leaves.
             chunk.first_done = chunk.last_done = None

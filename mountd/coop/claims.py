@@ -51,6 +51,7 @@ from mountd.coop.chunks import (
     NEEDED_BY_SOME,
     ChunkManager,
     ChunkPlan,
+    ChunkState,
 )
 from mountd.coop.packing import Packing
 
@@ -408,6 +409,8 @@ class EpochPool:
     after: int | None = None
     #: The generation (:meth:`ChunkManager.generation`) of the chunk read now or last.
     generation: int = field(init=False, default=0)
+    #: Resident chunks of the previous epoch still to take a share of (:meth:`_start`).
+    _prelude: list[int] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         n = self.dataset.count
@@ -466,7 +469,7 @@ class EpochPool:
         chunk = None
         if n > 0:
             if self.chunk is None:
-                self._enter(self._first_chunk())
+                self._start()
             chunk = self.chunk
             unread = self.unread
             assert unread is not None
@@ -568,16 +571,60 @@ class EpochPool:
 
     # -- chunks ----------------------------------------------------------------------------
 
-    def _first_chunk(self) -> int:
-        """The chunk the epoch starts on: the newest loaded one (Quiver: new jobs start on
-        the latest chunk), or the next one after the chunk the job's previous epoch was on."""
+    def _start(self) -> None:
+        """Enter the epoch's first chunk: the newest loaded one (Quiver: new jobs start on
+        the latest chunk); for a job's next epoch, a share of the chunks its previous epoch
+        read last, then the chunks drawn after them.
+
+        The resident chunks hold the files the job read last. A new epoch that read them
+        all first would put them at the end of one epoch and the start of the next; one
+        that skipped them would keep them out of its start (the next chunk is drawn while
+        they are resident, so without them). So the new epoch takes from each resident
+        chunk its previous epoch read (oldest first) a random ``1 / K`` of its files — the
+        share a uniform order puts in a chunk's worth of first places — and leaves the rest
+        to the chunks drawn once those are evicted. The share is drawn by the chunk's
+        generation, the same for every job, so that jobs still read the same files."""
         manager = self.dataset.manager
         if manager is None:
-            return 0
-        floor = 0 if manager.newest is None else manager.generation(manager.newest) - 1
+            self._enter(0)
+            return
+        if self.after is not None:
+            self._prelude = [
+                c for c in manager.held()
+                if manager.generation(c) <= self.after
+                and manager.state(c) in (ChunkState.LOADED, ChunkState.MARKED)
+            ]
+        self._enter_next(0 if manager.newest is None else manager.generation(manager.newest) - 1)
+
+    def _enter_next(self, floor: int) -> None:
+        """Enter the next prelude chunk (thinned, see :meth:`_start`) with unread files, else
+        the next chunk after generation ``floor`` (:meth:`_chunk_after`)."""
+        manager = self.dataset.manager
+        assert manager is not None
+        while self._prelude:
+            c = self._prelude.pop(0)
+            if not self._has_unread(c):
+                continue
+            self._enter(c)
+            self._thin(random.Random(f"thin:{self.dataset.name}:{manager.generation(c)}"))
+            if self.unread:
+                return
+            manager.detach_chunk(self, c)  # nothing kept: not a finish
+            self.chunk = self.unread = self.fill = None
         if self.after is not None:
             floor = max(floor, self.after)
-        return self._chunk_after(floor)
+        self._enter(self._chunk_after(floor))
+
+    def _thin(self, rng: random.Random) -> None:
+        """Keep a random ``1 / K`` of the current chunk's unread files (``K`` chunks)."""
+        assert self.unread is not None and self.chunk is not None
+        ids = sorted(self.unread)
+        keep = set(rng.sample(ids, round(len(ids) / self.dataset.plan.chunks)))
+        for i in ids:
+            if i not in keep:
+                if self.fill is not None and not self.unread.is_cached(i):
+                    self.fill.remove(i)
+                self.unread.discard(i)
 
     def _has_unread(self, chunk: int) -> bool:
         return self.given_per_chunk[chunk] < self.dataset.plan.size_of(chunk)
@@ -650,7 +697,7 @@ class EpochPool:
         self.unread = None
         self.fill = None
         if self.remaining:
-            self._enter(self._chunk_after(self.generation))
+            self._enter_next(self.generation)
 
     # -- notifications (from DatasetState) -------------------------------------------------
 

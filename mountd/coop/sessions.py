@@ -357,7 +357,7 @@ class SessionRegistry:
                 for action in state.manager.tick(now):
                     if isinstance(action, Evict) and state.reserved:
                         # Co-ordinated eviction ends the reservations of the chunk's files.
-                        state.drop_reservations(state.plan.ids_of(action.chunk))
+                        state.drop_reservations(action.members)
                     actions.append(action)
         return actions
 

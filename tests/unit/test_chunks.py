@@ -391,7 +391,7 @@ class Harness:
             elif isinstance(action, Evict):
                 self.evictions.append(action)
                 # Chunks are re-drawn later: keep what this one held when it was evicted.
-                self.evicted_members.append(set(self.registry.dataset("ds").plan.ids_of(action.chunk)))
+                self.evicted_members.append(set(action.members))
                 self.registry.on_evicted("ds", action.ids)
             else:
                 self.ready.append(action.chunk)
