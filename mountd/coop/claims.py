@@ -411,6 +411,9 @@ class EpochPool:
     generation: int = field(init=False, default=0)
     #: Resident chunks of the previous epoch still to take a share of (:meth:`_start`).
     _prelude: list[int] = field(init=False, default_factory=list)
+    #: Whether the current chunk was thinned (:meth:`_start`): its unread set then holds a
+    #: share of the chunk's files not given yet, not all of them.
+    thinned: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         n = self.dataset.count
@@ -620,6 +623,7 @@ class EpochPool:
         assert self.unread is not None and self.chunk is not None
         ids = sorted(self.unread)
         keep = set(rng.sample(ids, round(len(ids) / self.dataset.plan.chunks)))
+        self.thinned = True
         for i in ids:
             if i not in keep:
                 if self.fill is not None and not self.unread.is_cached(i):
@@ -679,6 +683,7 @@ class EpochPool:
                 unread.discard(i)
         self.unread = unread
         self.chunk = chunk
+        self.thinned = False
         if self.dataset.packing is not None:
             self.fill = FillRates(
                 self.dataset.packing, unread.uncached_members(), self.dataset.flying_units
