@@ -224,6 +224,15 @@ class ChunkPlan:
             return self._sizes[chunk]
         return sum(map(self.file_bytes.__getitem__, self._ids[chunk]))
 
+    def units_in_chunks(self, chunks: Iterable[int]) -> Sequence[int]:
+        """The draw units of ``chunks`` together (for a loose plan one memcpy per chunk)."""
+        if self.packing is None:
+            out = array("i")
+            for c in chunks:
+                out.extend(self._ids[c])
+            return out
+        return [u for c in chunks for u in self.units_of(c)]
+
     def units_of(self, chunk: int) -> list[int]:
         """The draw units of ``chunk``: its ids, or for a packed plan its packed chunks
         (and loose files as units of one, :mod:`mountd.coop.brand`), which move whole."""
@@ -255,18 +264,60 @@ class ChunkPlan:
             self._set_chunk(c, ids)
         return moves
 
+    def move_into(self, chunk: int, ids: Sequence[int], spill: Sequence[int]) -> list[tuple[int, int, int]]:
+        """Loose plans: ``chunk`` holds exactly ``ids`` (its own files or files of the
+        ``spill`` chunks) from now on; each file it gives up takes the place of one it drew,
+        in that file's chunk, and the rest go to the smallest ``spill`` chunk. O(len(ids))
+        array operations (swaps), where :meth:`reassign` rebuilds every chunk it touches.
+        Returns the moves ``(id, old chunk, new chunk)``."""
+        if self.packing is not None:
+            raise ValueError("move_into moves single files: use reassign for a packed plan")
+        chunk_of, index, templates = self._chunk_of, self._index, self._ids
+        wanted = set(ids)
+        out = [i for i in templates[chunk] if i not in wanted]
+        incoming = [i for i in ids if chunk_of[i] != chunk]
+        if not spill:
+            if incoming:
+                raise ValueError("files can only come from the spill chunks")
+            return []
+        moves: list[tuple[int, int, int]] = []
+        touched: set[int] = set()
+        for k, i in enumerate(incoming):
+            d = chunk_of[i]
+            if d not in spill:
+                raise ValueError(f"id {i} is in chunk {d}, not a spill chunk")
+            arr, pos = templates[d], index[i]
+            if k < len(out):  # swap: the file given up takes i's place
+                v = out[k]
+                arr[pos] = v
+                index[v], chunk_of[v] = pos, d
+                moves.append((v, chunk, d))
+            else:  # drew more than it gives up: i's place is filled by d's last file
+                last = arr.pop()
+                if last != i:
+                    arr[pos] = last
+                    index[last] = pos
+            moves.append((i, d, chunk))
+            touched.add(d)
+        for v in out[len(incoming):]:  # gives up more than it drew
+            d = min(spill, key=lambda c: len(templates[c]))
+            index[v], chunk_of[v] = len(templates[d]), d
+            templates[d].append(v)
+            moves.append((v, chunk, d))
+            touched.add(d)
+        self._set_chunk(chunk, array("i", sorted(wanted)))
+        for d in touched:
+            self._sizes[d] = len(templates[d])
+            self._ranges[d] = None
+        return moves
+
     def _set_chunk(self, chunk: int, ids: array) -> None:
         """``chunk`` holds exactly ``ids`` (increasing) now: templates, index, runs."""
-        runs: list[tuple[int, int]] = []
         for k, i in enumerate(ids):
             self._chunk_of[i] = chunk
             self._index[i] = k
-            if runs and runs[-1][1] == i:
-                runs[-1] = (runs[-1][0], i + 1)
-            else:
-                runs.append((i, i + 1))
         self._ids[chunk] = ids
-        self._ranges[chunk] = runs
+        self._ranges[chunk] = None  # computed when asked (ranges_of)
         self._sizes[chunk] = len(ids)
 
     def _build(self, ranges: list[list[tuple[int, int]]]) -> None:
@@ -305,11 +356,16 @@ class ChunkPlan:
         return self._sizes[chunk]
 
     def ranges_of(self, chunk: int) -> list[tuple[int, int]]:
-        """``chunk``'s stripe units as ``[start, stop)`` id ranges, in id order."""
-        return list(self._ranges[chunk])
+        """``chunk``'s ids as ``[start, stop)`` runs of consecutive ids, in id order (its
+        stripe units until it is re-drawn)."""
+        runs = self._ranges[chunk]
+        if runs is None:
+            runs = self._ranges[chunk] = _runs(sorted(self._ids[chunk]))
+        return list(runs)
 
     def ids_of(self, chunk: int) -> array:
-        """``chunk``'s ids in increasing order: a new ``array('i')`` (a memcpy)."""
+        """``chunk``'s ids: a new ``array('i')`` (a memcpy); in increasing order until the
+        chunk is re-drawn or gives files to a re-drawn one (then in no particular order)."""
         return self._ids[chunk][:]
 
     def index_in_chunk(self) -> array:
@@ -329,6 +385,17 @@ class ChunkPlan:
         units = units_in(self.packing, self._ids[chunk])
         rng.shuffle(units)
         return [i for u in units for i in unit_members(self.packing, u) if wanted(i)]
+
+
+def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Increasing ``ids`` as ``[start, stop)`` runs of consecutive ids."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def plan_chunks(
@@ -625,7 +692,7 @@ class ChunkManager:
         if not free:
             return None
         rng = self._draw_rng
-        units = [u for c in free for u in plan.units_of(c)]
+        units = plan.units_in_chunks(free)
         target = plan.target_bytes
         taken: list[int] = []
         got = 0
@@ -685,8 +752,11 @@ class ChunkManager:
         plan = self.plan
         if not taken:
             return
-        taken_set = set(taken)
         others = [d for d in free if d != chunk]
+        if plan.packing is None:
+            self._moved(plan.move_into(chunk, taken, others))
+            return
+        taken_set = set(taken)
         groups: dict[int, list[int]] = {chunk: list(taken)}
         holes: list[int] = []  # a donor chunk once per unit it gave
         for d in others:
@@ -704,10 +774,15 @@ class ChunkManager:
                 d = holes[k]
             else:  # drew fewer units than it gave up (larger files): to the smallest
                 d = min(others, key=lambda c: len(groups[c]) if c in groups else plan.size_of(c))
-            groups.setdefault(d, plan.units_of(d)).append(u)
-        moves = plan.reassign(
+            if d not in groups:
+                groups[d] = plan.units_of(d)
+            groups[d].append(u)
+        self._moved(plan.reassign(
             {c: [i for u in us for i in plan.unit_ids(u)] for c, us in groups.items()}
-        )
+        ))
+
+    def _moved(self, moves: list[tuple[int, int, int]]) -> None:
+        """Files changed chunk: per-chunk cached counts, then the readers (``on_moved``)."""
         if not moves:
             return
         for i, old, new in moves:
