@@ -378,9 +378,9 @@ async def test_resume_rereads_a_changed_shard(tmp_path):
 async def test_partial_of_the_other_mode_refused(tmp_path):
     src = tmp_path / "src"
     write_tar(src / "s0.tar", [("a", b"a0")])
-    (src / "plain").write_bytes(b"p")
+    (src / "z-plain").write_bytes(b"p")  # after the shard: the failed run leaves work behind
     first = backend(src)
-    FailOn(first, "plain")
+    FailOn(first, "z-plain")
     with pytest.raises(AccessDenied):
         await build(first, tmp_path / "d.qd", tar="members", workers=1)
     with pytest.raises(UsageError, match="--tar members"):
