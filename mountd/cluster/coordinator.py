@@ -3,7 +3,9 @@
 Keys (``<c>`` is the cluster name, ``--cluster-name``)::
 
     quiverfs:<c>:node:<id>     → advertised HOST:PORT    PX node_ttl, rewritten every heartbeat
-    quiverfs:<c>:fill:<hash>   → id of the node fetching  SET NX PX lock_ttl, deleted when done
+    quiverfs:<c>:fill:<hash>   → id of the node fetching  SET NX PX lock_ttl; when the fetch
+                                 landed: "done:<id>" PX done_ttl (late comers ask that node);
+                                 deleted when it failed
 
 redis-py's client is blocking; every call runs in a worker thread (one at a time per
 :class:`Coordinator`, under a limiter of a few), with short socket timeouts and no retries
@@ -39,9 +41,20 @@ REDIS_TIMEOUT = 1.0
 REDIS_ERRORS: tuple[type[BaseException], ...] = (
     (OSError,) if redis is None else (redis.RedisError, OSError))
 
+#: Value prefix of a fill lock whose fetch landed: ``done:<node id>``.
+DONE = "done:"
+
 #: Deletes a lock only if it is still ours (another node may hold it after ours expired).
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+
+#: Turns our lock into "done:<us>" for ARGV[2] ms, only if it is still ours.
+_FINISH = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('set', KEYS[1], 'done:' .. ARGV[1], 'PX', ARGV[2])
+end
 return 0
 """
 
@@ -70,6 +83,7 @@ class Coordinator:
             retry=Retry(NoBackoff(), 0), decode_responses=True)
         self._limiter = trio.CapacityLimiter(4)
         self._release = self._redis.register_script(_RELEASE)
+        self._finish = self._redis.register_script(_FINISH)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await trio.to_thread.run_sync(
@@ -103,20 +117,26 @@ class Coordinator:
         return await self._call(read)
 
     async def lock(self, hash: bytes, node: str, ttl_ms: int) -> str | None:
-        """Take the fill lock of ``hash`` for ``node``: None when taken, else the id of the
-        node holding it (``""`` if it went between the two calls: try again)."""
+        """Take the fill lock of ``hash`` for ``node``: None when taken, else the lock's
+        value (the id of the node fetching, or ``done:<id>`` of the node that fetched it;
+        ``""`` if it went between the two calls: try again)."""
         key = self.fill_key(hash)
         if await self._call(self._redis.set, key, node, nx=True, px=ttl_ms):
             return None
         return await self._call(self._redis.get, key) or ""
 
     async def holder(self, hash: bytes) -> str | None:
-        """Who holds the fill lock of ``hash`` now (None: nobody)."""
+        """The fill lock of ``hash`` now (None: nobody's; see :meth:`lock`)."""
         return await self._call(self._redis.get, self.fill_key(hash))
 
     async def unlock(self, hash: bytes, node: str) -> None:
-        """Release ``node``'s fill lock of ``hash`` (not another node's)."""
+        """Release ``node``'s fill lock of ``hash`` (not another node's): its fetch failed."""
         await self._call(self._release, keys=[self.fill_key(hash)], args=[node])
+
+    async def finish(self, hash: bytes, node: str, ttl_ms: int) -> None:
+        """``node``'s fetch of ``hash`` landed: its lock becomes ``done:<node>`` for
+        ``ttl_ms``, so that nodes asking meanwhile fetch from it, not from the bucket."""
+        await self._call(self._finish, keys=[self.fill_key(hash)], args=[node, ttl_ms])
 
     def close(self) -> None:
         """Close the client's connections."""

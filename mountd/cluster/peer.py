@@ -128,7 +128,7 @@ class PeerServer:
         if size > self.max_bytes:
             raise PeerError(f"a peer pushed {size} bytes, over the limit of {self.max_bytes}")
         data = await wire.receive_exactly(stream, size)
-        peer = _remote(stream)
+        peer = _remote(stream).rpartition(":")[0]  # its host (the port is an ephemeral one)
         if await content_hash(data) != hash:
             self.counters.peer_corrupt[peer] += 1
             self.counters.pushes_refused += 1

@@ -9,16 +9,18 @@ path"):
    :data:`SUSPECT_SECONDS`. A hit: the bytes, checked against ``h``, are the fill.
 2. **Cluster-wide single-flight.** Take ``quiverfs:<c>:fill:<h>`` with ``SET NX PX``. Taken:
    this node fetches from the bucket (the turn yields None). Afterwards, in the background,
-   it releases the lock and pushes the file to ``h``'s owner if that is another node, so
-   the next miss anywhere finds it there ("stored on its owner").
-3. **Someone else fetches.** Poll the lock until it goes (its holder finished, or died and
-   the lock expired after ``lock_ttl``), then ask the owners again, and the holder; still
-   nothing: back to 2. After :data:`ROUNDS` rounds, the bucket.
+   it turns the lock into ``done:<node>`` for :data:`DONE_TTL_MS` (released outright if the
+   fetch failed) and pushes the file to ``h``'s owner if that is another node, so the next
+   miss anywhere finds it there ("stored on its owner").
+3. **Someone else fetches.** Poll the lock until it says ``done:<node>`` (then ask that
+   node) or goes (the fetch failed, or its node died and the lock expired after
+   ``lock_ttl``); still nothing: back to 1. After :data:`ROUNDS` rounds, the bucket.
 
 Whatever fails on the way (a peer down, hung, lying; Redis gone) costs a retry on the next
 source, never an error to the reader: the turn's last resort is always the bucket.
-The release happens before the push, so an owner that waits on the lock for a hash this
-node is pushing to it never waits on itself.
+The lock is marked done before the push, so an owner that waits on the lock for a hash
+this node is pushing to it never waits on itself (its own fill of ``h`` is in flight, and
+the push joins that fill).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from mountd.cluster.config import ClusterConfig
-from mountd.cluster.coordinator import REDIS_ERRORS, Coordinator, public_url
+from mountd.cluster.coordinator import DONE, REDIS_ERRORS, Coordinator, public_url
 from mountd.cluster.counters import ClusterCounters
 from mountd.cluster.membership import Membership
 from mountd.cluster.peer import PeerClient, PeerServer
@@ -47,6 +49,9 @@ CANDIDATES = 2
 SUSPECT_SECONDS = 5.0
 #: Rounds of "ask the owners, try the lock, wait for the holder" before the bucket.
 ROUNDS = 3
+#: Milliseconds a landed fetch's lock says "done:<node>": nodes missing the hash meanwhile
+#: ask that node (its push to the owner may still be on its way).
+DONE_TTL_MS = 30_000
 #: Seconds between polls of a lock another node holds (first, then the most).
 POLL_FIRST, POLL_MOST = 0.02, 0.25
 
@@ -119,10 +124,13 @@ class Cluster:
                 async with self._bucket_turn(hash):
                     yield None
                 return
-            self.counters.lock_waits += 1
-            await self._wait_unlocked(hash)
-            if holder and holder != self.node and holder not in tried:
-                data = await self._ask(holder, hash, size)
+            if not holder.startswith(DONE):
+                self.counters.lock_waits += 1
+                holder = await self._wait_unlocked(hash)
+            fetcher = holder[len(DONE):] if holder and holder.startswith(DONE) else None
+            if fetcher is not None and fetcher != self.node and fetcher not in tried:
+                tried.add(fetcher)
+                data = await self._ask(fetcher, hash, size)
                 if data is not None:
                     yield data
                     return
@@ -133,7 +141,7 @@ class Cluster:
     @asynccontextmanager
     async def _bucket_turn(self, hash: bytes) -> AsyncIterator[None]:
         """This node holds the lock of ``hash`` and fetches it; afterwards, in the background:
-        release, then push the stored file to its owner (see the module docstring)."""
+        mark the lock done (or release it), then push the stored file to its owner."""
         self.counters.bucket_turns += 1
         landed = False
         try:
@@ -145,7 +153,10 @@ class Cluster:
 
     async def _after_fetch(self, hash: bytes, landed: bool) -> None:
         try:
-            await self.coordinator.unlock(hash, self.node)
+            if landed:
+                await self.coordinator.finish(hash, self.node, DONE_TTL_MS)
+            else:
+                await self.coordinator.unlock(hash, self.node)
         except REDIS_ERRORS as exc:
             self.membership.lost(exc)  # the lock expires by itself
         if not landed:
@@ -214,8 +225,9 @@ class Cluster:
         log.warning("cluster: peer %s failed (%s); skipping it for %.0f s", node, exc,
                     SUSPECT_SECONDS)
 
-    async def _wait_unlocked(self, hash: bytes) -> None:
-        """Until nobody holds the lock of ``hash`` (or Redis stops answering, or the lock's
+    async def _wait_unlocked(self, hash: bytes) -> str | None:
+        """Until the fetch holding the lock of ``hash`` is over: its ``done:<id>`` value, or
+        None (released after a failure, expired, Redis stopped answering, or the lock's
         whole lifetime passed)."""
         pause = POLL_FIRST
         with trio.move_on_after(self.config.lock_ttl_ms / 1000):
@@ -223,11 +235,13 @@ class Cluster:
                 await trio.sleep(pause)
                 pause = min(pause * 2, POLL_MOST)
                 try:
-                    if await self.coordinator.holder(hash) is None:
-                        return
+                    value = await self.coordinator.holder(hash)
                 except REDIS_ERRORS as exc:
                     self.membership.lost(exc)
-                    return
+                    return None
+                if value is None or value.startswith(DONE):
+                    return value
+        return None
 
     # -- reports ------------------------------------------------------------------------------
 
