@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -77,13 +78,22 @@ async def _impostor(secret: bytes, answer: bytes, *,
         async with stream:
             if not await wire.server_handshake(stream, secret):
                 return
-            while await stream.receive_some(1):
+            while op := await stream.receive_some(1):
                 await wire.receive_exactly(stream, wire.HASH)
+                if op == wire.OP_PUT:  # takes pushes, stores nothing
+                    (size,) = wire.SIZE.unpack(await wire.receive_exactly(stream, 8))
+                    await wire.receive_exactly(stream, size)
+                    await stream.send_all(wire.OK)
+                    continue
                 await stream.send_all(wire.OK + wire.SIZE.pack(len(answer)) + answer)
+
+    async def guarded(stream: trio.SocketStream) -> None:
+        with contextlib.suppress(trio.BrokenResourceError, PeerError):
+            await handle(stream)
 
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     async with trio.open_nursery() as nursery:
-        await nursery.start(trio.serve_listeners, handle, listeners)
+        await nursery.start(trio.serve_listeners, guarded, listeners)
         task_status.started(listeners[0].socket.getsockname()[1])
 
 
