@@ -100,3 +100,19 @@ def read_secret(path: Path) -> bytes:
         raise UsageError(f"--cluster-secret-file {path} is readable by others "
                          f"(mode {stat.S_IMODE(info.st_mode):04o}); chmod 600 it")
     return data
+
+
+def cluster_from_options(url: str | None, advertise: str | None, secret_file: Path | None,
+                         name: str = "default") -> ClusterConfig | None:
+    """The :class:`ClusterConfig` of ``--cluster``, ``--advertise``, ``--cluster-secret-file``
+    and ``--cluster-name`` (None without ``--cluster``); one-line :class:`UsageError` for a
+    missing or bad one."""
+    if url is None:
+        if advertise is not None or secret_file is not None:
+            raise UsageError("--advertise and --cluster-secret-file need --cluster redis://HOST:PORT/DB")
+        return None
+    if advertise is None or secret_file is None:
+        raise UsageError("--cluster needs --advertise HOST:PORT (where peers reach this node) "
+                         "and --cluster-secret-file PATH (the secret every node shares)")
+    return ClusterConfig(redis_url=url, advertise=advertise, secret=read_secret(secret_file),
+                         name=name)
