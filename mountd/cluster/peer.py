@@ -80,6 +80,7 @@ class PeerServer:
                     log.warning("peer %s failed the cluster-secret handshake", _remote(stream))
                     return
                 while True:
+                    op = b""  # idle too long: close
                     with trio.move_on_after(IDLE_SECONDS):
                         op = await stream.receive_some(1)
                     if not op:

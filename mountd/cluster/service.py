@@ -13,8 +13,9 @@ path"):
    fetch failed) and pushes the file to ``h``'s owner if that is another node, so the next
    miss anywhere finds it there ("stored on its owner").
 3. **Someone else fetches.** Poll the lock until it says ``done:<node>`` (then ask that
-   node) or goes (the fetch failed, or its node died and the lock expired after
-   ``lock_ttl``); still nothing: back to 1. After :data:`ROUNDS` rounds, the bucket.
+   node) or goes (the fetch failed, or the lock expired after ``lock_ttl``), or its holder
+   leaves the member list (it died: no waiting for the expiry); still nothing: back to 1.
+   After :data:`ROUNDS` rounds, the bucket.
 
 Whatever fails on the way (a peer down, hung, lying; Redis gone) costs a retry on the next
 source, never an error to the reader: the turn's last resort is always the bucket.
@@ -126,7 +127,7 @@ class Cluster:
                 return
             if not holder.startswith(DONE):
                 self.counters.lock_waits += 1
-                holder = await self._wait_unlocked(hash)
+                holder = await self._wait_unlocked(hash, holder)
             fetcher = holder[len(DONE):] if holder and holder.startswith(DONE) else None
             if fetcher is not None and fetcher != self.node and fetcher not in tried:
                 tried.add(fetcher)
@@ -225,13 +226,16 @@ class Cluster:
         log.warning("cluster: peer %s failed (%s); skipping it for %.0f s", node, exc,
                     SUSPECT_SECONDS)
 
-    async def _wait_unlocked(self, hash: bytes) -> str | None:
-        """Until the fetch holding the lock of ``hash`` is over: its ``done:<id>`` value, or
-        None (released after a failure, expired, Redis stopped answering, or the lock's
-        whole lifetime passed)."""
+    async def _wait_unlocked(self, hash: bytes, holder: str) -> str | None:
+        """Until the fetch of ``hash`` by ``holder`` is over: the lock's ``done:<id>`` value,
+        or None: released after a failure, expired, Redis stopped answering, the lock's
+        whole lifetime passed, or ``holder`` is no longer a member (it died: its lock would
+        block everyone until it expires; the caller's next rounds end at the bucket)."""
         pause = POLL_FIRST
         with trio.move_on_after(self.config.lock_ttl_ms / 1000):
             while True:
+                if self.membership.connected and holder not in self.membership.members:
+                    return None
                 await trio.sleep(pause)
                 pause = min(pause * 2, POLL_MOST)
                 try:
@@ -241,6 +245,7 @@ class Cluster:
                     return None
                 if value is None or value.startswith(DONE):
                     return value
+                holder = value
         return None
 
     # -- reports ------------------------------------------------------------------------------

@@ -158,3 +158,18 @@ async def test_a_stopped_node_costs_no_reader_an_error(
         await _read_all(live, url, files)  # every byte right on the others
         await _until(lambda: all(len(_cluster(r).members) == 2 for r in live))
         nursery.cancel_scope.cancel()
+
+
+async def test_a_lock_held_by_a_node_that_is_gone_blocks_nobody(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    url, files = make_dataset(tmp_path / "bucket", 5, size=2_000)
+    r = redis.Redis.from_url(redis_server.url)
+    for f in files:  # locks of a fetcher that died (no heartbeat), alive for ten minutes
+        r.set(f"quiverfs:t:fill:{f.hash.hex()}", "127.0.0.1:9", px=600_000)
+    async with _nodes(tmp_path, redis_server.url, n=2) as nodes:
+        # A hang guard, not a timing check: waiting for the locks' expiry would take 10 min.
+        with trio.fail_after(120):
+            await _read_all(nodes, url, files)
+        snaps = [n.server.cluster.snapshot() for n in nodes]
+        assert sum(s["lock_waits"] for s in snaps) >= len(files)
+    r.close()
