@@ -13,10 +13,12 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import redis
 import trio
 
+from mountd.cluster import wire
 from mountd.cluster.config import ClusterConfig
 from mountd.daemon import DaemonConfig, Running, serve
 from mountd.store.cache import CacheConfig
@@ -30,20 +32,20 @@ from tests.cluster.test_peer import _impostor
 SEEN = 30.0
 
 
-def _config(root: Path, i: int, url: str, **cluster: object) -> DaemonConfig:
+def _config(root: Path, i: int, url: str, **cluster: Any) -> DaemonConfig:
+    options = {"name": "t", "heartbeat": 0.1, "node_ttl": 1.0, "peer_timeout": 5.0, **cluster}
     return DaemonConfig(
         cache=CacheConfig(cache_dir=root / f"n{i}", cache_size=64 << 20),
         cluster=ClusterConfig(redis_url=url, advertise=f"127.0.0.1:{free_port()}",
-                              secret=SECRET, name="t", heartbeat=0.1, node_ttl=1.0,
-                              peer_timeout=5.0, **cluster))
+                              secret=SECRET, **options))
 
 
 @asynccontextmanager
-async def _nodes(root: Path, url: str, n: int = 3,
-                 others: int = 0) -> AsyncIterator[list[Running]]:
+async def _nodes(root: Path, url: str, n: int = 3, others: int = 0,
+                 **cluster: Any) -> AsyncIterator[list[Running]]:
     """``n`` nodes, ready once each sees the ``n`` (and ``others`` members already there)."""
     async with trio.open_nursery() as nursery:
-        running = [await nursery.start(partial(serve, _config(root, i, url),
+        running = [await nursery.start(partial(serve, _config(root, i, url, **cluster),
                                                handle_signals=False))
                    for i in range(n)]
         await _until(lambda: all(len(_cluster(r).members) == n + others for r in running))
@@ -173,3 +175,32 @@ async def test_a_lock_held_by_a_node_that_is_gone_blocks_nobody(
         snaps = [n.server.cluster.snapshot() for n in nodes]
         assert sum(s["lock_waits"] for s in snaps) >= len(files)
     r.close()
+
+
+async def _hanging(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """A member that knows the secret, takes a request, and never answers."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            if await wire.server_handshake(stream, SECRET):
+                await trio.sleep_forever()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handle, listeners)
+        task_status.started(listeners[0].socket.getsockname()[1])
+
+
+async def test_a_peer_that_hangs_costs_a_retry_not_an_error(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    url, files = make_dataset(tmp_path / "bucket", 20, size=3_000)
+    async with trio.open_nursery() as outer:
+        hung = f"127.0.0.1:{await outer.start(_hanging)}"
+        r = redis.Redis.from_url(redis_server.url)
+        r.set(f"quiverfs:t:node:{hung}", hung, px=600_000)
+        async with _nodes(tmp_path, redis_server.url, n=2, others=1, peer_timeout=0.5) as nodes:
+            await _read_all(nodes, url, files)
+            snaps = [n.server.cluster.snapshot() for n in nodes]
+            assert sum(s["peer_errors"].get(hung, 0) for s in snaps) >= 1
+        r.close()
+        outer.cancel_scope.cancel()
