@@ -1,4 +1,4 @@
-"""``quiverfs``: the admin command line: mountd, stats, ls, evict, scrub (mount grows here)."""
+"""``quiverfs``: the admin command line: mountd, stats, ls, evict, scrub (mount, plan and run grow here)."""
 
 from __future__ import annotations
 
@@ -301,6 +301,11 @@ def scrub(
 from quiverfs import mount_cli  # noqa: E402
 
 mount_cli.register(app)
+
+# plan stagger, run (quiverfs/plan_cli.py)
+from quiverfs import plan_cli  # noqa: E402
+
+plan_cli.register(app)
 
 def main() -> None:
     """Console-script entry point."""

@@ -52,6 +52,7 @@ from torch.utils.data import Dataset, Sampler
 
 from quiverfs.control import ControlClient, find_mount_root
 from quiverfs.direct import DirectReader
+from quiverfs.stagger import epoch_order
 
 __all__ = ["DirectDataset", "QuiverBatchSampler", "direct_loader", "direct_reader", "pil_rgb"]
 
@@ -124,6 +125,13 @@ class QuiverBatchSampler(Sampler[list[int]]):
 
     Off a quiverfs mount (or on a mount without a control channel) it warns once and behaves
     like a seeded shuffled sampler (``DistributedSampler``-style split across ranks).
+
+    Staggered jobs (docs/staggering.md): ``order="shared"`` reads in that seeded shuffled order
+    on the mount too, without claims, so every job with the same ``seed`` visits the files in
+    one order and a job started later reads what an earlier one cached (the HiPC'23 premise;
+    the cache's own policy keeps the files, as in mountd's ``lru`` mode). ``hold_until`` (a
+    ``time.time()`` value, e.g. from :func:`quiverfs.start_record.planned_start`) holds the
+    first batch until then, so the job can build its model and workers meanwhile.
     """
 
     def __init__(
@@ -142,7 +150,11 @@ class QuiverBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         lookahead: int = 10,
         report: bool = True,
+        order: str = "claims",
+        hold_until: float | None = None,
     ) -> None:
+        if order not in ("claims", "shared"):
+            raise ValueError(f"order must be 'claims' or 'shared', not {order!r}")
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         if not 0 <= threshold <= 1:
@@ -162,6 +174,8 @@ class QuiverBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.lookahead = lookahead
         self.report = report
+        self.order = order
+        self.hold_until = hold_until
         self.job = job or _shared_job_id()
         self._start_epoch = epoch
         self._epoch: int | None = None  # set_epoch's value for the next __iter__
@@ -174,11 +188,12 @@ class QuiverBatchSampler(Sampler[list[int]]):
         self.scope: str | None = None
         self._cid_to_index = array("q")
         self.mapped = len(self.paths)
-        if self.root is not None:
+        if self.root is not None and order == "claims":
             self._open_on_mount(epoch)
         self._finalizer: weakref.finalize | None = None
         if self.control is None:
-            _warn_off_mount(self.paths[0])
+            if order == "claims":
+                _warn_off_mount(self.paths[0])
         else:
             self._finalizer = weakref.finalize(self, _close_session, self.control, self.job, self.rank)
 
@@ -240,6 +255,10 @@ class QuiverBatchSampler(Sampler[list[int]]):
         self._epoch = None
         self._last_epoch = epoch
         batches = self._claimed(epoch) if self.control is not None else self._shuffled(epoch)
+        if self.hold_until is not None:
+            hold, self.hold_until = self.hold_until, None  # only before the first batch
+            while (left := hold - time.time()) > 0:
+                time.sleep(min(left, 1.0))
         yield from self._timed(batches, epoch)
 
     def _timed(self, batches: Iterator[list[int]], epoch: int) -> Iterator[list[int]]:
@@ -255,8 +274,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
             self.report_epoch(epoch, time.monotonic() - started)
 
     def _shuffled(self, epoch: int) -> Iterator[list[int]]:
-        order = list(range(len(self.paths)))
-        random.Random(f"{self.seed}:{epoch}").shuffle(order)
+        order = epoch_order(len(self.paths), self.seed, epoch)
         if self.world_size > 1:
             total = self._samples_per_rank() * self.world_size
             order += order[: total - len(order)]

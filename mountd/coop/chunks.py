@@ -36,6 +36,10 @@ __all__ = [
     "ChunkState",
     "DEFAULT_GRACE",
     "Evict",
+    "NEEDED_BY_ALL",
+    "NEEDED_BY_NONE",
+    "NEEDED_BY_REQUESTER",
+    "NEEDED_BY_SOME",
     "Mode",
     "Preload",
     "choose_mode",
@@ -51,6 +55,14 @@ DEFAULT_GRACE = 1.0
 #: Below this fraction of the dataset per chunk, randomness within a chunk is too poor to train
 #: on (Quiver §7.2 validates 10%); such a dataset is not chunked ("off").
 MIN_FRACTION = 0.01
+
+#: How much the readers want a file, as the ``demand`` callback of :class:`ChunkManager`
+#: rates it when a chunk is drawn (:meth:`ChunkManager.plan_next`): every reader still has to
+#: read it in its epoch; the reader asking for the chunk has; some reader has; none has.
+NEEDED_BY_ALL = 3
+NEEDED_BY_REQUESTER = 2
+NEEDED_BY_SOME = 1
+NEEDED_BY_NONE = 0
 
 
 class Mode(enum.StrEnum):
@@ -130,6 +142,10 @@ class ChunkPlan:
         #: The packed chunks (remote objects) every plan chunk is a union of: see
         #: :meth:`from_groups`; None for a striped plan.
         self.packing: Packing | None = None
+        #: Bytes per id (None: every file counts 1) and the most bytes a chunk drawn by
+        #: :meth:`ChunkManager.plan_next` may hold: see :meth:`set_sizes`.
+        self.file_bytes: array | None = None
+        self.target_bytes = 0
         units = self.partitions * chunks
         rng = random.Random(f"chunks:{seed}:{count}:{chunks}")
         ranges: list[list[tuple[int, int]]] = [[] for _ in range(chunks)]
@@ -141,6 +157,7 @@ class ChunkPlan:
                 u = p * chunks + j
                 ranges[c].append((u * count // units, (u + 1) * count // units))
         self._build(ranges)
+        self.target_bytes = max(self._sizes)
 
     @classmethod
     def from_groups(
@@ -185,7 +202,123 @@ class ChunkPlan:
         plan.packing = packing
         plan._ranges, plan._chunk_of, plan._index, plan._ids = ranges, chunk_of, index, templates
         plan._sizes = [len(ids) for ids in templates]
+        plan.file_bytes = None
+        plan.target_bytes = max(plan._sizes)
         return plan
+
+    def set_sizes(self, sizes: Sequence[int]) -> None:
+        """Give the files' bytes: chunks drawn later hold at most as many bytes as the
+        largest chunk of this plan (which the planner fitted to ``budget / slots``)."""
+        if len(sizes) != self.count:
+            raise ValueError(f"{len(sizes)} sizes for {self.count} files")
+        self.file_bytes = array("q", sizes)
+        self.target_bytes = max(self.chunk_bytes(c) for c in range(self.chunks))
+
+    def bytes_of(self, file_id: int) -> int:
+        """Bytes of ``file_id`` (1 when the plan has no sizes)."""
+        return 1 if self.file_bytes is None else self.file_bytes[file_id]
+
+    def chunk_bytes(self, chunk: int) -> int:
+        """Bytes of ``chunk`` (its file count when the plan has no sizes)."""
+        if self.file_bytes is None:
+            return self._sizes[chunk]
+        return sum(map(self.file_bytes.__getitem__, self._ids[chunk]))
+
+    def units_in_chunks(self, chunks: Iterable[int]) -> Sequence[int]:
+        """The draw units of ``chunks`` together (for a loose plan one memcpy per chunk)."""
+        if self.packing is None:
+            out = array("i")
+            for c in chunks:
+                out.extend(self._ids[c])
+            return out
+        return [u for c in chunks for u in self.units_of(c)]
+
+    def units_of(self, chunk: int) -> list[int]:
+        """The draw units of ``chunk``: its ids, or for a packed plan its packed chunks
+        (and loose files as units of one, :mod:`mountd.coop.brand`), which move whole."""
+        if self.packing is None:
+            return list(self._ids[chunk])
+        return units_in(self.packing, self._ids[chunk])
+
+    def unit_ids(self, unit: int) -> Sequence[int]:
+        """The ids of draw unit ``unit`` (see :meth:`units_of`)."""
+        return (unit,) if self.packing is None else unit_members(self.packing, unit)
+
+    def count_in(self, chunk: int, bitmap: bytes | bytearray) -> int:
+        """How many ids of ``chunk`` are set (1) in ``bitmap`` (C speed)."""
+        return sum(map(bitmap.__getitem__, self._ids[chunk]))
+
+    def reassign(self, groups: dict[int, Iterable[int]]) -> list[tuple[int, int, int]]:
+        """Give each chunk ``c`` of ``groups`` exactly the ids ``groups[c]``; the groups must
+        partition the ids those chunks hold now (files move between them, none enters or
+        leaves). Returns the moves ``(id, old chunk, new chunk)``. How chunks are re-drawn
+        every time one is planned (:meth:`ChunkManager.plan_next`)."""
+        new = {c: array("i", sorted(ids)) for c, ids in groups.items()}
+        before = sorted(i for c in new for i in self._ids[c])
+        after = sorted(i for ids in new.values() for i in ids)
+        if before != after:
+            raise ValueError("a reassignment must partition the ids its chunks hold")
+        moves = [(i, self._chunk_of[i], c) for c, ids in new.items() for i in ids
+                 if self._chunk_of[i] != c]
+        for c, ids in new.items():
+            self._set_chunk(c, ids)
+        return moves
+
+    def move_into(self, chunk: int, ids: Sequence[int], spill: Sequence[int]) -> list[tuple[int, int, int]]:
+        """Loose plans: ``chunk`` holds exactly ``ids`` (its own files or files of the
+        ``spill`` chunks) from now on; each file it gives up takes the place of one it drew,
+        in that file's chunk, and the rest go to the smallest ``spill`` chunk. O(len(ids))
+        array operations (swaps), where :meth:`reassign` rebuilds every chunk it touches.
+        Returns the moves ``(id, old chunk, new chunk)``."""
+        if self.packing is not None:
+            raise ValueError("move_into moves single files: use reassign for a packed plan")
+        chunk_of, index, templates = self._chunk_of, self._index, self._ids
+        wanted = set(ids)
+        out = [i for i in templates[chunk] if i not in wanted]
+        incoming = [i for i in ids if chunk_of[i] != chunk]
+        if not spill:
+            if incoming:
+                raise ValueError("files can only come from the spill chunks")
+            return []
+        moves: list[tuple[int, int, int]] = []
+        touched: set[int] = set()
+        for k, i in enumerate(incoming):
+            d = chunk_of[i]
+            if d not in spill:
+                raise ValueError(f"id {i} is in chunk {d}, not a spill chunk")
+            arr, pos = templates[d], index[i]
+            if k < len(out):  # swap: the file given up takes i's place
+                v = out[k]
+                arr[pos] = v
+                index[v], chunk_of[v] = pos, d
+                moves.append((v, chunk, d))
+            else:  # drew more than it gives up: i's place is filled by d's last file
+                last = arr.pop()
+                if last != i:
+                    arr[pos] = last
+                    index[last] = pos
+            moves.append((i, d, chunk))
+            touched.add(d)
+        for v in out[len(incoming):]:  # gives up more than it drew
+            d = min(spill, key=lambda c: len(templates[c]))
+            index[v], chunk_of[v] = len(templates[d]), d
+            templates[d].append(v)
+            moves.append((v, chunk, d))
+            touched.add(d)
+        self._set_chunk(chunk, array("i", sorted(wanted)))
+        for d in touched:
+            self._sizes[d] = len(templates[d])
+            self._ranges[d] = None
+        return moves
+
+    def _set_chunk(self, chunk: int, ids: array) -> None:
+        """``chunk`` holds exactly ``ids`` (increasing) now: templates, index, runs."""
+        for k, i in enumerate(ids):
+            self._chunk_of[i] = chunk
+            self._index[i] = k
+        self._ids[chunk] = ids
+        self._ranges[chunk] = None  # computed when asked (ranges_of)
+        self._sizes[chunk] = len(ids)
 
     def _build(self, ranges: list[list[tuple[int, int]]]) -> None:
         """Index the chunks' id ranges: chunk of each id, sizes, the per-chunk templates."""
@@ -223,11 +356,16 @@ class ChunkPlan:
         return self._sizes[chunk]
 
     def ranges_of(self, chunk: int) -> list[tuple[int, int]]:
-        """``chunk``'s stripe units as ``[start, stop)`` id ranges, in id order."""
-        return list(self._ranges[chunk])
+        """``chunk``'s ids as ``[start, stop)`` runs of consecutive ids, in id order (its
+        stripe units until it is re-drawn)."""
+        runs = self._ranges[chunk]
+        if runs is None:
+            runs = self._ranges[chunk] = _runs(sorted(self._ids[chunk]))
+        return list(runs)
 
     def ids_of(self, chunk: int) -> array:
-        """``chunk``'s ids in increasing order: a new ``array('i')`` (a memcpy)."""
+        """``chunk``'s ids: a new ``array('i')`` (a memcpy); in increasing order until the
+        chunk is re-drawn or gives files to a re-drawn one (then in no particular order)."""
         return self._ids[chunk][:]
 
     def index_in_chunk(self) -> array:
@@ -247,6 +385,17 @@ class ChunkPlan:
         units = units_in(self.packing, self._ids[chunk])
         rng.shuffle(units)
         return [i for u in units for i in unit_members(self.packing, u) if wanted(i)]
+
+
+def _runs(ids: Sequence[int]) -> list[tuple[int, int]]:
+    """Increasing ``ids`` as ``[start, stop)`` runs of consecutive ids."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
 
 
 def plan_chunks(
@@ -275,6 +424,7 @@ def plan_chunks(
             sum(sum(sizes[a:b]) for a, b in plan.ranges_of(c)) for c in range(plan.chunks)
         )
         if biggest <= target or k >= n:
+            plan.set_sizes(sizes)
             return plan
         k = min(n, max(k + 1, math.ceil(k * biggest / target)))
 
@@ -318,7 +468,9 @@ def plan_packed_chunks(
             break
         k = min(len(units), max(k + 1, math.ceil(k * biggest / target)))
     members = [[i for j in g for i in unit_members(packing, units[j])] for g in groups]
-    return ChunkPlan.from_groups(n, members, seed=seed, packing=packing)
+    plan = ChunkPlan.from_groups(n, members, seed=seed, packing=packing)
+    plan.set_sizes(sizes)
+    return plan
 
 
 def _cut(order: list[int], unit_bytes: list[int], k: int) -> list[list[int]]:
@@ -369,12 +521,15 @@ class Evict:
     """Evict ``chunk``: remove ``ids`` (its files cached now) unless other datasets hold them.
 
     ``forced`` when the timeout after the first finished job expired with jobs still on it.
+    ``members``: every file the chunk held when it was evicted (cached or not); the chunk
+    may be re-drawn at once (:meth:`ChunkManager.plan_next`), so read this, not the plan.
     """
 
     dataset: str
     chunk: int
     ids: tuple[int, ...]
     forced: bool = False
+    members: tuple[int, ...] = field(default=(), compare=False)
 
 
 Action = Preload | ChunkReady | Evict
@@ -404,6 +559,17 @@ class ChunkManager:
     the next preload waits. ``evict_timeout`` still forces the eviction that long after the
     *first* holder finished it, grace or not.
 
+    **Chunks are drawn, not fixed** (docs/substitutable-reads.md "Random order across
+    epochs"). The plan's chunks are containers: a chunk's membership is drawn afresh when it
+    is *planned* (:meth:`plan_next`: to be loaded next, or because a reader ran out of
+    chunks), uniformly at random among the files of the *free* chunks (idle, not planned, no
+    reader on them: nothing resident or referenced ever moves), preferring the files every
+    reader still needs in its epoch (``demand``), then those the asking reader needs, then
+    those any reader needs; files nobody needs are drawn only when nothing else is left.
+    Chunks load in the order they were planned; each planning has a *generation* number
+    (:meth:`generation`), which readers use to move only forward. ``on_moved`` is told every
+    file that changed chunk (``(id, old, new)``), for the readers' per-chunk counts.
+
     Invariants (checked by tests): at most two chunks resident (LOADED or MARKED), at most one
     LOADING, and resident + loading <= ``slots``. ``slots=2`` is the paper's double buffering:
     the third chunk loads once the marked one is evicted. ``slots=3`` (a budget of three
@@ -421,6 +587,8 @@ class ChunkManager:
         grace: float = DEFAULT_GRACE,
         seed: int = 0,
         slots: int = 2,
+        demand: Callable[[int, object | None], int] | None = None,
+        on_moved: Callable[[list[tuple[int, int, int]]], None] | None = None,
     ) -> None:
         if plan.chunks < 3:
             raise ValueError("a chunked dataset needs at least 3 chunks")
@@ -437,7 +605,16 @@ class ChunkManager:
         self.grace = grace
         self._is_cached = is_cached
         self._rng = random.Random(f"preload:{dataset}:{seed}")
+        self._draw_rng = random.Random(f"draw:{dataset}:{seed}")
+        self._demand = demand
+        self._on_moved = on_moved
         self._chunks = [_Chunk() for _ in range(plan.chunks)]
+        #: Generation of each chunk's current membership (0: never planned).
+        self._gen = [0] * plan.chunks
+        self._generations = 0
+        #: Chunks planned (membership drawn, frozen) and not loading yet, in load order.
+        self.planned: list[int] = []
+        self._last_planned = -1
         self._holders: set[object] = set()
         self.loading: int | None = None
         self._order: list[int] = []  # the loading chunk's uncached ids, shuffled
@@ -478,6 +655,142 @@ class ChunkManager:
         if self.loading is not None:
             return self.loading
         return self._next_to_load()
+
+    def generation(self, chunk: int) -> int:
+        """When ``chunk``'s membership was drawn: plannings are numbered 1, 2, … (0: never);
+        chunks load in generation order."""
+        return self._gen[chunk]
+
+    def is_free(self, chunk: int) -> bool:
+        """Whether ``chunk`` may be re-drawn: idle, not planned, no reader on it."""
+        c = self._chunks[chunk]
+        return c.state is ChunkState.IDLE and not c.refs and chunk not in self.planned
+
+    def held(self) -> list[int]:
+        """The chunks that are not free (planned, loading, resident, or read), oldest
+        generation first."""
+        return sorted((c for c in range(self.plan.chunks) if not self.is_free(c)),
+                      key=self._gen.__getitem__)
+
+    def plan_next(self, requester: object | None = None) -> int | None:
+        """Draw the membership of a free chunk and queue it to load next; the chunk, or None
+        when no chunk is free.
+
+        The draw walks the free chunks' units (files, or whole packed chunks of a packed
+        plan) in uniformly random order (a lazy Fisher–Yates shuffle: it stops once the
+        chunk is full) and takes those ``demand`` rates :data:`NEEDED_BY_ALL` until the
+        chunk holds ``plan.target_bytes``; if the walk runs out first, it tops up with the
+        units rated :data:`NEEDED_BY_REQUESTER`, then :data:`NEEDED_BY_SOME`, in the order
+        met, and with :data:`NEEDED_BY_NONE` ones only when nothing else was taken. The
+        chosen container keeps the drawn units; the units it held go to the free chunks the
+        drawn ones came from (so chunk sizes stay near the plan's). No position is
+        preferred: which files land together is decided afresh at each planning, so a file
+        is as likely to be early in an epoch as late, whatever it was before.
+        """
+        plan = self.plan
+        free = [c for c in range(plan.chunks) if self.is_free(c)]
+        if not free:
+            return None
+        rng = self._draw_rng
+        units = plan.units_in_chunks(free)
+        target = plan.target_bytes
+        taken: list[int] = []
+        got = 0
+        later: dict[int, list[int]] = {}
+
+        def unit_bytes(u: int) -> int:
+            return sum(plan.bytes_of(i) for i in plan.unit_ids(u))
+
+        def take(u: int) -> bool:
+            """Take ``u`` if it fits; whether the chunk has room for more."""
+            nonlocal got
+            b = unit_bytes(u)
+            if taken and got + b > target:
+                return False
+            taken.append(u)
+            got += b
+            return got < target
+
+        n = len(units)
+        for k in range(n):
+            j = rng.randrange(k, n)
+            units[k], units[j] = units[j], units[k]
+            rating = self._rate(units[k], requester)
+            if rating >= NEEDED_BY_ALL:
+                if not take(units[k]):
+                    break
+            else:
+                later.setdefault(rating, []).append(units[k])
+        else:  # walked every free unit and the chunk is not full: top up
+            tiers = [later.get(NEEDED_BY_REQUESTER, []) + later.get(NEEDED_BY_SOME, [])]
+            tiers.append(later.get(NEEDED_BY_NONE, []))
+            for tier in tiers:
+                if taken and tier is tiers[-1]:
+                    break  # files nobody needs only when nothing else is left
+                for u in tier:
+                    if not take(u):
+                        break
+        # The container: the next free one after the last planned, cyclically (its index
+        # means nothing: the membership is what was drawn).
+        last = self.planned[-1] if self.planned else self._last_planned
+        chunk = min(free, key=lambda c: (c - last - 1) % plan.chunks)
+        self._last_planned = chunk
+        self._reassign(chunk, free, taken)
+        self._generations += 1
+        self._gen[chunk] = self._generations
+        self.planned.append(chunk)
+        return chunk
+
+    def _rate(self, unit: int, requester: object | None) -> int:
+        if self._demand is None:
+            return NEEDED_BY_ALL
+        return max(self._demand(i, requester) for i in self.plan.unit_ids(unit))
+
+    def _reassign(self, chunk: int, free: list[int], taken: list[int]) -> None:
+        """``chunk`` gets the ``taken`` units; the units it gives up fill the places they
+        left in the other free chunks (extra ones go to the smallest)."""
+        plan = self.plan
+        if not taken:
+            return
+        others = [d for d in free if d != chunk]
+        if plan.packing is None:
+            self._moved(plan.move_into(chunk, taken, others))
+            return
+        taken_set = set(taken)
+        groups: dict[int, list[int]] = {chunk: list(taken)}
+        holes: list[int] = []  # a donor chunk once per unit it gave
+        for d in others:
+            units = plan.units_of(d)
+            kept = [u for u in units if u not in taken_set]
+            if len(kept) != len(units):
+                holes.extend([d] * (len(units) - len(kept)))
+                groups[d] = kept
+        back = [u for u in plan.units_of(chunk) if u not in taken_set]
+        if not others:
+            groups[chunk].extend(back)  # the only free chunk keeps what it had
+            back = []
+        for k, u in enumerate(back):
+            if k < len(holes):
+                d = holes[k]
+            else:  # drew fewer units than it gave up (larger files): to the smallest
+                d = min(others, key=lambda c: len(groups[c]) if c in groups else plan.size_of(c))
+            if d not in groups:
+                groups[d] = plan.units_of(d)
+            groups[d].append(u)
+        self._moved(plan.reassign(
+            {c: [i for u in us for i in plan.unit_ids(u)] for c, us in groups.items()}
+        ))
+
+    def _moved(self, moves: list[tuple[int, int, int]]) -> None:
+        """Files changed chunk: per-chunk cached counts, then the readers (``on_moved``)."""
+        if not moves:
+            return
+        for i, old, new in moves:
+            if self._is_cached(i):
+                self._chunks[old].cached -= 1
+                self._chunks[new].cached += 1
+        if self._on_moved is not None:
+            self._on_moved(moves)
 
     def next_preload(self, limit: int) -> list[int]:
         """The next ``limit`` files to preload for the loading chunk (pull model).
@@ -541,6 +854,10 @@ class ChunkManager:
         self._holders.add(holder)
         self._chunks[chunk].refs.add(holder)
 
+    def detach_chunk(self, holder: object, chunk: int) -> None:
+        """``holder`` leaves ``chunk`` without having read from it (not a finish)."""
+        self._chunks[chunk].refs.discard(holder)
+
     def finished(self, holder: object, chunk: int, now: float) -> None:
         """``holder`` was given every file of ``chunk`` (``informServersDoneUsingChunk``)."""
         c = self._chunks[chunk]
@@ -592,7 +909,11 @@ class ChunkManager:
             self._evict_marked(now, actions)
         busy = len(self.resident()) + (self.loading is not None)
         if self.loading is None and self._holders and busy < self.slots:
-            index = self._next_to_load()
+            if not self.planned:
+                self.plan_next()
+            if not self.planned:
+                return actions  # nothing free to draw from
+            index = self.planned.pop(0)
             chunk = self._chunks[index]
             chunk.state = ChunkState.LOADING
             chunk.failed.clear()
@@ -627,10 +948,12 @@ class ChunkManager:
             forced = chunk.first_done is not None and now - chunk.first_done >= self.evict_timeout
             if not forced and (chunk.refs or self._in_grace(chunk, now)):
                 continue
-            ids = tuple(i for i in self.plan.ids_of(index) if self._is_cached(i))
-            actions.append(Evict(self.dataset, index, ids, forced=bool(chunk.refs)))
+            members = tuple(self.plan.ids_of(index))
+            ids = tuple(i for i in members if self._is_cached(i))
+            actions.append(Evict(self.dataset, index, ids, forced=bool(chunk.refs), members=members))
             chunk.state = ChunkState.IDLE
-            chunk.refs.clear()
+            # A straggler keeps its reference (it reads the chunk as misses now), so that the
+            # chunk is not re-drawn under it; it goes when the straggler finishes or leaves.
             chunk.first_done = chunk.last_done = None
 
     def _in_grace(self, chunk: _Chunk, now: float) -> bool:
@@ -649,8 +972,11 @@ class ChunkManager:
         return min(ends, default=None)
 
     def _next_to_load(self) -> int:
-        """The chunk after the newest, cyclically (chunk 0 first)."""
-        return 0 if self.newest is None else (self.newest + 1) % self.plan.chunks
+        """The chunk to load next: the first planned one, else the first free one (its
+        membership is drawn when it is planned)."""
+        if self.planned:
+            return self.planned[0]
+        return next((c for c in range(self.plan.chunks) if self.is_free(c)), 0)
 
 
 _RESIDENT = (ChunkState.LOADED, ChunkState.MARKED)

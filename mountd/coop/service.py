@@ -403,8 +403,7 @@ class CoopService:
         return False
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
-        state = self.registry.dataset(action.dataset)
-        self._unpin(view.hashes_of(state.plan.ids_of(action.chunk)))
+        self._unpin(view.hashes_of(action.members))
 
         def keep(content_hash: bytes) -> bool:
             return self._held_elsewhere(content_hash, action.dataset, action.chunk)

@@ -357,7 +357,7 @@ class SessionRegistry:
                 for action in state.manager.tick(now):
                     if isinstance(action, Evict) and state.reserved:
                         # Co-ordinated eviction ends the reservations of the chunk's files.
-                        state.drop_reservations(state.plan.ids_of(action.chunk))
+                        state.drop_reservations(action.members)
                     actions.append(action)
         return actions
 
@@ -567,7 +567,11 @@ class SessionRegistry:
         """Put ``session`` on ``epoch`` (already validated), creating its pool if needed."""
         if epoch not in entry.pools:
             state = self._datasets[entry.dataset]
-            entry.pools[epoch] = EpochPool(state, entry.job, epoch, entry.world_size, entry.scope)
+            # The new epoch starts after the chunk the previous one is on (order across epochs).
+            after = entry.pools[max(entry.pools)].generation if entry.pools else None
+            entry.pools[epoch] = EpochPool(
+                state, entry.job, epoch, entry.world_size, entry.scope, after=after
+            )
             while len(entry.pools) > LIVE_EPOCHS:
                 oldest = min(entry.pools)
                 entry.pools.pop(oldest).close()

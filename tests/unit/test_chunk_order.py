@@ -1,0 +1,228 @@
+"""Chunked mode: the claim order is random across epochs (issue 15).
+
+Several jobs read a chunked dataset for ten epochs through the registry, on a simulated cache
+(preloads land a few files per step, misses when claimed, co-ordinated evictions at once, and
+a capacity of 20% of the dataset above which the oldest unheld files go, like LRU). Each
+file's position in each epoch must be uniform (chi-square on deciles) and unrelated to its
+position in the epoch before (Spearman's rank correlation), while every job is still given
+every file exactly once per epoch and the remote serves about one dataset per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from array import array
+from collections import OrderedDict
+
+import pytest
+
+from mountd.coop.chunks import ChunkState, Evict, Mode, Preload
+from mountd.coop.packing import Packing
+from mountd.coop.sessions import SessionRegistry
+
+_HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
+
+
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X ~ chi-square(df): Wilson–Hilferty's normal approximation (good to a
+    few per cent of p for the thousands of degrees of freedom used here; scipy may be absent)."""
+    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def decile_chi2_p(positions: dict[int, list[int]], n: int) -> float:
+    """p of "each file's position decile is uniform": the files × deciles table of counts
+    over all epochs (and jobs), chi-square against equal counts, df = (files − 1) × 9."""
+    chi2 = 0.0
+    for seen in positions.values():
+        counts = [0] * 10
+        for p in seen:
+            counts[p * 10 // n] += 1
+        expected = len(seen) / 10
+        chi2 += sum((c - expected) ** 2 / expected for c in counts)
+    return chi2_sf(chi2, (len(positions) - 1) * 9)
+
+
+def spearman(a: list[int], b: list[int]) -> float:
+    """Rank correlation of two permutations' positions (they are their own ranks)."""
+    n = len(a)
+    d2 = sum((x - y) ** 2 for x, y in zip(a, b, strict=True))
+    return 1 - 6 * d2 / (n * (n * n - 1))
+
+
+class SimulatedCache:
+    """Performs the registry's actions on a cache of ``capacity`` files: preloads land
+    ``rate`` files per step, claimed misses land at once, evictions happen at once; above
+    the capacity the oldest files no loading/resident chunk holds go first (LRU-like)."""
+
+    def __init__(self, registry: SessionRegistry, capacity: int, rate: int) -> None:
+        self.registry = registry
+        self.capacity = capacity
+        self.rate = rate
+        self.queue: list[int] = []
+        self.files: OrderedDict[int, None] = OrderedDict()
+        self.fetched = 0
+        self.now = 0.0
+
+    def fill(self, ids) -> None:
+        state = self.registry.dataset("ds")
+        new = [i for i in ids if not state.is_cached(i)]
+        self.fetched += len(new)
+        for i in new:
+            self.files[i] = None
+        self.registry.on_cached("ds", new)
+        self._trim()
+
+    def _trim(self) -> None:
+        state = self.registry.dataset("ds")
+        manager = state.manager
+        over = len(self.files) - self.capacity
+        if over <= 0:
+            return
+        gone = []
+        for i in self.files:
+            if len(gone) >= over:
+                break
+            if manager.state(state.plan.chunk_of(i)) not in _HELD:
+                gone.append(i)
+        for i in gone:
+            del self.files[i]
+        self.registry.on_evicted("ds", gone)
+
+    def step(self) -> None:
+        self.now += 1.0
+        for action in self.registry.tick(self.now):
+            if isinstance(action, Preload):
+                self.queue = list(action.ids)
+            elif isinstance(action, Evict):
+                for i in action.ids:
+                    self.files.pop(i, None)
+                self.registry.on_evicted("ds", action.ids)
+        state = self.registry.dataset("ds")
+        batch = [i for i in self.queue[: self.rate] if not state.is_cached(i)]
+        self.queue = self.queue[self.rate :]
+        self.fill(batch)
+
+
+def run_epochs(*, n: int, jobs: int, world: int, epochs: int, batch: int, rate: int,
+               packing: Packing | None = None, seed: int = 7):
+    """Jobs claiming in turn (each rank ``batch`` files a step) for ``epochs`` epochs:
+    per job and epoch the order the files were given in, and the files fetched."""
+    clock = [0.0]
+    registry = SessionRegistry(clock=lambda: clock[0], chunk_grace=0.0)
+    sizes = [1000] * n
+    cache_bytes = sum(sizes) // 5  # 20% of the dataset
+    budget = int(cache_bytes * 0.8)  # mountd's BUDGET_FRACTION
+    mode = registry.add_dataset("ds", sizes, budget=budget, seed=seed, packing=packing)
+    assert mode is Mode.CHUNKED
+    cache = SimulatedCache(registry, capacity=n // 5, rate=rate)
+    rng = random.Random(seed)
+    names = [f"job{j}" for j in range(jobs)]
+    for name in names:
+        for rank in range(world):
+            registry.open_session("ds", name, rank=rank, world_size=world, seed=j_seed(name))
+    order: dict[str, list[list[int]]] = {name: [[]] for name in names}
+    epoch = dict.fromkeys(names, 0)
+    while any(epoch[name] < epochs for name in names):
+        cache.step()
+        clock[0] = cache.now
+        for name in rng.sample(names, len(names)):  # jobs interleave in random order
+            if epoch[name] >= epochs:
+                continue
+            for rank in range(world):
+                claim = registry.claim("ds", name, rank, batch, epoch=epoch[name])
+                order[name][-1].extend(claim.ids)
+                cache.fill(claim.fetch + claim.brought)
+            pool = registry.pool("ds", name, epoch[name])
+            if pool.remaining == 0:
+                epoch[name] += 1
+                if epoch[name] < epochs:
+                    order[name].append([])
+                    for rank in range(world):
+                        registry.next_epoch("ds", name, rank, epoch[name])
+    return order, cache.fetched, registry
+
+
+def j_seed(name: str) -> int:
+    return int(name.removeprefix("job")) + 1
+
+
+def check_order(order: dict[str, list[list[int]]], n: int) -> tuple[list[float], list[float]]:
+    """Per job: the p of the decile test over its epochs; and the rank correlations of
+    consecutive epochs of every job. Jobs are tested apart: jobs sharing a chunk read its
+    files at about the same time (that is the co-operation), so pooling them would count
+    one draw twice; what a model trains on is its own job's order."""
+    ps, correlations = [], []
+    for epochs in order.values():
+        positions: dict[int, list[int]] = {i: [] for i in range(n)}
+        previous = None
+        for seq in epochs:
+            assert sorted(seq) == list(range(n))  # exactly once per epoch per job
+            where = [0] * n
+            for p, i in enumerate(seq):
+                where[i] = p
+                positions[i].append(p)
+            if previous is not None:
+                correlations.append(spearman(previous, where))
+            previous = where
+        ps.append(decile_chi2_p(positions, n))
+    return ps, correlations
+
+
+def test_the_statistics_can_fail():
+    """The two statistics reject the fixed order the issue found (a file at a similar place
+    every epoch) and accept shuffles."""
+    rng = random.Random(1)
+    n = 600
+    base = list(range(n))
+    rng.shuffle(base)
+    sticky = {"job": []}
+    for _ in range(10):  # each file moves at most ±60 places between epochs
+        keyed = sorted(range(n), key=lambda i: base.index(i) + rng.uniform(-60, 60))
+        sticky["job"].append(keyed)
+    [p], r = check_order(sticky, n)
+    assert p < 1e-6 and min(r) > 0.5
+    shuffled = {"job": [rng.sample(range(n), n) for _ in range(10)]}
+    [p], r = check_order(shuffled, n)
+    assert 0.01 < p < 0.999 and max(abs(x) for x in r) < 0.15
+
+
+@pytest.mark.parametrize(("jobs", "world", "rate"), [(2, 2, 12), (4, 1, 12), (2, 2, 3)])
+def test_chunked_order_is_random_across_epochs(jobs, world, rate):
+    n = 600
+    order, fetched, registry = run_epochs(n=n, jobs=jobs, world=world, epochs=10, batch=8,
+                                          rate=rate)
+    assert registry.dataset("ds").plan.chunks >= 10
+    ps, r = check_order(order, n)
+    assert min(ps) > 0.01 and max(ps) < 0.999, ps  # neither clustered nor too regular
+    assert abs(sum(r) / len(r)) < 0.1, r
+    assert max(abs(x) for x in r) < 0.15, r
+    # The remote: about one dataset per epoch, whatever the number of jobs.
+    assert fetched / n / 10 <= 1.2, fetched / n / 10
+
+
+def test_packed_chunked_order_is_random_across_epochs():
+    """Packed datasets: chunks are drawn a packed chunk at a time (shuffled packing)."""
+    n, pack = 600, 6
+    rng = random.Random(3)
+    ids = list(range(n))
+    rng.shuffle(ids)  # `digests pack` shuffles files into packed chunks
+    chunk_of = [0] * n
+    groups = [sorted(ids[k : k + pack]) for k in range(0, n, pack)]
+    for c, g in enumerate(groups):
+        for i in g:
+            chunk_of[i] = c
+    members = array("i", [i for g in groups for i in g])
+    starts = array("i", list(range(0, n + 1, pack)))
+    packing = Packing(array("i", chunk_of), starts, members)
+    order, fetched, registry = run_epochs(n=n, jobs=2, world=2, epochs=10, batch=8, rate=12,
+                                          packing=packing)
+    plan = registry.dataset("ds").plan
+    for c in range(plan.chunks):  # chunks stay unions of whole packed chunks
+        assert {chunk_of[i] for i in plan.ids_of(c)}.isdisjoint(
+            {chunk_of[i] for d in range(plan.chunks) if d != c for i in plan.ids_of(d)})
+    ps, r = check_order(order, n)
+    assert min(ps) > 0.01 and max(ps) < 0.999, ps  # neither clustered nor too regular
+    assert abs(sum(r) / len(r)) < 0.1, r
+    assert fetched / n / 10 <= 1.3, fetched / n / 10
