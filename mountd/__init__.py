@@ -11,6 +11,8 @@ Inside, one package per subsystem, layered in this order (each imports only thos
 * :mod:`mountd.daemon` -- ``quiverfs mountd``: the process that owns the others;
 * :mod:`mountd.rpc` -- the wire protocol and its table of operations, the server, the clients;
 * :mod:`mountd.coop` -- co-operative reads: job sessions, claims, chunks, dataset views;
+* :mod:`mountd.cluster` -- several mountds as one cache through Redis/Valkey: membership,
+  placement, peer transfer, cluster-wide single-flight (docs/cluster.md);
 * :mod:`mountd.store` -- the content-addressed store: layout, files on disk, index, fills,
   recovery, scrub, eviction, and the :class:`~mountd.store.cache.Cache` over them;
 * :mod:`mountd.stats` -- counters, the bucket cost model, the Prometheus endpoint;

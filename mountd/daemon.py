@@ -8,8 +8,10 @@ Start-up order (each step registers its teardown, which runs in reverse):
    :class:`SocketAccess` (``0600`` by default) — any old file is stale, since we hold the
    lock — and removed again on the way out. A socket other users may connect to needs a
    cache directory they can traverse: a private store's (``0700``) is opened to ``0711``.
-3. ``cache.run`` (background workers) starts with ``nursery.start``, then the server and the
-   optional metrics endpoint; only then is the process ready.
+3. ``cache.run`` (background workers) starts with ``nursery.start``, then, with ``--cluster``,
+   the cluster (its peer server and heartbeat: docs/cluster.md), handed to the cache as the
+   source its misses ask before the bucket; then the server and the optional metrics
+   endpoint; only then is the process ready.
 
 SIGTERM and SIGINT (and the ``shutdown`` request) cancel the nursery: in-flight requests are
 cancelled, the socket is removed, the cache is closed (its lock released). A ``kill -9``
@@ -32,6 +34,8 @@ from pathlib import Path
 
 import trio
 
+from mountd.cluster.config import ClusterConfig
+from mountd.cluster.service import Cluster
 from mountd.coop.chunks import DEFAULT_GRACE
 from mountd.coop.service import CoopService
 from mountd.coop.sessions import SessionRegistry
@@ -136,6 +140,8 @@ class DaemonConfig:
     chunk_grace: float = DEFAULT_GRACE
     #: Who may connect to the socket (``--socket-mode``, ``--socket-group``, ``--shared``).
     socket: SocketAccess = SocketAccess()
+    #: Join a cluster of mountds (``--cluster``; docs/cluster.md); None: serve alone.
+    cluster: ClusterConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.chunk_grace >= 0:  # also refuses NaN
@@ -149,16 +155,18 @@ class Running:
     server: Server
     socket_path: Path
     metrics_port: int | None
+    #: The cluster's peer port (None: not in a cluster).
+    peer_port: int | None = None
 
 
-def make_server(cache: Cache, config: DaemonConfig) -> Server:
-    """The server of ``cache`` with its session layer, as ``config`` asks."""
+def make_server(cache: Cache, config: DaemonConfig, cluster: Cluster | None = None) -> Server:
+    """The server of ``cache`` with its session layer (and ``cluster``), as ``config`` asks."""
     registry = SessionRegistry(chunk_slots=config.chunk_slots)
     # Before any dataset registers: each dataset's chunk manager takes it from here.
     registry.chunk_grace = config.chunk_grace
     coop = CoopService(cache, mode=config.dataset_mode, registry=registry)
     return Server(cache, config.cache.cache_dir, coop=coop, socket_mode=config.socket.mode,
-                  socket_group=config.socket.group)
+                  socket_group=config.socket.group, cluster=cluster)
 
 
 def _remove_socket(path: Path) -> None:
@@ -197,9 +205,13 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
             # Those it admits must reach it: a private store's cache directory is 0700.
             access.allow_traversal(cache_dir)
 
-        server = make_server(cache, config)
+        cluster = None if config.cluster is None else Cluster(config.cluster, cache)
+        server = make_server(cache, config, cluster)
         nursery = await stack.enter_async_context(trio.open_nursery())
         await nursery.start(cache.run)
+        if cluster is not None:
+            await nursery.start(cluster.run)
+            cache.peers = cluster
         if server.coop is not None:
             stack.callback(server.coop.close)
             await nursery.start(server.coop.run)
@@ -213,7 +225,8 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         log.info("mountd %d ready: cache %s (%s store), socket %s (%s), user quota %s", os.getpid(),
                  cache_dir, config.cache.store_modes.name, socket_path, config.socket.describe(),
                  "none" if config.cache.user_quota is None else f"{config.cache.user_quota} bytes")
-        task_status.started(Running(server, socket_path, metrics_port))
+        task_status.started(Running(server, socket_path, metrics_port,
+                                    None if cluster is None else cluster.port))
         await server.shutdown.wait()
         nursery.cancel_scope.cancel()
     log.info("mountd %d stopped", os.getpid())

@@ -143,6 +143,18 @@ class StaleEpoch(SessionError):
     errno = _errno.ESTALE
 
 
+# -- the cluster (mountd/cluster/) -------------------------------------------------------------
+
+
+class PeerError(QuiverError):
+    """A peer mountd could not give what was asked: unreachable, hung, refused the cluster
+    secret, broke the protocol. Never reaches a reader: the miss goes to the next source."""
+
+
+class PeerCorrupt(PeerError):
+    """A peer sent bytes that do not hash to what was asked (counted against that peer)."""
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 #: Every class a mountd response may name, by name. Listed, not discovered: adding an error
@@ -181,4 +193,6 @@ WIRE_ERRORS: dict[str, type[QuiverError]] = {
 
 #: Classes that never leave the process that raises them (named so the registry test can tell
 #: an omission from a decision): a mountd refusing to start, Ctrl-C during a build.
-LOCAL_ERRORS = frozenset({"AlreadyRunning", "CacheDirUnsafe", "Interrupted"})
+#: Peer errors stay inside mountd's miss path (the next source is tried instead).
+LOCAL_ERRORS = frozenset({"AlreadyRunning", "CacheDirUnsafe", "Interrupted", "PeerError",
+                          "PeerCorrupt"})

@@ -126,6 +126,22 @@ def mountd_command(
         None, "--user-quota", metavar="SIZE",
         help="Cap on the cached bytes charged to each local user (the user whose request filled them): 2G, 512M, or a percentage of the cache size (25%). A fill past it evicts that user's own least recently used files first. Default: no quota.",
     ),
+    cluster: str | None = typer.Option(
+        None, "--cluster", metavar="URL",
+        help="Join the cluster coordinated by this Redis/Valkey (redis://HOST:PORT/DB): misses ask the peers before the bucket (docs/cluster.md). Needs --advertise and --cluster-secret-file.",
+    ),
+    advertise: str | None = typer.Option(
+        None, "--advertise", metavar="HOST:PORT",
+        help="Where peers reach this node's peer server (it listens there); also its node id.",
+    ),
+    cluster_secret_file: Path | None = typer.Option(
+        None, "--cluster-secret-file", metavar="PATH",
+        help="File holding the secret every node of the cluster shares (at least 16 bytes, mode 0600).",
+    ),
+    cluster_name: str = typer.Option(
+        "default", "--cluster-name", metavar="NAME",
+        help="Name of the cluster, so several can share one Redis (keys quiverfs:NAME:...).",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
@@ -159,8 +175,11 @@ def mountd_command(
     grace = DEFAULT_GRACE if chunk_grace is None else chunk_grace
     if not 0 <= grace <= 3600:  # also refuses NaN and inf
         raise UsageError(f"--chunk-grace must be between 0 and 3600 seconds, not {chunk_grace}")
+    from mountd.cluster.config import cluster_from_options
+
+    peers = cluster_from_options(cluster, advertise, cluster_secret_file, cluster_name)
     main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode,
-                      chunk_slots=chunk_slots, chunk_grace=grace, socket=socket))
+                      chunk_slots=chunk_slots, chunk_grace=grace, socket=socket, cluster=peers))
 
 
 @app.command()
@@ -186,15 +205,19 @@ def stats(
         raw = client.stats()
         report = stats_report(raw, in_region=in_region)
         report["users"] = raw.get("users", {})
+        if "cluster" in raw:  # docs/cluster.md
+            report["cluster"] = raw["cluster"]
         mounts = client.ls()["mounts"]
     # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
     report["mounts"] = mount_stats(mounts)
     if as_json:
         _print_json(report)
     else:
-        from quiverfs.mountd_views import print_mounts, print_stats, print_users
+        from quiverfs.mountd_views import print_cluster, print_mounts, print_stats, print_users
 
         print_stats(report)
+        if "cluster" in report:
+            print_cluster(report["cluster"])
         if report["users"]:
             print_users(report["users"])
         if report["mounts"]:

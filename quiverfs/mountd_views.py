@@ -112,6 +112,38 @@ def print_users(users: Mapping[str, Mapping[str, Any]], console: Console | None 
     (console or _console()).print(table)
 
 
+def print_cluster(cluster: Mapping[str, Any], console: Console | None = None) -> None:
+    """This node's cluster (docs/cluster.md): Redis reachable or serving alone, the members,
+    what came from peers and what went to them; one row per peer that failed or lied."""
+    console = console or _console()
+    state = "connected" if cluster["connected"] else "Redis UNREACHABLE: serving alone"
+    table = Table(title=f"mountd: cluster {cluster['name']} (node {cluster['node']}, "
+                        f"Redis {cluster['redis']}: {state})", title_justify="left")
+    for column in ("members", "peer hits", "from peers", "peer misses", "bucket turns",
+                   "waited", "pushed", "served", "served bytes", "refused handshakes",
+                   "Redis errors"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_row(
+        str(len(cluster["members"])), str(cluster["peer_hits"]),
+        human_bytes(cluster["peer_bytes"]), str(cluster["peer_misses"]),
+        str(cluster["bucket_turns"]), str(cluster["lock_waits"]),
+        f"{cluster['pushes']} ({cluster['push_errors']} failed)",
+        str(cluster["served_hits"]), human_bytes(cluster["served_bytes"]),
+        str(cluster["auth_failures"]), str(cluster["redis_errors"]),
+    )
+    console.print(table)
+    console.print("members: " + ", ".join(cluster["members"]))
+    bad = sorted(set(cluster["peer_errors"]) | set(cluster["peer_corrupt"]))
+    if bad:
+        errors = Table(title="mountd: peers that failed", title_justify="left")
+        for column in ("peer", "failed transfers", "wrong bytes"):
+            errors.add_column(column, justify="left" if column == "peer" else "right")
+        for peer in bad:
+            errors.add_row(peer, str(cluster["peer_errors"].get(peer, 0)),
+                           str(cluster["peer_corrupt"].get(peer, 0)))
+        console.print(errors)
+
+
 def _chunk_fills(row: Mapping[str, Any]) -> str:
     """Chunk fills and the files each stored on average (one GET each): ``12 (×63.5)``."""
     fills = row.get("chunk_fills", 0)  # absent from an older mountd

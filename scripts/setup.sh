@@ -2,7 +2,8 @@
 # Install everything a fresh Debian 12 machine needs to run and test quiverfs.
 #
 # Idempotent: each step checks what is already there and does only what is missing.
-#   scripts/setup.sh              system packages, .venv with the test and bench extras, Azurite
+#   scripts/setup.sh              system packages, .venv with the test, bench and cluster
+#                                 extras, Azurite
 #   scripts/setup.sh --torch      the same plus the pinned PyTorch extra (for the main job)
 set -euo pipefail
 
@@ -24,8 +25,10 @@ as_root() {
         echo "setup.sh: need root (or sudo) to run: $*" >&2; exit 1; fi
 }
 
-# --- system packages: FUSE 3 (fusermount3), and libfuse for the benchmarks' pyfuse3 -----------
-apt_packages=(fuse3 libfuse3-dev pkg-config)
+# --- system packages: FUSE 3 (fusermount3), libfuse for the benchmarks' pyfuse3, and
+# redis-server for the cluster's tests (tests/cluster start their own on loopback; the
+# package's service is left alone) ---------------------------------------------------------
+apt_packages=(fuse3 libfuse3-dev pkg-config redis-server)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -43,10 +46,10 @@ if [ ! -x .venv/bin/python ]; then
     say "creating .venv with $("$python" --version)"
     "$python" -m venv .venv
 fi
-extras="test,bench"
+extras="test,bench,cluster"
 stamp=".venv/.quiverfs-installed"
 # With torch already installed, a run without --torch must not drop it: keep the larger set.
-if [ "$want_torch" = 1 ] || { [ -f "$stamp" ] && grep -q torch "$stamp"; }; then extras="test,bench,torch"; fi
+if [ "$want_torch" = 1 ] || { [ -f "$stamp" ] && grep -q torch "$stamp"; }; then extras="test,bench,cluster,torch"; fi
 # Reinstall only when pyproject.toml or the extras changed since the last successful run.
 fingerprint="$(sha256sum pyproject.toml | cut -c1-16) $extras"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$fingerprint" ]; then

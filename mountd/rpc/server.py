@@ -36,6 +36,7 @@ from typing import Any
 
 import trio
 
+from mountd.cluster.service import Cluster
 from mountd.coop.service import CoopService, info_json
 from mountd.errors import CacheError, PermissionDenied, ProtocolError
 from mountd.rpc import protocol
@@ -245,9 +246,11 @@ class Server:
     def __init__(self, cache: Cache, cache_dir: str | os.PathLike[str], *,
                  coop: CoopService | None = None, owner_uid: int | None = None,
                  fill_uid: int | None = None, socket_mode: int = 0o600,
-                 socket_group: str | None = None) -> None:
+                 socket_group: str | None = None, cluster: Cluster | None = None) -> None:
         self.cache = cache
         self.coop = coop
+        #: This node's cluster (docs/cluster.md), for ``stats``; None: not in one.
+        self.cluster = cluster
         #: What left the store, for mounts to drop from the kernel's page cache.
         self.evictions = EvictionJournal()
         cache.add_listener(self.evictions)
@@ -623,8 +626,11 @@ class Server:
         return self.stats_snapshot()
 
     def stats_snapshot(self) -> dict[str, Any]:
-        """The ``stats`` answer: cache counters, URL schemes per dataset, server gauges."""
+        """The ``stats`` answer: cache counters, URL schemes per dataset, server gauges, and
+        the cluster's membership and counters when in one."""
+        cluster = {} if self.cluster is None else {"cluster": self.cluster.snapshot()}
         return {
+            **cluster,
             "counters": self.cache.counters.snapshot(),
             "users": self.users.snapshot(self.cache.charges.snapshot(self.users.by_uid)),
             "schemes": self._schemes_json(),

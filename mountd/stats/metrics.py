@@ -95,6 +95,43 @@ def _counter_set(out: _Writer, prefix: str, counters: dict[str, Any], labels: di
                       counters["fill_latency"], labels)
 
 
+#: cluster counter key (``stats`` → ``cluster``, docs/cluster.md) → (metric, help text).
+CLUSTER_COUNTERS: dict[str, tuple[str, str]] = {
+    "peer_hits": ("peer_hits_total", "Misses served by a peer mountd."),
+    "peer_bytes": ("peer_bytes_total", "Content bytes received from peers (verified)."),
+    "peer_misses": ("peer_misses_total", "Peers asked that did not hold the file."),
+    "bucket_turns": ("bucket_turns_total", "Bucket fetches this node made for the cluster."),
+    "lock_waits": ("lock_waits_total", "Misses that waited for another node's fetch."),
+    "pushes": ("pushes_total", "Fetched files pushed to their owner."),
+    "push_errors": ("push_errors_total", "Pushes that failed."),
+    "served_hits": ("served_hits_total", "Files served to peers."),
+    "served_bytes": ("served_bytes_total", "Bytes served to peers."),
+    "served_misses": ("served_misses_total", "Peer requests for files not held here."),
+    "pushes_received": ("pushes_received_total", "Files peers pushed here and were stored."),
+    "auth_failures": ("auth_failures_total", "Peer connections refused: wrong cluster secret."),
+    "redis_errors": ("redis_errors_total", "Redis calls that failed."),
+    "membership_changes": ("membership_changes_total", "Changes of the member list seen."),
+}
+
+
+def _cluster(out: _Writer, cluster: dict[str, Any] | None) -> None:
+    """The cluster's series: counters, per-peer errors, membership gauges."""
+    if not cluster:
+        return
+    for key, (suffix, help_text) in CLUSTER_COUNTERS.items():
+        if key in cluster:
+            out.sample(f"quiverfs_cluster_{suffix}", "counter", help_text, cluster[key])
+    for key, suffix, help_text in (
+            ("peer_errors", "peer_errors_total", "Failed transfers, per peer."),
+            ("peer_corrupt", "peer_corrupt_total", "Transfers whose bytes did not verify, per peer.")):
+        for peer, count in sorted(cluster.get(key, {}).items()):
+            out.sample(f"quiverfs_cluster_{suffix}", "counter", help_text, count, {"peer": peer})
+    out.sample("quiverfs_cluster_members", "gauge", "Live members this node sees (itself included).",
+               len(cluster.get("members", [])))
+    out.sample("quiverfs_cluster_connected", "gauge", "1 when Redis answers, 0 when serving alone.",
+               bool(cluster.get("connected")))
+
+
 def render(stats: dict[str, Any], usage: dict[str, Any] | None = None) -> str:
     """The exposition text for a ``stats`` answer (and ``usage``, when given)."""
     out = _Writer()
@@ -120,6 +157,7 @@ def render(stats: dict[str, Any], usage: dict[str, Any] | None = None) -> str:
             if key == "uptime":
                 name = "quiverfs_mountd_uptime_seconds"
             out.sample(name, kind, help_text, server[key])
+    _cluster(out, stats.get("cluster"))
     for key, value in sorted((usage or {}).items()):
         if isinstance(value, int | float) and not isinstance(value, bool):
             out.sample(f"quiverfs_cache_{key}", "gauge", f"Cache usage: {key}.", value)

@@ -55,6 +55,7 @@ from mountd.store.flights import CacheListener, Flight
 from mountd.store.holds import HOLD_SHARE, Holds
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
+from mountd.store.peers import PeerSource, fill_through
 from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.quota import Charges, own_victims
 from mountd.store.recovery import RecoveryReport, recover
@@ -132,6 +133,8 @@ class Cache(ChunkFills):
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
         self._io_limiter = trio.CapacityLimiter(config.io_threads)
         self._chunk_members: ChunkMembers | None = None
+        #: Other caches asked before the bucket (mountd/store/peers.py); None: none.
+        self.peers: PeerSource | None = None
         self._filler = Filler(
             config.cache_dir,
             self.limits,
@@ -714,10 +717,13 @@ class Cache(ChunkFills):
             async with self._fill_limiter:
                 await self._reserve(flight.size, uid)
                 try:
-                    backend = flight.source or self._backend(flight.location.url)
-                    path = await self._filler.fill(
-                        backend, flight.hash, flight.size, flight.location, flight.dataset
-                    )
+                    if flight.source is None and self.peers is not None:
+                        path = await fill_through(self.peers, self._filler, self._backend, flight)
+                    else:
+                        backend = flight.source or self._backend(flight.location.url)
+                        path = await self._filler.fill(
+                            backend, flight.hash, flight.size, flight.location, flight.dataset
+                        )
                     self._stored(flight, path)
                 finally:
                     self.reserved -= flight.size

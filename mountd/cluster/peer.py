@@ -1,0 +1,244 @@
+"""Moving content between mountds: the peer server (serves this node's store by hash) and
+the client (asks other nodes, pushes a fetched file to its owner). Protocol: :mod:`wire`.
+
+The server answers only clients that pass the cluster-secret handshake. A ``GET`` is served
+from the store as a hit (it refreshes the file's recency: peers' demand keeps it cached); a
+``PUT`` is verified against its hash and stored like bytes a client supplied
+(:meth:`mountd.store.cache.Cache.ensure_supplied`, charged to nobody).
+
+The client keeps idle connections per peer, so a transfer costs one round trip after the
+first. Every transfer runs under a deadline (``peer_timeout``): a peer that hangs costs that
+much, then the caller tries the next source. The client checks what a peer sends against
+the hash before anyone uses it; wrong bytes are :class:`~mountd.errors.PeerCorrupt`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import blake3
+import trio
+
+from mountd.cluster import wire
+from mountd.cluster.config import split_address
+from mountd.cluster.counters import ClusterCounters
+from mountd.errors import PeerCorrupt, PeerError
+from mountd.store.cache import Cache
+from mountd.store.peers import PEER_URL, PeerBytes
+from quiverfs.backends.base import Location
+from quiverfs.errors import QuiverError
+
+log = logging.getLogger("mountd.cluster.peer")
+
+T = TypeVar("T")
+
+#: Seconds a server waits for the next request on an idle connection before closing it.
+IDLE_SECONDS = 120.0
+#: Content at least this large is hashed in a worker thread.
+THREAD_HASH_BYTES = 1 << 20
+
+
+async def content_hash(data: bytes) -> bytes:
+    """blake3 of ``data`` (in a worker thread when large)."""
+    if len(data) < THREAD_HASH_BYTES:
+        return blake3.blake3(data).digest()
+    return await trio.to_thread.run_sync(
+        lambda: blake3.blake3(data, max_threads=blake3.blake3.AUTO).digest())
+
+
+class PeerServer:
+    """Serves ``cache`` to authenticated peers (see the module docstring)."""
+
+    def __init__(self, cache: Cache, secret: bytes, counters: ClusterCounters, *,
+                 max_bytes: int, timeout: float) -> None:
+        self.cache = cache
+        self.secret = secret
+        self.counters = counters
+        self.max_bytes = max_bytes
+        self.timeout = timeout
+
+    async def serve(self, host: str, port: int, *,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on ``host:port`` (0: any free port); ``task_status`` gets the bound port."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started(bound)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        try:
+            async with stream:
+                with trio.fail_after(self.timeout):
+                    accepted = await wire.server_handshake(stream, self.secret)
+                if not accepted:
+                    self.counters.auth_failures += 1
+                    log.warning("peer %s failed the cluster-secret handshake", _remote(stream))
+                    return
+                while True:
+                    op = b""  # idle too long: close
+                    with trio.move_on_after(IDLE_SECONDS):
+                        op = await stream.receive_some(1)
+                    if not op:
+                        return
+                    with trio.fail_after(self.timeout):
+                        if op == wire.OP_GET:
+                            await self._get(stream)
+                        elif op == wire.OP_PUT:
+                            await self._put(stream)
+                        else:
+                            raise PeerError(f"unknown peer request {op!r}")
+        except (PeerError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
+            log.info("peer connection from %s ended: %s", _remote(stream), exc or type(exc).__name__)
+        except trio.ClosedResourceError:
+            pass
+
+    async def _get(self, stream: trio.SocketStream) -> None:
+        hash = await wire.receive_exactly(stream, wire.HASH)
+        data = await self._read_cached(hash)
+        if data is None:
+            self.counters.served_misses += 1
+            await stream.send_all(wire.NO)
+            return
+        self.counters.served_hits += 1
+        self.counters.served_bytes += len(data)
+        await stream.send_all(wire.OK + wire.SIZE.pack(len(data)))
+        await stream.send_all(data)
+
+    async def _read_cached(self, hash: bytes) -> bytes | None:
+        """The stored content of ``hash``, or None (not cached, or too large to send)."""
+        (opened,) = self.cache.open_cached([hash], [None])
+        if opened is None:
+            return None
+        fd, size = opened
+        try:
+            if size > self.max_bytes:
+                return None
+            data = await trio.to_thread.run_sync(os.pread, fd, size, 0)
+        finally:
+            os.close(fd)
+        return data if len(data) == size else None
+
+    async def _put(self, stream: trio.SocketStream) -> None:
+        hash = await wire.receive_exactly(stream, wire.HASH)
+        (size,) = wire.SIZE.unpack(await wire.receive_exactly(stream, wire.SIZE.size))
+        if size > self.max_bytes:
+            raise PeerError(f"a peer pushed {size} bytes, over the limit of {self.max_bytes}")
+        data = await wire.receive_exactly(stream, size)
+        peer = _remote(stream).rpartition(":")[0]  # its host (the port is an ephemeral one)
+        if await content_hash(data) != hash:
+            self.counters.peer_corrupt[peer] += 1
+            self.counters.pushes_refused += 1
+            log.warning("peer %s pushed bytes that do not match %s; dropped", peer, hash.hex())
+            await stream.send_all(wire.NO)
+            return
+        location = Location(PEER_URL + peer, hash.hex(), 0, size)
+        try:
+            await self.cache.ensure_supplied(hash, size, location, PeerBytes(data))
+        except QuiverError as exc:
+            self.counters.pushes_refused += 1
+            log.info("not storing %s pushed by %s: %s", hash.hex(), peer, exc)
+            await stream.send_all(wire.NO)
+            return
+        self.counters.pushes_received += 1
+        await stream.send_all(wire.OK)
+
+
+class PeerClient:
+    """Asks peers for content and pushes content to them (see the module docstring)."""
+
+    def __init__(self, secret: bytes, counters: ClusterCounters, *, max_bytes: int,
+                 timeout: float) -> None:
+        self.secret = secret
+        self.counters = counters
+        self.max_bytes = max_bytes
+        self.timeout = timeout
+        self._idle: dict[str, list[trio.SocketStream]] = {}
+
+    async def get(self, address: str, hash: bytes, size: int) -> bytes | None:
+        """The content of ``hash`` from the peer at ``address`` (checked: ``size`` bytes whose
+        blake3 is ``hash``), or None when it does not hold it. :class:`PeerCorrupt` when it
+        sent anything else, :class:`PeerError` when it failed."""
+
+        async def ask(stream: trio.SocketStream) -> bytes | None:
+            await stream.send_all(wire.OP_GET + hash)
+            if await wire.receive_exactly(stream, 1) != wire.OK:
+                return None
+            (length,) = wire.SIZE.unpack(await wire.receive_exactly(stream, wire.SIZE.size))
+            if length != size:
+                raise PeerCorrupt(f"peer {address} offers {length} bytes for {hash.hex()}, "
+                                  f"not {size}")
+            return await wire.receive_exactly(stream, length)
+
+        data = await self._call(address, ask)
+        if data is not None and await content_hash(data) != hash:
+            raise PeerCorrupt(f"peer {address} sent bytes that do not match {hash.hex()}")
+        return data
+
+    async def put(self, address: str, hash: bytes, data: bytes) -> bool:
+        """Push ``data`` (the content of ``hash``) to the peer at ``address``; True when it
+        stored it (or had it). :class:`PeerError` when it failed."""
+
+        async def push(stream: trio.SocketStream) -> bool:
+            await stream.send_all(wire.OP_PUT + hash + wire.SIZE.pack(len(data)))
+            await stream.send_all(data)
+            return await wire.receive_exactly(stream, 1) == wire.OK
+
+        return await self._call(address, push)
+
+    async def _call(self, address: str, request: Callable[[trio.SocketStream], Awaitable[T]]) -> T:
+        """``request`` on a connection to ``address`` (an idle one, else a new one), within
+        the deadline; an idle connection the peer has closed meanwhile is replaced once."""
+        idle = self._idle.setdefault(address, [])
+        for pooled in (True, False):
+            if pooled and not idle:
+                continue
+            stream = None
+            try:
+                with trio.fail_after(self.timeout):
+                    stream = idle.pop() if pooled else await self._connect(address)
+                    result = await request(stream)
+            except PeerCorrupt:
+                if stream is not None:
+                    await trio.aclose_forcefully(stream)
+                raise
+            except (PeerError, OSError, trio.TooSlowError, trio.BrokenResourceError) as exc:
+                if stream is not None:
+                    await trio.aclose_forcefully(stream)
+                if pooled and not isinstance(exc, trio.TooSlowError):
+                    continue  # the peer closed an idle connection: try a fresh one
+                if isinstance(exc, PeerError):
+                    raise
+                raise PeerError(f"peer {address}: {exc or type(exc).__name__}") from exc
+            idle.append(stream)
+            return result
+        raise AssertionError("unreachable")
+
+    async def _connect(self, address: str) -> trio.SocketStream:
+        host, port = split_address(address, "peer address")
+        stream = await trio.open_tcp_stream(host, port)
+        try:
+            await wire.client_handshake(stream, self.secret)
+        except BaseException:
+            await trio.aclose_forcefully(stream)
+            raise
+        return stream
+
+    async def aclose(self) -> None:
+        """Close every idle connection."""
+        pools, self._idle = self._idle, {}
+        for streams in pools.values():
+            for stream in streams:
+                with contextlib.suppress(Exception):
+                    await trio.aclose_forcefully(stream)
+
+
+def _remote(stream: trio.SocketStream) -> str:
+    with contextlib.suppress(OSError):
+        host, port = stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    return "?"

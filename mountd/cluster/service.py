@@ -1,0 +1,268 @@
+"""The cluster seen from one mountd: what its store's misses ask before the bucket.
+
+:class:`Cluster` is the :class:`mountd.store.peers.PeerSource` mountd's daemon hands the
+cache. A miss of hash ``h`` that the local store could not serve (docs/cluster.md "Miss
+path"):
+
+1. **Owners.** Ask the first :data:`CANDIDATES` members in ``h``'s rendezvous order
+   (:mod:`mountd.cluster.placement`), skipping this node and peers that failed in the last
+   :data:`SUSPECT_SECONDS`. A hit: the bytes, checked against ``h``, are the fill.
+2. **Cluster-wide single-flight.** Take ``quiverfs:<c>:fill:<h>`` with ``SET NX PX``. Taken:
+   this node fetches from the bucket (the turn yields None). Afterwards, in the background,
+   it turns the lock into ``done:<node>`` for :data:`DONE_TTL_MS` (released outright if the
+   fetch failed) and pushes the file to ``h``'s owner if that is another node, so the next
+   miss anywhere finds it there ("stored on its owner").
+3. **Someone else fetches.** Poll the lock until it says ``done:<node>`` (then ask that
+   node) or goes (the fetch failed, or the lock expired after ``lock_ttl``), or its holder
+   leaves the member list (it died: no waiting for the expiry); still nothing: back to 1.
+   After :data:`ROUNDS` rounds, the bucket.
+
+Whatever fails on the way (a peer down, hung, lying; Redis gone) costs a retry on the next
+source, never an error to the reader: the turn's last resort is always the bucket.
+The lock is marked done before the push, so an owner that waits on the lock for a hash
+this node is pushing to it never waits on itself (its own fill of ``h`` is in flight, and
+the push joins that fill).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from mountd.cluster.config import ClusterConfig
+from mountd.cluster.coordinator import DONE, REDIS_ERRORS, Coordinator, public_url
+from mountd.cluster.counters import ClusterCounters
+from mountd.cluster.membership import Membership
+from mountd.cluster.peer import PeerClient, PeerServer
+from mountd.cluster.placement import owners
+from mountd.errors import PeerCorrupt, PeerError
+from mountd.store.cache import Cache
+
+log = logging.getLogger("mountd.cluster")
+
+#: Owners asked before the bucket: the owner, and its successor (which held the hash
+#: before the owner joined).
+CANDIDATES = 2
+#: Seconds a peer that failed a transfer is skipped.
+SUSPECT_SECONDS = 5.0
+#: Rounds of "ask the owners, try the lock, wait for the holder" before the bucket.
+ROUNDS = 3
+#: Milliseconds a landed fetch's lock says "done:<node>": nodes missing the hash meanwhile
+#: ask that node (its push to the owner may still be on its way).
+DONE_TTL_MS = 30_000
+#: Seconds between polls of a lock another node holds (first, then the most).
+POLL_FIRST, POLL_MOST = 0.02, 0.25
+
+
+class Cluster:
+    """This node's part in the cluster (see the module docstring). Start :meth:`run` in a
+    nursery (``nursery.start``), then hand it to the cache as its ``peers``."""
+
+    def __init__(self, config: ClusterConfig, cache: Cache) -> None:
+        self.config = config
+        self.cache = cache
+        self.node = config.advertise
+        self.counters = ClusterCounters()
+        self.coordinator = Coordinator(config.redis_url, config.name)
+        self.membership = Membership(self.coordinator, self.node, config.advertise,
+                                     self.counters, heartbeat=config.heartbeat,
+                                     node_ttl=config.node_ttl)
+        limits = {"max_bytes": config.peer_max_bytes, "timeout": config.peer_timeout}
+        self.server = PeerServer(cache, config.secret, self.counters, **limits)
+        self.client = PeerClient(config.secret, self.counters, **limits)
+        self._suspects: dict[str, float] = {}
+        self._nursery: trio.Nursery | None = None
+        #: The peer server's port once listening (the advertised one, or the one bound for 0).
+        self.port: int | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve peers, keep the heartbeat, run pushes; until cancelled."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self.port = await nursery.start(
+                    self.server.serve, self.config.listen_host or self.config.host,
+                    self.config.port)
+                await nursery.start(self.membership.run)
+                self._nursery = nursery
+                log.info("cluster %s: node %s, peers served on port %d, Redis %s (%s)",
+                         self.config.name, self.node, self.port,
+                         public_url(self.config.redis_url),
+                         "connected" if self.membership.connected else "unreachable: alone")
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True):
+                await self.client.aclose()
+            self.coordinator.close()
+
+    # -- the miss path (PeerSource) --------------------------------------------------------------
+
+    @asynccontextmanager
+    async def turn(self, hash: bytes, size: int) -> AsyncIterator[bytes | None]:
+        """Bytes of ``hash`` from a peer, or None: fetch from the bucket now (the cluster-wide
+        lock is ours while the turn lasts, when Redis answers). See the module docstring."""
+        if size > self.config.peer_max_bytes or self._nursery is None:
+            yield None
+            return
+        tried: set[str] = set()
+        for _ in range(ROUNDS):
+            data = await self._ask_owners(hash, size, tried)
+            if data is not None:
+                yield data
+                return
+            if not self.membership.connected:
+                break
+            try:
+                holder = await self.coordinator.lock(hash, self.node, self.config.lock_ttl_ms)
+            except REDIS_ERRORS as exc:
+                self.membership.lost(exc)
+                break
+            if holder is None:
+                async with self._bucket_turn(hash):
+                    yield None
+                return
+            if not holder.startswith(DONE):
+                self.counters.lock_waits += 1
+                holder = await self._wait_unlocked(hash, holder)
+            fetcher = holder[len(DONE):] if holder and holder.startswith(DONE) else None
+            if fetcher is not None and fetcher != self.node and fetcher not in tried:
+                tried.add(fetcher)
+                data = await self._ask(fetcher, hash, size)
+                if data is not None:
+                    yield data
+                    return
+            tried.clear()  # the owners may have it now
+        self.counters.bucket_turns += 1
+        yield None
+
+    @asynccontextmanager
+    async def _bucket_turn(self, hash: bytes) -> AsyncIterator[None]:
+        """This node holds the lock of ``hash`` and fetches it; afterwards, in the background:
+        mark the lock done (or release it), then push the stored file to its owner."""
+        self.counters.bucket_turns += 1
+        landed = False
+        try:
+            yield
+            landed = True
+        finally:
+            if self._nursery is not None:
+                self._nursery.start_soon(self._after_fetch, hash, landed)
+
+    async def _after_fetch(self, hash: bytes, landed: bool) -> None:
+        try:
+            if landed:
+                await self.coordinator.finish(hash, self.node, DONE_TTL_MS)
+            else:
+                await self.coordinator.unlock(hash, self.node)
+        except REDIS_ERRORS as exc:
+            self.membership.lost(exc)  # the lock expires by itself
+        if not landed:
+            return
+        owner = next(iter(owners(hash, self.membership.members)), self.node)
+        if owner == self.node:
+            return
+        address = self.membership.addresses.get(owner)
+        data = await self._read_stored(hash)
+        if address is None or data is None:
+            return
+        try:
+            stored = await self.client.put(address, hash, data)
+        except PeerError as exc:
+            self._failed(owner, exc)
+            self.counters.push_errors += 1
+            return
+        if stored:
+            self.counters.pushes += 1
+        else:
+            self.counters.push_errors += 1
+
+    async def _read_stored(self, hash: bytes) -> bytes | None:
+        """The file this node just stored (read by its final name: it is complete and
+        verified there), or None if eviction took it meanwhile."""
+        path = self.cache.store_path(hash)
+        try:
+            return await trio.to_thread.run_sync(_read_file, path)
+        except OSError:
+            return None
+
+    async def _ask_owners(self, hash: bytes, size: int, tried: set[str]) -> bytes | None:
+        for node in owners(hash, self.membership.members)[:CANDIDATES]:
+            if node == self.node or node in tried:
+                continue
+            tried.add(node)
+            data = await self._ask(node, hash, size)
+            if data is not None:
+                return data
+        return None
+
+    async def _ask(self, node: str, hash: bytes, size: int) -> bytes | None:
+        """``hash`` from ``node`` (checked), or None: it lacks it, failed, or is suspect."""
+        address = self.membership.addresses.get(node)
+        if address is None or self._suspects.get(node, 0.0) > trio.current_time():
+            return None
+        try:
+            data = await self.client.get(address, hash, size)
+        except PeerCorrupt as exc:
+            self.counters.peer_corrupt[node] += 1
+            self._failed(node, exc)
+            return None
+        except PeerError as exc:
+            self._failed(node, exc)
+            return None
+        if data is None:
+            self.counters.peer_misses += 1
+            return None
+        self.counters.peer_hits += 1
+        self.counters.peer_bytes += len(data)
+        return data
+
+    def _failed(self, node: str, exc: BaseException) -> None:
+        self.counters.peer_errors[node] += 1
+        self._suspects[node] = trio.current_time() + SUSPECT_SECONDS
+        log.warning("cluster: peer %s failed (%s); skipping it for %.0f s", node, exc,
+                    SUSPECT_SECONDS)
+
+    async def _wait_unlocked(self, hash: bytes, holder: str) -> str | None:
+        """Until the fetch of ``hash`` by ``holder`` is over: the lock's ``done:<id>`` value,
+        or None: released after a failure, expired, Redis stopped answering, the lock's
+        whole lifetime passed, or ``holder`` is no longer a member (it died: its lock would
+        block everyone until it expires; the caller's next rounds end at the bucket)."""
+        pause = POLL_FIRST
+        with trio.move_on_after(self.config.lock_ttl_ms / 1000):
+            while True:
+                if self.membership.connected and holder not in self.membership.members:
+                    return None
+                await trio.sleep(pause)
+                pause = min(pause * 2, POLL_MOST)
+                try:
+                    value = await self.coordinator.holder(hash)
+                except REDIS_ERRORS as exc:
+                    self.membership.lost(exc)
+                    return None
+                if value is None or value.startswith(DONE):
+                    return value
+                holder = value
+        return None
+
+    # -- reports ------------------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """``stats`` → ``cluster``: this node, Redis, the members, and the counters
+        (:meth:`ClusterCounters.snapshot`)."""
+        return {
+            "name": self.config.name,
+            "node": self.node,
+            "redis": public_url(self.config.redis_url),
+            "connected": self.membership.connected,
+            "members": sorted(self.membership.members),
+            **self.counters.snapshot(),
+        }
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
