@@ -1,7 +1,7 @@
 """The store's seam to other caches: a :class:`PeerSource` a fill consults before the bucket.
 
 The store knows nothing of clusters (mountd/cluster/ sits above it); mountd's daemon hands
-the cache a ``PeerSource`` (:meth:`mountd.store.cache.Cache.set_peer_source`). For a fill
+the cache a ``PeerSource`` (its attribute :attr:`mountd.store.cache.Cache.peers`). For a fill
 with mountd's own authority, the cache enters :meth:`PeerSource.turn` around the fetch:
 
 * the turn yields **bytes** a peer sent, already checked against the hash by the source:
