@@ -122,6 +122,14 @@ def mountd_command(
         False, "--private-store",
         help="Keep the store private to mountd's user (folders 0700, files 0400) instead of traversable by every local user who knows a hash (0711, 0444).",
     ),
+    protect_seconds: float = typer.Option(
+        30.0, "--protect-seconds", metavar="SECONDS", min=0, max=3600,
+        help="Seconds a file fetched ahead for a job (a claim's misses, packed members brought with them, a prefetch) is kept from eviction when nobody reads it; reading it, or its job's epoch ending, ends the protection sooner. 0 turns protection off.",
+    ),
+    protect_share: float = typer.Option(
+        0.5, "--protect-share", metavar="SHARE", min=0.01, max=1.0,
+        help="Share of the cache that files fetched ahead may keep protected (0.5); past it new prefetches wait until reads free room.",
+    ),
     user_quota: str | None = typer.Option(
         None, "--user-quota", metavar="SIZE",
         help="Cap on the cached bytes charged to each local user (the user whose request filled them): 2G, 512M, or a percentage of the cache size (25%). A fill past it evicts that user's own least recently used files first. Default: no quota.",
@@ -166,6 +174,8 @@ def mountd_command(
         sync_interval=sync_interval,
         private_store=private_store,
         user_quota=None if user_quota is None else layout.parse_size(user_quota, whole=cap),
+        protect_seconds=protect_seconds,
+        protect_share=protect_share,
     )
     socket = SocketAccess.from_options(socket_mode, socket_group, shared)
     if dataset_mode is not None and dataset_mode not in ("full", "chunked", "off", "lru"):

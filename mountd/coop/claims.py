@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import random
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 
@@ -169,8 +169,12 @@ class DatasetState:
     a packed chunk at a time, ``flying_units`` counts the in-flight ids per fetch unit, and,
     when ``reserve`` is on (every mode but lru), the members a claim's GET brings beyond its
     misses are *reserved* for the claiming pool until it is given them: ``reserved`` counts
-    the pools holding each id (the caller pins those files once cached) and ``released``
-    collects ids whose last reservation went (the caller unpins them: :meth:`take_released`).
+    the pools holding each id. The cache protects what a claim fetches (its misses and the
+    brought members) until it is read (mountd/store/holds.py); ``protect_room`` (bytes the
+    cache's protection share has left, None: no bound) is the gate: a claim brings only as
+    many extra members as fit, the rest stay unread and unfetched for later claims
+    (Brand: load only into a free slot). ``closed`` collects the epoch pools that closed
+    (:meth:`take_closed`): the caller releases what the cache protects for them.
     """
 
     def __init__(
@@ -182,7 +186,8 @@ class DatasetState:
         flight_ttl: float = 120.0,
         packing: Packing | None = None,
         reserve: bool = True,
-        reserve_limit: int | None = None,
+        protect_room: Callable[[], int] | None = None,
+        mean_size: int = 1,
     ) -> None:
         self.name = name
         self.plan = plan
@@ -198,10 +203,12 @@ class DatasetState:
         self.flying_units: dict[int, int] = {}
         #: id -> pools that reserved it (packed datasets with ``reserve`` only).
         self.reserved: dict[int, int] = {}
-        #: At most this many ids reserved at once (None: no limit): reservations pin, and
-        #: pins past the cache's budget would make every other fill fail.
-        self.reserve_limit = reserve_limit
-        self.released: list[int] = []
+        #: Bytes the cache may still protect (None: no bound), and the mean file size that
+        #: turns them into files.
+        self.protect_room = protect_room
+        self.mean_size = max(1, mean_size)
+        #: (job, epoch) of the pools closed since :meth:`take_closed`.
+        self.closed: list[tuple[str, int]] = []
         #: Live epoch pools of every job on this dataset (they get cache notifications).
         self.pools: set[EpochPool] = set()
         self.manager: ChunkManager | None = None
@@ -309,10 +316,11 @@ class DatasetState:
     # -- reservations (packed datasets) ------------------------------------------------------
 
     def reserve_room(self) -> int | None:
-        """How many more ids may be reserved now (None: any number)."""
-        if self.reserve_limit is None:
+        """How many more files the cache may protect now, in files of the mean size (None:
+        any number): how many members a claim may bring beyond its misses."""
+        if self.protect_room is None:
             return None
-        return max(0, self.reserve_limit - len(self.reserved))
+        return self.protect_room() // self.mean_size
 
     def _reserve(self, ids: Iterable[int]) -> None:
         for i in ids:
@@ -325,7 +333,6 @@ class DatasetState:
                 self.reserved[i] = left
             else:
                 del self.reserved[i]
-                self.released.append(i)
 
     def drop_reservations(self, ids: Iterable[int]) -> None:
         """Co-ordinated eviction removes ``ids``: no pool holds them any longer."""
@@ -336,10 +343,10 @@ class DatasetState:
                 pool.reserved -= mine
                 self._unreserve(mine)
 
-    def take_released(self) -> list[int]:
-        """Ids whose last reservation went since the last call (to unpin)."""
-        out, self.released = self.released, []
-        return [i for i in out if i not in self.reserved]
+    def take_closed(self) -> list[tuple[str, int]]:
+        """``(job, epoch)`` of the epoch pools closed since the last call."""
+        out, self.closed = self.closed, []
+        return out
 
 
 @dataclass(frozen=True)
@@ -439,6 +446,8 @@ class EpochPool:
 
     def close(self) -> None:
         """Forget the pool: no more notifications, chunk references released."""
+        if self in self.dataset.pools:
+            self.dataset.closed.append((self.job, self.epoch))
         self.dataset.pools.discard(self)
         if self.dataset.manager is not None:
             self.dataset.manager.detach(self)
@@ -514,7 +523,9 @@ class EpochPool:
         Takes units (:meth:`FillRates.best`: most open members not in flight, as a share of
         the unit) until ``need`` misses are given; every wanted member of a taken unit goes
         in flight (its one GET brings them all), the ones beyond ``need`` as ``brought``:
-        reserved for this pool, read as hits by its later claims. When every open member is
+        reserved for this pool, read as hits by its later claims; but only as many as the
+        cache's protection share has room for (:meth:`DatasetState.reserve_room`, after the
+        misses): the others stay unread and not in flight. When every open member is
         in flight already (another job's GET, or this pool's own brought ones), the unit
         with the most open members is given anyway: progress is guaranteed, and the fetch
         joins the running one (single-flight).
@@ -532,6 +543,9 @@ class EpochPool:
         fetch: list[int] = []
         brought: list[int] = []
         deadline = now + dataset.flight_ttl
+        room = dataset.reserve_room()
+        if room is not None:
+            room -= need  # the misses are protected first: the job reads them next
         while len(fetch) < need and fill.open:
             pick = fill.best(rng, wanted)
             if pick is None:
@@ -543,18 +557,21 @@ class EpochPool:
                 fetch.extend(self._give(i) for i in ids[: need - len(fetch)])
                 break
             _, ids = pick
-            dataset.fly(ids, deadline)
             rng.shuffle(ids)
             take = ids[: need - len(fetch)]
-            fetch.extend(self._give(i) for i in take)
             extra = ids[len(take) :]
+            if room is not None:
+                # No room to protect them: they wait for a later claim instead of pushing
+                # out files fetched for jobs that have not read them yet.
+                keep = max(0, min(len(extra), room))
+                room -= keep
+                extra = extra[:keep]
+            dataset.fly(take + extra, deadline)
+            fetch.extend(self._give(i) for i in take)
             if extra:
                 brought.extend(extra)
                 if dataset.reserve:
                     fresh = [i for i in extra if i not in self.reserved]
-                    room = dataset.reserve_room()
-                    if room is not None:
-                        fresh = fresh[:room]  # the rest is fetched, not protected
                     self.reserved.update(fresh)
                     dataset._reserve(fresh)
         return fetch, brought

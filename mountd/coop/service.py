@@ -14,7 +14,9 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   compact id of that hash in every dataset. Events that arrive while a view loads are kept
   and replayed after it is added (the cached set is a snapshot taken before loading).
 * **Claims.** A claim's misses start filling at once (:meth:`Cache.fetch_now`: ahead of the
-  prefetch queue, under the remote limits).
+  prefetch queue, under the remote limits), protected until read for the claiming job's
+  epoch pool (its owner key ``(dataset, job, epoch)``; mountd/store/holds.py); when the pool
+  closes, the next tick releases them (:meth:`SessionRegistry.take_closed`).
 * **Chunk fills.** It names the members of a packed dataset's chunks to the cache
   (:meth:`CoopService.chunk_members`, :meth:`Cache.set_chunk_members`), so every fill mountd
   starts of a packed file (a miss, a claim's miss, a preload, a prefetch) fetches the wanted
@@ -29,8 +31,9 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   :meth:`Cache.evict_hashes`, except those another resident chunk or dataset still holds.
 * **Packed datasets (Brand).** A claim's misses come a packed chunk at a time; the other
   wanted members of those packed chunks (``Claim.brought``) are fetched with them and
-  reserved for the claiming job: pinned as they land, unpinned at the next tick once the
-  registry releases them (:meth:`SessionRegistry.take_released`) and nothing else holds them.
+  protected like the misses, as many as the protection share has room for (the registry
+  asks :meth:`Holds.room <mountd.store.holds.Holds.room>`). A packed chunk larger than a few
+  percent of the cache is warned about at registration (:data:`PACKED_CHUNK_WARN_SHARE`).
 
 Everything runs in mountd's trio thread; each method is atomic between awaits.
 """
@@ -64,6 +67,12 @@ BUDGET_FRACTION = 0.8
 
 #: Seconds after which a preload never reported filled or failed is presumed lost.
 PRELOAD_TTL = 120.0
+
+#: A packed chunk of more than this share of the cache is warned about: every claim miss
+#: brings up to a chunk, so a few jobs' chunks fill the protection share and claims stop
+#: bringing members (one GET per file again), or, unprotected, they are evicted unread
+#: (256-file chunks on a 20% cache fetched 12x the dataset an epoch: packed_training.py).
+PACKED_CHUNK_WARN_SHARE = 0.05
 
 _HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
 
@@ -100,6 +109,8 @@ class CoopService:
     ) -> None:
         self.cache = cache
         self.registry = registry or SessionRegistry()
+        if self.registry.protect_room is None:
+            self.registry.protect_room = cache.holds.room
         self.mode = Mode(mode) if mode is not None else None
         config = cache.config
         self.budget = budget if budget is not None else int(config.cache_size * budget_fraction)
@@ -119,6 +130,8 @@ class CoopService:
         self._nursery: trio.Nursery | None = None
         #: (dataset, chunk, files removed, forced) of the last co-ordinated evictions
         self.evictions: deque[tuple[str, int, int, bool]] = deque(maxlen=1000)
+        #: dataset -> a warning about its layout for this cache (``stats``' ``warnings``)
+        self.warnings: dict[str, str] = {}
         cache.add_listener(self)
         cache.set_chunk_members(self.chunk_members)
 
@@ -218,6 +231,7 @@ class CoopService:
                 raise
             self.views[dataset] = view
             log.info("dataset %s: %d files, %d cached, mode %s", dataset, view.count, len(cached), mode)
+            self._check_packing(dataset, view)
             for event_name, arg in self._pending.pop(dataset, []):
                 self._forward(event_name, arg, only=dataset)
             self.wake()
@@ -231,6 +245,23 @@ class CoopService:
             self._pending.pop(dataset, None)
             self._loading.pop(dataset, None)
             event.set()
+
+    def _check_packing(self, dataset: str, view: DatasetView) -> None:
+        """Warn (log and ``stats``) when ``dataset``'s largest packed chunk is more than
+        :data:`PACKED_CHUNK_WARN_SHARE` of the cache."""
+        packing = view.packing
+        if packing is None or packing.chunks == 0:
+            return
+        sizes = view.sizes
+        largest = max(sum(sizes[i] for i in packing.members_of(c)) for c in range(packing.chunks))
+        cap = self.cache.config.cache_size
+        if largest > PACKED_CHUNK_WARN_SHARE * cap:
+            text = (f"dataset {dataset}: its largest packed chunk ({largest} bytes) is "
+                    f"{largest / cap:.0%} of the cache ({cap} bytes); chunks of more than "
+                    f"{PACKED_CHUNK_WARN_SHARE:.0%} fetch members that cannot be kept until "
+                    "read: pack smaller chunks (digests pack --chunk-size) or raise --cache-size")
+            self.warnings[dataset] = text
+            log.warning("%s", text)
 
     async def ensure_view(self, dataset: str) -> DatasetView:
         """The loaded view of ``dataset``, waiting for (or starting) its load;
@@ -324,10 +355,8 @@ class CoopService:
             if event == "filled":
                 reg.on_cached(name, ids)
                 state = reg.dataset(name)
-                if any(i in state.reserved for i in ids) or (
-                    state.manager is not None
-                    and any(state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids)
-                ):
+                if state.manager is not None and any(
+                        state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
                     self.cache.pin([arg])
             else:
                 reg.on_fetch_failed(name, ids)
@@ -347,7 +376,8 @@ class CoopService:
         claim = self.registry.claim(dataset, job, rank, n, epoch=epoch)
         if claim.fetch and dataset in self.mountd_fills:
             view = self.views[dataset]
-            self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset)
+            self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,
+                                 owner=(dataset, job, claim.epoch))
         self.wake()
         return {
             "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),
@@ -377,30 +407,15 @@ class CoopService:
                 log.info("dataset %s: chunk %d loaded", action.dataset, action.chunk)
             elif isinstance(action, Evict):
                 self._evict(view, action)
-        self._release_reserved()
+        self._release_protections()
         self._pump_preloads()
         return actions
 
-    def _release_reserved(self) -> None:
-        """Unpin the packed members no job holds reserved any longer, unless a held chunk
-        or another reservation still holds their content."""
-        for name, view in self.views.items():
-            ids = self.registry.take_released(name)
-            if ids:
-                self._unpin([h for h in view.hashes_of(ids) if not self._pinned_for(h)])
-
-    def _pinned_for(self, content_hash: bytes) -> bool:
-        """Whether some dataset holds ``content_hash`` pinned: reserved for a job, or in a
-        loading or resident chunk."""
-        for name, view in self.views.items():
-            state = self.registry.dataset(name)
-            for i in view.ids_of(content_hash):
-                if i in state.reserved or (
-                    state.manager is not None
-                    and state.manager.state(state.plan.chunk_of(i)) in _HELD
-                ):
-                    return True
-        return False
+    def _release_protections(self) -> None:
+        """Release what the cache protects for the epoch pools that closed."""
+        for name in list(self.views):
+            for owner in self.registry.take_closed(name):
+                self.cache.release_protection(owner)
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
         self._unpin(view.hashes_of(action.members))
@@ -460,5 +475,6 @@ class CoopService:
                 continue
             for h, _, _ in items:
                 outstanding[h] = now
-            self.cache.fetch_now(items, name)
+            # Not protected: the loading chunk's pin keeps what lands (its slot is free).
+            self.cache.fetch_now(items, name, protect=False)
 

@@ -154,6 +154,7 @@ class SessionRegistry:
         chunk_grace: float = DEFAULT_GRACE,
         max_jobs: int = 256,
         idle_timeout: float | None = 3600.0,
+        protect_room: Callable[[], int] | None = None,
     ) -> None:
         if chunk_slots not in (2, 3):
             raise ValueError("chunk_slots must be 2 or 3")
@@ -169,6 +170,9 @@ class SessionRegistry:
         self.ring = ring
         self.history = history
         self.max_claim = max_claim
+        #: Bytes the cache's protection share has left (mountd/store/holds.py), None: no
+        #: bound; packed claims bring only as many members as fit (set by the service).
+        self.protect_room = protect_room
         self._datasets: dict[str, DatasetState] = {}
         self._modes: dict[str, Mode] = {}
         self._jobs: dict[tuple[str, str], _Job] = {}
@@ -283,7 +287,8 @@ class SessionRegistry:
             packing=packing,
             # lru is the comparison baseline: the cache's own policy alone decides.
             reserve=chosen is not Mode.LRU,
-            reserve_limit=_reserve_limit(sizes, budget),
+            protect_room=self.protect_room,
+            mean_size=sum(sizes) // len(sizes),
         )
         cached_ids = check_ids(state, cached)
         state.mark_cached(cached_ids)
@@ -361,11 +366,12 @@ class SessionRegistry:
                     actions.append(action)
         return actions
 
-    def take_released(self, dataset: str) -> list[int]:
-        """Files of a packed ``dataset`` no pool holds reserved any longer since the last
-        call (given to the job that brought them, its pool closed, or its chunk evicted):
-        the caller unpins them unless something else holds them. Empty for loose ones."""
-        return self._dataset(dataset).take_released()
+    def take_closed(self, dataset: str) -> list[tuple[str, str, int]]:
+        """``(dataset, job, epoch)`` of ``dataset``'s epoch pools closed since the last call
+        (sessions closed, the epoch moved on, the job was reaped as idle): the caller
+        releases what the cache protects for them (the owner keys of
+        :meth:`mountd.store.cache.Cache.fetch_now`)."""
+        return [(dataset, job, epoch) for job, epoch in self._dataset(dataset).take_closed()]
 
     def next_deadline(self) -> float | None:
         """The earliest clock (``self.clock``) at which a chunk's grace ends, if any: the
@@ -610,17 +616,3 @@ class SessionRegistry:
             quota=quota,
             mode=self._modes[state.name],
         )
-
-
-#: Share of a dataset's budget that brought members' reservations may pin at most.
-RESERVE_SHARE = 0.25
-
-
-def _reserve_limit(sizes: Sequence[int], budget: int | None) -> int | None:
-    """How many files a packed dataset's reservations may pin at once: :data:`RESERVE_SHARE`
-    of ``budget`` in files of the mean size (None without a budget: no limit). Four jobs each
-    bringing a 4 MiB packed chunk pinned a 7.7 MB cache full (packed_training.py)."""
-    if budget is None or not sizes:
-        return None
-    mean = max(1, sum(sizes) // len(sizes))
-    return max(1, int(budget * RESERVE_SHARE) // mean)

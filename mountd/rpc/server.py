@@ -634,6 +634,8 @@ class Server:
             "counters": self.cache.counters.snapshot(),
             "users": self.users.snapshot(self.cache.charges.snapshot(self.users.by_uid)),
             "schemes": self._schemes_json(),
+            # Layout problems found at registration (a packed chunk too large for the cache).
+            "warnings": sorted(self.coop.warnings.values()) if self.coop is not None else [],
             "server": {
                 "pid": os.getpid(),
                 "uptime": time.time() - self.started_at,

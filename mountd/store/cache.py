@@ -40,7 +40,8 @@ import fcntl
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from functools import partial
 
 import trio
@@ -127,8 +128,16 @@ class Cache(ChunkFills):
         self._lock_fd: int | None = None
         self._flights: dict[bytes, Flight] = {}
         #: Files whose path was just answered, kept from eviction until their client opens
-        #: them (mountd/store/holds.py).
-        self.holds = Holds(int(config.cache_size * HOLD_SHARE))
+        #: them, and files fetched ahead, protected until read (mountd/store/holds.py).
+        self.holds = Holds(int(config.cache_size * HOLD_SHARE),
+                           protect_bytes=int(config.cache_size * config.protect_share),
+                           protect_seconds=config.protect_seconds)
+        #: Prefetches waiting for protection room (:meth:`fetch_now`), oldest first:
+        #: hash -> (size, location, dataset, owner, trio time queued).
+        self._waiting: OrderedDict[bytes, tuple[int, Location, str | None, Hashable, float]] = \
+            OrderedDict()
+        #: Set and replaced whenever protections end (waiting prefetches may start).
+        self._protect_changed = trio.Event()
         self._first_held: bytes | None = None  # the first held victim the last eviction met
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
         self._io_limiter = trio.CapacityLimiter(config.io_threads)
@@ -234,6 +243,7 @@ class Cache(ChunkFills):
                 nursery.start_soon(self._committer)
                 nursery.start_soon(self._checkpointer)
                 nursery.start_soon(self._toucher)
+                nursery.start_soon(self._admitter)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -478,8 +488,17 @@ class Cache(ChunkFills):
         if path is None:
             self.counters.add_miss(dataset)
             path = await self._await_fill(hash, size, location, dataset, prefetch=False, uid=uid)
-        self.holds.hold(hash, size)  # the caller opens it next: not evicted in between
+        self._answered(hash, size)
         return path
+
+    def _answered(self, hash: bytes, size: int) -> None:
+        """A path is answered: the file counts as read (its protection ends) and is held
+        until its client opened it. Every answer (``ensure``, ``ensure_supplied``, ``lease``)
+        does this: an open descriptor survives an unlink, so answer -> open is the only
+        window in which an eviction can fail a reader (mountd/store/holds.py)."""
+        if self.holds.consumed((hash,)):
+            self._notify_protect()
+        self.holds.hold(hash, size)
 
     def _hit(self, hash: bytes, size: int, dataset: str | None) -> str | None:
         """The store path of an indexed ``hash`` (counted as a hit), else None."""
@@ -531,11 +550,12 @@ class Cache(ChunkFills):
         hash = layout.check_hash(hash)
         try:
             path = self._hit(hash, size, dataset)
-            if path is not None:
-                return path
-            self.counters.add_miss(dataset)
-            return await self._await_fill(hash, size, location, dataset, prefetch=False,
-                                          source=source, uid=uid)
+            if path is None:
+                self.counters.add_miss(dataset)
+                path = await self._await_fill(hash, size, location, dataset, prefetch=False,
+                                              source=source, uid=uid)
+            self._answered(hash, size)
+            return path
         finally:
             if not source.adopted:
                 source.close()
@@ -553,11 +573,13 @@ class Cache(ChunkFills):
         hash = layout.check_hash(hash)
         path = self._hit(hash, size, dataset)
         if path is not None:
+            self._answered(hash, size)
             return path
         self.counters.add_miss(dataset)
         while True:
             path = self._landed(hash, size, dataset)
             if path is not None:
+                self._answered(hash, size)
                 return path
             flight = self._flights.get(hash)
             if flight is None:
@@ -572,10 +594,12 @@ class Cache(ChunkFills):
                 return None
             if flight.lease is holder and not flight.started:
                 return None  # asked again before supplying: still ours
+            flight.awaited = True
             await flight.done.wait()
             if flight.path is not None and flight.error is None and not flight.cancelled:
                 if dataset is not None and dataset != flight.dataset:
                     self.index.touch([hash], dataset)
+                self._answered(hash, size)
                 return flight.path
             # Failed or given up by someone else: ask again (never their error).
 
@@ -638,6 +662,8 @@ class Cache(ChunkFills):
                     source.adopted = True
                 self._flights[hash] = flight
                 await self._launch(flight)
+            if not prefetch:
+                flight.awaited = True  # a reader waits: its fill may end protections for room
             await flight.done.wait()
             if flight.cancelled:
                 if source is not None and flight.source is source:
@@ -715,7 +741,7 @@ class Cache(ChunkFills):
         uid = flight.uid  # fixed once the fill runs: its reservation and its charge
         try:
             async with self._fill_limiter:
-                await self._reserve(flight.size, uid)
+                await self._reserve(flight.size, uid, demand=flight.demanded)
                 try:
                     if flight.source is None and self.peers is not None:
                         path = await fill_through(self.peers, self._filler, self._backend, flight)
@@ -782,6 +808,9 @@ class Cache(ChunkFills):
             del self._flights[flight.hash]
         if flight.source is not None:
             flight.source.close()
+        if (flight.error is not None or flight.cancelled) and \
+                self.holds.forget((flight.hash,), "removed"):
+            self._notify_protect()  # nothing to keep: its share is free for the next
         flight.done.set()
 
     def _index_new(self, flight: Flight) -> None:
@@ -809,12 +838,19 @@ class Cache(ChunkFills):
         self._space_changed.set()
         self._space_changed = trio.Event()
 
-    async def _reserve(self, size: int, uid: int | None = None) -> None:
+    async def _reserve(self, size: int, uid: int | None = None,
+                       demand: Callable[[], bool] | None = None) -> None:
         """Reserve ``size`` bytes under the cap and within ``uid``'s quota, evicting: ``uid``'s
         own entries first while it would be over its quota (mountd/store/quota.py), then by
         policy. Waits for fills in flight when only they stand in the way (``uid``'s own, for
         its quota); :class:`CacheFull` when pinned entries leave no room
-        (:class:`QuotaExceeded` when they are ``uid``'s)."""
+        (:class:`QuotaExceeded` when they are ``uid``'s).
+
+        Protected files (fetched ahead, not read yet: mountd/store/holds.py) are passed over.
+        When ``demand()`` says a reader waits (None: always), the oldest protections end and
+        their files go rather than the reader wait or fail; a prefetch nobody waits for
+        fails with :class:`CacheFull` instead (it is never retried; a reader that comes later
+        fills the file on demand)."""
         cap = self.config.cache_size
         charges = self.charges
         while True:
@@ -829,6 +865,9 @@ class Cache(ChunkFills):
                 over = self.used + self.reserved + size - cap
             if over > 0:
                 self._evict_until(over)
+                over = self.used + self.reserved + size - cap
+            if over > 0 and (demand is None or demand()):
+                self._evict_protected(over)
                 over = self.used + self.reserved + size - cap
             if own <= 0 and over <= 0:
                 self.reserved += size
@@ -849,6 +888,10 @@ class Cache(ChunkFills):
             if own > 0:
                 assert uid is not None
                 raise charges.pinned_error(uid, size)
+            if self.holds.protected_bytes and demand is not None and not demand():
+                raise CacheFull(
+                    f"no room to prefetch {size} bytes: the rest of the cache is pinned or "
+                    f"protected ({self.holds.protected_bytes} bytes fetched ahead, not read yet)")
             raise CacheFull(
                 f"cannot make room for {size} bytes: {self.used} of {cap} bytes are pinned; "
                 "unpin datasets or raise --cache-size"
@@ -862,12 +905,14 @@ class Cache(ChunkFills):
 
     def _evict_until(self, need: int, *, holds: bool = True) -> tuple[int, int]:
         """Evict by policy until ``need`` bytes are freed (or nothing evictable is left);
-        files just answered are skipped unless ``holds`` is False (a full disk)."""
+        files just answered and files protected (mountd/store/holds.py) are skipped unless
+        ``holds`` is False (a full disk)."""
         assert self._policy is not None
         victims: list[tuple[bytes, int]] = []
         freed = 0
         held = self.holds if holds else ()
         self.holds.expire()
+        protected = self.holds.protected if holds and self.holds.protected_bytes else None
         self._first_held = None
         for hash, size in self._policy.victims():
             if freed >= need:
@@ -878,8 +923,39 @@ class Cache(ChunkFills):
                 if self._first_held is None:
                     self._first_held = hash
                 continue  # answered a moment ago: its client is about to open it
+            if protected is not None and protected(hash):
+                continue  # fetched ahead for a job that has not read it yet
             victims.append((hash, size))
             freed += size
+        return self._remove(victims, reason="evict")
+
+    def _evict_protected(self, need: int) -> tuple[int, int]:
+        """A reader's fill finds only protected files in its way: end the oldest
+        protections (counted as ``ended["demand"]``) and evict those files, never a pinned
+        one, one in flight, or one just answered. A reader never waits for a prefetch's
+        reader, and never gets ``CacheFull`` for protection's sake."""
+        if not self.holds.protected_bytes:
+            return 0, 0
+        index = self._require_open()
+        candidates: list[tuple[bytes, int]] = []
+        for hash, size in self.holds.oldest_protected():
+            if hash in self._flights or hash in self.holds or index.size_of(hash) is None:
+                continue  # not stored yet (its fill is queued or running), or just answered
+            candidates.append((hash, size))
+        pinned = index.pinned_of([h for h, _ in candidates]) if candidates else set()
+        victims: list[tuple[bytes, int]] = []
+        freed = 0
+        for hash, size in candidates:
+            if freed >= need:
+                break
+            if hash not in pinned:
+                victims.append((hash, size))
+                freed += size
+        if victims:
+            self.holds.forget([h for h, _ in victims], "demand")
+            log.info("a reader needed room: ended %d protections of files fetched ahead "
+                     "(%d bytes)", len(victims), freed)
+            self._notify_protect()
         return self._remove(victims, reason="evict")
 
     def _free_disk(self, need: int) -> int:
@@ -904,6 +980,8 @@ class Cache(ChunkFills):
         if owners is None:
             owners = index.owners_of(hashes) if self.charges.files else {}
         self.charges.uncharge(owners, victims)
+        if self.holds.forget(hashes, "removed"):
+            self._notify_protect()  # gone from the store: their share is free again
         files = nbytes = 0
         for hash, size in victims:
             disk.remove(layout.store_path(self.config.cache_dir, hash))
@@ -1006,25 +1084,99 @@ class Cache(ChunkFills):
     # -- prefetch and hits ---------------------------------------------------------------------
 
     def fetch_now(
-        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None
+        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None,
+        *, protect: bool = True, owner: Hashable = None,
     ) -> int:
         """Start fills for ``items`` at once, ahead of the prefetch queue (a claim's misses:
         the job reads them next). Returns how many fills were started; cached and in-flight
         hashes are skipped. The fills still run under the fill limiter and the remote limits,
-        and count as prefetches. Needs :meth:`run` (its nursery owns the fills)."""
+        and count as prefetches. Needs :meth:`run` (its nursery owns the fills).
+
+        ``protect``: each file is protected for ``owner`` from now until it is read, the
+        owner releases it (:meth:`release_protection`), or ``protect_seconds`` pass
+        (mountd/store/holds.py). An item the protection share has no room for *waits*
+        (oldest first) and starts as reads free room; it is dropped when it waited longer
+        than ``protect_seconds`` or its owner is released. ``protect=False``: started at
+        once, unprotected (a chunk preload: its chunk's pin keeps it)."""
         index = self._require_open()
         if self._nursery is None:
             raise CacheClosed("fetch_now needs the cache's workers (Cache.run) to be running")
         started: set[bytes] = set()
+        holds = self.holds
+        now = trio.current_time()
         for hash, size, location in items:
             hash = layout.check_hash(hash)
-            if hash in started or hash in self._flights or index.size_of(hash) is not None:
+            if hash in started or index.size_of(hash) is not None:
                 continue
+            if protect and hash in self._flights:
+                holds.protect(hash, size, owner)  # already coming: keep it once it lands
+                continue
+            if hash in self._flights:
+                continue
+            if protect:
+                if self._waiting or not holds.fits(size):
+                    if hash not in self._waiting and len(self._waiting) < self.config.prefetch_queue:
+                        self._waiting[hash] = (size, location, dataset, owner, now)
+                    continue
+                holds.protect(hash, size, owner)
             # Two tasks for one hash (a second claim before this one's task ran) still make
             # one remote read: the later joins the earlier's flight (single-flight).
             self._nursery.start_soon(self._fetch_now, hash, size, location, dataset)
             started.add(hash)
         return len(started)
+
+    def release_protection(self, owner: Hashable) -> int:
+        """``owner`` (a job's epoch pool) is gone: its protections end unless another owner
+        still holds them, and its waiting prefetches are dropped. Returns protections ended."""
+        for hash in [h for h, item in self._waiting.items() if item[3] == owner and owner is not None]:
+            del self._waiting[hash]
+        ended = self.holds.release(owner)
+        if ended:
+            self._notify_protect()
+        return ended
+
+    def _notify_protect(self) -> None:
+        self._protect_changed.set()
+        self._protect_changed = trio.Event()
+
+    def _admit(self) -> int:
+        """Start the waiting prefetches that fit the protection share now, oldest first
+        (one that does not fit stops the rest: first come, first served). Returns how many
+        started."""
+        if not self._waiting or self._nursery is None:
+            return 0
+        index = self._require_open()
+        now = trio.current_time()
+        started = 0
+        while self._waiting:
+            hash, (size, location, dataset, owner, queued) = next(iter(self._waiting.items()))
+            if index.size_of(hash) is not None or now - queued > self.holds.protect_seconds:
+                del self._waiting[hash]  # read on demand meanwhile, or waited too long
+                continue
+            if hash in self._flights:
+                del self._waiting[hash]
+                self.holds.protect(hash, size, owner)
+                continue
+            if not self.holds.fits(size):
+                break
+            del self._waiting[hash]
+            self.holds.protect(hash, size, owner)
+            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset)
+            started += 1
+        return started
+
+    async def _admitter(self) -> None:
+        """Ends protections whose time is up and starts waiting prefetches as room frees."""
+        while True:
+            deadline = self.holds.next_protection_deadline()
+            changed = self._protect_changed
+            with trio.move_on_at(deadline if deadline is not None else trio.current_time() + 1.0):
+                await changed.wait()
+            before = self.holds.protected_bytes
+            self.holds.expire()
+            if self.holds.protected_bytes < before:
+                self._notify_protect()
+            self._admit()
 
     async def _fetch_now(
         self, hash: bytes, size: int, location: Location, dataset: str | None
@@ -1057,10 +1209,21 @@ class Cache(ChunkFills):
 
     async def _prefetch_worker(self) -> None:
         async for hash, size, location, dataset, uid in self._prefetch_recv:
+            # A prefetch is protected until read; when the protection share is full it
+            # pauses here until reads free room (mountd/store/holds.py).
+            while not self.holds.fits(size) and not self._cached_or_coming(hash):
+                await self._protect_changed.wait()
             self._queued.discard(hash)
+            if self._index is None or self._index.size_of(hash) is not None:
+                continue
+            self.holds.protect(hash, size)
             # Errors are counted and logged by the flight; a prefetch has nobody to tell.
             with contextlib.suppress(QuiverError):
                 await self._await_fill(hash, size, location, dataset, prefetch=True, uid=uid)
+
+    def _cached_or_coming(self, hash: bytes) -> bool:
+        index = self._index
+        return index is None or hash in self._flights or index.size_of(hash) is not None
 
     def record_hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int) -> None:
         """Hits that clients served from the store without an RPC: refresh their last use
@@ -1075,6 +1238,8 @@ class Cache(ChunkFills):
         assert self._policy is not None
         self._policy.on_access(hashes)
         self.counters.add_hits(dataset, len(hashes), nbytes)
+        if self.holds.consumed(hashes):  # read: no longer protected
+            self._notify_protect()
 
     # -- datasets and reports ------------------------------------------------------------------
 
@@ -1096,6 +1261,7 @@ class Cache(ChunkFills):
 
     def usage(self) -> dict:
         """``{"used_bytes", "cap_bytes", "reserved_bytes", "entries", "fills_in_flight", "held",
+        "protection" (files fetched ahead: mountd/store/holds.py, and prefetches waiting),
         "datasets": {id: {"entries", "bytes", "registered", "info"}}}`` (bytes of content;
         a file shared by datasets counts in each)."""
         index = self._require_open()
@@ -1107,6 +1273,7 @@ class Cache(ChunkFills):
             "entries": self.entries,
             "fills_in_flight": self.counters.fills_in_flight,
             "held": self.holds.count(),
+            "protection": {**self.holds.snapshot(), "waiting": len(self._waiting)},
             "policy": self.config.policy,
             "datasets": index.dataset_usage(),
         }

@@ -34,6 +34,7 @@ from mountd.stats.counters import Counters
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
 from mountd.store.flights import Flight
+from mountd.store.holds import Holds
 from mountd.store.index import Index
 from mountd.store.quota import Charges
 from mountd.store.span import ChunkMembers, Member, Span, plan_span
@@ -48,12 +49,13 @@ class ChunkFills:
     counters: Counters
     charges: Charges
     reserved: int
+    holds: Holds
     _flights: dict[bytes, Flight]
     _fill_limiter: trio.CapacityLimiter
     _filler: Filler
     _chunk_members: ChunkMembers | None
     _require_open: Callable[[], Index]
-    _reserve: Callable[[int, int | None], Awaitable[None]]
+    _reserve: Callable[..., Awaitable[None]]
     _backend: Callable[[str], Backend]
     _stored: Callable[[Flight, PathLike[str] | str], None]
     _failed: Callable[[Flight, Exception], None]
@@ -87,8 +89,15 @@ class ChunkFills:
         if cfg.user_quota is not None and flight.uid is not None:
             limit = min(limit, cfg.user_quota // 4)
 
+        holds = self.holds
+        sizes = {m.hash: m.size for m in members}
+
         def wanted(content: bytes) -> bool:
-            return content not in self._flights and index.size_of(content) is None
+            # A member nobody asked for is fetched ahead: only while protection has room
+            # for it (then it is protected below); past that the span covers what was
+            # asked (protected by a claim, or this miss) and stops (mountd/store/holds.py).
+            return content not in self._flights and index.size_of(content) is None and (
+                holds.protected(content) or holds.fits(sizes[content]))
 
         requested = Member(flight.hash, flight.size, flight.location)
         span = plan_span(members, requested, wanted, limit, cfg.span_max_gap)
@@ -97,6 +106,8 @@ class ChunkFills:
         flights = [flight]
         for member in span.members:
             if member.hash != flight.hash:
+                if not holds.protected(member.hash):
+                    holds.protect(member.hash, member.size)  # brought along: keep until read
                 sibling = Flight(member.hash, member.size, member.location, flight.dataset,
                                  prefetch=False, uid=flight.uid)
                 self._flights[member.hash] = sibling
@@ -117,7 +128,8 @@ class ChunkFills:
         uid, total = first.uid, span.content_bytes
         try:
             async with self._fill_limiter:
-                await self._reserve(total, uid)
+                await self._reserve(total, uid, demand=lambda: any(
+                    f.demanded() if f is first else f.awaited for f in flights))
                 try:
                     results = await self._filler.fill_span(
                         self._backend(span.url), span, first.dataset)

@@ -61,6 +61,13 @@ class CacheConfig:
     #: Cap on the bytes charged to each uid (``--user-quota``; mountd/store/quota.py): a fill
     #: for a user at its quota evicts that user's own entries first. None: no quota.
     user_quota: int | None = None
+    #: Seconds a file fetched ahead (a claim's misses and brought members, a prefetch) stays
+    #: protected from policy eviction when nobody reads it (``--protect-seconds``;
+    #: mountd/store/holds.py). 0 turns protection off.
+    protect_seconds: float = 30.0
+    #: Share of the cache that protected files may take (``--protect-share``); past it new
+    #: prefetches wait.
+    protect_share: float = 0.5
 
     @property
     def store_modes(self) -> StoreModes:
@@ -98,5 +105,9 @@ class CacheConfig:
             raise UsageError("span max bytes and span max gap must be >= 0")
         if self.prefetch_queue < 0 or self.burst_seconds <= 0:
             raise UsageError("prefetch queue must be >= 0 and burst seconds > 0")
+        if not 0 <= self.protect_seconds <= 3600:  # also refuses NaN
+            raise UsageError(f"protect seconds must be in [0, 3600], got {self.protect_seconds}")
+        if not 0 < self.protect_share <= 1:
+            raise UsageError(f"protect share must be in (0, 1], got {self.protect_share}")
         if not 0 < self.sync_interval <= 3600:
             raise UsageError(f"sync interval must be in (0, 3600] seconds, got {self.sync_interval}")

@@ -62,6 +62,13 @@ class Flight:
     #: The uid the entry is charged to once stored (mountd/store/quota.py): the requester of
     #: a fill mountd reads, the supplier of supplied bytes; None: nobody.
     uid: int | None = None
+    #: A reader waits for it (``ensure``, ``ensure_supplied``, ``lease``), or it was started
+    #: for one: its fill may end protections to make room (mountd/store/holds.py).
+    awaited: bool = False
+
+    def demanded(self) -> bool:
+        """Whether a reader waits for this fill (not a prefetch nobody waits for yet)."""
+        return self.awaited or not self.prefetch
 
     def fills_for(self, source: SuppliedBytes | None) -> bool:
         """Whether a failure of this flight is the failure of a caller with ``source``: the

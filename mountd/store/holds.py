@@ -1,23 +1,46 @@
-"""Short holds on files whose path mountd just answered: the client opens them next.
+"""What policy eviction must pass over: files just answered, and files fetched ahead (protection).
 
-``ensure`` answers with a store path; the client (a mount, a loader) opens it one round trip
-later. On a busy cache, in between, other fills make room: a chunk fill stores dozens of
-members at once, and when pinned chunks take most of the cache, the few unpinned entries are
-the newest ones, the very file just answered among them. Measured: with packed 64-file
-chunks, a cache of 20% and four jobs, readers met the file gone three times in a row and
-failed with EIO (scripts/bench/packed_training.py, 2026-11-23).
+Both live here, in memory only, and both are exceptions to the eviction policy's order, never
+to co-ordinated chunk eviction (which removes exactly a chunk every job finished), an admin's
+``evict``, or a full disk. A pin (the index's ``pinned`` column, owned by the session layer's
+chunks) is a different thing: it is durable, and nothing but an unpin ends it.
 
-So for :data:`HOLD_SECONDS` after an answer, policy eviction (LRU, making room) skips that
-file. Co-ordinated chunk eviction does not: it removes exactly a chunk that every job has
-finished, and a straggler that still reads one of its files meets ENOENT and asks again,
-which refetches it once (the mount retries, quiverfs/fs.py). A hold is not a pin (the index's ``pinned`` column, owned by the
-session layer): it lives in memory only and expires by itself. Eviction passes over a held
-entry to the next one in the policy's order; a reservation that cannot make room without
-held entries waits for the hold of the first of them (in the policy's order) to end, then
-evicts it, instead of failing with ``CacheFull``. Holds are few (one per ``ensure`` answered in the last seconds).
+**Answer holds.** ``ensure``, ``ensure_supplied`` and ``lease`` answer with a store path; the
+client (a mount, a loader) opens it one round trip later. Once open, the file is safe: on
+Linux an open descriptor keeps an unlinked file's data, so the only window in which an
+eviction can hurt a reader is answer → open. On a busy cache, in that window, other fills make
+room: a chunk fill stores dozens of members at once, and when pinned chunks take most of the
+cache, the few unpinned entries are the newest ones, the very file just answered among them.
+Measured: with packed 64-file chunks, a cache of 20% and four jobs, readers met the file gone
+three times in a row and failed with EIO (scripts/bench/packed_training.py, 2026-11-23). So
+for :data:`HOLD_SECONDS` after an answer, policy eviction skips that file; a reservation that
+cannot make room without held entries waits for the hold of the first of them (in the
+policy's order) to end, then evicts it, instead of failing with ``CacheFull``.
+
+**Protection** of files fetched ahead. A claim's misses and the packed members it brings, and
+the mounts' prefetch queue, fetch files that a job will read a little later (DELI §III: data
+pre-fetched is kept until it is consumed; Brand §3.2: never evict an unconsumed file). Plain
+LRU evicts exactly those first once the cache is a little smaller than what is fetched ahead
+(docs/benchmarks.md, the DELI threshold sweep). A protection names the hash, its size and the
+*owners* that asked (e.g. a job's epoch pool; None: nobody in particular). It ends when
+
+* the file is **read** (:meth:`Holds.consumed`: a hit report, a descriptor hand-off, an
+  answer; reads are not attributed to jobs, so anyone's read ends it),
+* its last owner **releases** it (:meth:`Holds.release`: the job's epoch pool closed), or
+* :attr:`Holds.protect_seconds` **pass** (a job that died, a file nobody reads).
+
+Protected bytes are bounded by :attr:`Holds.protect_bytes` (``--protect-share`` of the cache):
+:meth:`Holds.fits` is the gate that *new* prefetches ask before they start, and they wait
+when it says no (Brand: load a chunk only into a free slot) instead of evicting protected
+files. On-demand misses never wait for protection: a reader's fill evicts unprotected
+entries first and, when only protected ones are left, ends the **oldest protections** and
+evicts those (``ended["demand"]``): a reader is never starved and never told ``CacheFull``
+for protection's sake (the reverted "unread last" LRU starved them: commit 921a01b).
 """
 
 from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator
 
 import trio
 
@@ -28,18 +51,52 @@ HOLD_SECONDS = 0.5
 #: fills can always make room and a small cache under a storm of misses is not throttled to
 #: one cache's worth of fills per HOLD_SECONDS.
 HOLD_SHARE = 0.5
+#: Seconds a file fetched ahead stays protected when nobody reads it and its owner does not
+#: release it (``--protect-seconds``): far above a sampler's look-ahead (a few seconds of
+#: mini-batches), short enough that a dead job's prefetches free their share soon.
+PROTECT_SECONDS = 30.0
+#: Share of the cache that protections may take (``--protect-share``): the rest stays for
+#: files read on demand and for what the policy keeps.
+PROTECT_SHARE = 0.5
+
+#: Why protections ended, the keys of :attr:`Holds.ended`.
+ENDINGS = ("read", "released", "timeout", "demand", "removed")
+
+
+class _Protection:
+    __slots__ = ("deadline", "owners", "size")
+
+    def __init__(self, deadline: float, size: int) -> None:
+        self.deadline = deadline
+        self.size = size
+        self.owners: set[Hashable] = set()
 
 
 class Holds:
-    """Hashes kept from eviction until their deadline (trio time). Insertion order is
-    expiry order: every hold lasts :data:`HOLD_SECONDS`, and a renewed one moves to the end."""
+    """Answer holds and protections (see the module docstring); trio time throughout.
 
-    def __init__(self, max_bytes: int, seconds: float = HOLD_SECONDS) -> None:
+    Insertion order is expiry order for both kinds: every hold lasts :attr:`seconds` and every
+    protection :attr:`protect_seconds`, and a renewed one moves to the end."""
+
+    def __init__(self, max_bytes: int, seconds: float = HOLD_SECONDS, *,
+                 protect_bytes: int | None = None,
+                 protect_seconds: float = PROTECT_SECONDS) -> None:
         self.seconds = seconds
         self.max_bytes = max_bytes
         #: hash -> (trio time its hold ends, bytes), oldest first
         self._held: dict[bytes, tuple[float, int]] = {}
         self._bytes = 0
+        self.protect_seconds = protect_seconds
+        self.protect_bytes = max_bytes if protect_bytes is None else protect_bytes
+        #: hash -> its protection, oldest first
+        self._protected: dict[bytes, _Protection] = {}
+        self._by_owner: dict[Hashable, set[bytes]] = {}
+        self.protected_bytes = 0
+        #: Protections started, and ended by reason (:data:`ENDINGS`).
+        self.started = 0
+        self.ended = dict.fromkeys(ENDINGS, 0)
+
+    # -- answer holds ---------------------------------------------------------------------------
 
     def hold(self, content_hash: bytes, size: int) -> None:
         """Keep ``content_hash`` (``size`` bytes) from eviction for the next :attr:`seconds`,
@@ -49,6 +106,12 @@ class Holds:
         self._bytes += size
         while self._bytes > self.max_bytes and self._held:
             self._drop(next(iter(self._held)))
+
+    def answered(self, content_hash: bytes, size: int) -> None:
+        """A path was answered: the file is read now (its protection ends) and held until its
+        client has opened it."""
+        self.consumed((content_hash,))
+        self.hold(content_hash, size)
 
     def _drop(self, content_hash: bytes) -> None:
         held = self._held.pop(content_hash, None)
@@ -64,16 +127,128 @@ class Holds:
         return len(self._held)
 
     def expire(self) -> None:
-        """Forget the holds whose time is up."""
+        """Forget the holds and protections whose time is up."""
         now = trio.current_time()
         held = self._held
         while held:
             first = next(iter(held))
             if held[first][0] > now:
-                return
+                break
             self._drop(first)
+        protected = self._protected
+        while protected:
+            first = next(iter(protected))
+            if protected[first].deadline > now:
+                break
+            self._end(first, "timeout")
 
     def deadline(self, content_hash: bytes | None) -> float | None:
         """When the hold of ``content_hash`` ends (trio time), None when it is not held."""
         held = self._held.get(content_hash) if content_hash is not None else None
         return held[0] if held is not None and held[0] > trio.current_time() else None
+
+    # -- protections ----------------------------------------------------------------------------
+
+    def fits(self, size: int) -> bool:
+        """Whether a new prefetch of ``size`` bytes may be protected now (the gate new
+        prefetches wait on). Always true while nothing is protected, so one file larger than
+        the share still makes progress."""
+        self.expire()
+        return self.protected_bytes == 0 or self.protected_bytes + size <= self.protect_bytes
+
+    def room(self) -> int:
+        """Bytes protections may still take."""
+        self.expire()
+        return max(0, self.protect_bytes - self.protected_bytes)
+
+    def protect(self, content_hash: bytes, size: int, owner: Hashable = None) -> None:
+        """Protect ``content_hash`` (``size`` bytes) for ``owner`` (None: nobody in
+        particular) for :attr:`protect_seconds` from now. Does not check :meth:`fits`: the
+        caller decided (an overshoot is bounded by what one decision admits)."""
+        protection = self._protected.pop(content_hash, None)
+        if protection is None:
+            protection = _Protection(0.0, size)
+            self.protected_bytes += size
+            self.started += 1
+        protection.deadline = trio.current_time() + self.protect_seconds
+        self._protected[content_hash] = protection
+        if owner is not None:
+            protection.owners.add(owner)
+            self._by_owner.setdefault(owner, set()).add(content_hash)
+
+    def protected(self, content_hash: bytes) -> bool:
+        """Whether ``content_hash`` is protected now."""
+        protection = self._protected.get(content_hash)
+        return protection is not None and protection.deadline > trio.current_time()
+
+    def consumed(self, hashes: Iterable[bytes]) -> int:
+        """These files were read: their protections end. Returns how many ended."""
+        if not self._protected:
+            return 0
+        ended = 0
+        for content_hash in hashes:
+            if content_hash in self._protected:
+                self._end(content_hash, "read")
+                ended += 1
+        return ended
+
+    def release(self, owner: Hashable) -> int:
+        """``owner`` is gone (a job's epoch pool closed): it no longer protects anything;
+        protections left without owners end. Returns how many ended."""
+        hashes = self._by_owner.pop(owner, ())
+        ended = 0
+        for content_hash in hashes:
+            protection = self._protected.get(content_hash)
+            if protection is None:
+                continue
+            protection.owners.discard(owner)
+            if not protection.owners:
+                self._end(content_hash, "released")
+                ended += 1
+        return ended
+
+    def forget(self, hashes: Iterable[bytes], reason: str = "removed") -> int:
+        """End the protections of ``hashes`` (they left the store, their fill failed, or an
+        on-demand miss needs their room: ``reason``). Returns how many ended."""
+        ended = 0
+        for content_hash in hashes:
+            if content_hash in self._protected:
+                self._end(content_hash, reason)
+                ended += 1
+        return ended
+
+    def oldest_protected(self) -> Iterator[tuple[bytes, int]]:
+        """Protected ``(hash, size)``, oldest protection first (a snapshot)."""
+        return iter([(h, p.size) for h, p in self._protected.items()])
+
+    def next_protection_deadline(self) -> float | None:
+        """When the oldest protection ends by time (trio time), None when there is none."""
+        for protection in self._protected.values():
+            return protection.deadline
+        return None
+
+    def protected_count(self) -> int:
+        """How many files are protected now."""
+        self.expire()
+        return len(self._protected)
+
+    def _end(self, content_hash: bytes, reason: str) -> None:
+        protection = self._protected.pop(content_hash)
+        self.protected_bytes -= protection.size
+        self.ended[reason] += 1
+        for owner in protection.owners:
+            mine = self._by_owner.get(owner)
+            if mine is not None:
+                mine.discard(content_hash)
+                if not mine:
+                    del self._by_owner[owner]
+
+    def snapshot(self) -> dict:
+        """``usage``'s ``protection``: files and bytes protected now, the budget, the
+        protections started and why they ended."""
+        self.expire()
+        return {
+            "files": len(self._protected), "bytes": self.protected_bytes,
+            "cap_bytes": self.protect_bytes, "seconds": self.protect_seconds,
+            "started": self.started, "ended": dict(self.ended),
+        }

@@ -305,3 +305,36 @@ async def test_a_loose_dataset_keeps_one_get_per_file(tmp_path: Path, moto):
         assert backends.gets() == 8
         assert cache.counters.total.chunk_fills == 0
         assert cache.entries == 8
+
+
+async def test_a_chunk_fill_extends_only_while_protection_has_room(tmp_path: Path, moto):
+    """Members a chunk fill brings beyond the miss are fetched ahead: protected until read,
+    and only while the protection share has room; past it the GET covers the miss alone
+    (mountd/store/holds.py: new prefetches wait)."""
+    async with world(tmp_path, moto) as w:
+        holds = w.cache.holds
+        holds.protect_bytes = 8 * SIZE
+        holds.protect(b"\xee" * 32, 8 * SIZE, "someone")  # the share is full
+        target = w.files[7]
+        assert Path(await w.ensure(target)).read_bytes() == target.data
+        assert w.backends.gets() == 1 and w.cache.entries == 1
+        assert w.cache.counters.total.remote_bytes == SIZE  # the miss alone
+        assert not holds.protected(target.hash) and target.hash in holds  # read: held only
+        assert w.cache.release_protection("someone") == 1  # room again
+        other = w.files[20]
+        assert Path(await w.ensure(other)).read_bytes() == other.data
+        assert w.backends.gets() == 2
+        brought = [f for f in w.files if f is not other and f is not target]
+        assert all(w.stored(f) == f.data for f in brought)  # the rest came with it
+        assert all(holds.protected(f.hash) for f in brought)  # kept until read
+        assert holds.protected_bytes == len(brought) * SIZE
+
+
+async def test_packed_chunks_large_for_the_cache_are_warned_about(tmp_path: Path, moto):
+    (tmp_path / "small").mkdir()
+    (tmp_path / "large").mkdir()
+    async with world(tmp_path / "small", moto, size=4 << 20) as w:  # 512 KiB chunks: 12%
+        assert list(w.coop.warnings) == [w.dataset]
+        assert "12% of the cache" in w.coop.warnings[w.dataset]
+    async with world(tmp_path / "large", moto, size=64 << 20) as w:  # under 1%: fine
+        assert w.coop.warnings == {}

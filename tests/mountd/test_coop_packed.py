@@ -52,7 +52,7 @@ def write_packed_source(root: Path) -> tuple[list[NewFile], dict[str, bytes]]:
     return entries, bodies
 
 
-async def test_packed_dataset_claims_whole_packed_chunks_and_pins_what_they_bring(
+async def test_packed_dataset_claims_whole_packed_chunks_and_protects_what_they_bring(
     tmp_path: Path,
 ) -> None:
     source = tmp_path / "remote"
@@ -62,7 +62,7 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_pins_what_they_brin
     dataset = write_digest(digest, entries, ["file://" + str(source)])
     base = tmp_path if len(str(tmp_path)) < 60 else Path(os.path.relpath(tmp_path))
     cache_dir = base / "cache"
-    # the dataset fits: mode full, so only the pins of brought members are at work
+    # the dataset fits: mode full, so only the protection of what claims fetch is at work
     config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=1 << 24), chunk_grace=0.0)
     async with trio.open_nursery() as nursery:
         running = await nursery.start(partial(serve, config, handle_signals=False))
@@ -87,21 +87,25 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_pins_what_they_brin
             state = server.coop.registry.dataset(dataset)
             assert set(state.reserved) == set(brought)
             # the packed chunk lands whole (the claim's misses and what they bring), and
-            # what was brought for the job is pinned until the job is given it
+            # all of it is protected until read (mountd/store/holds.py), never pinned
             with trio.fail_after(20):
                 while any(stored(i) is None for i in unit_members(packing, unit)):
                     await trio.sleep(0.01)
             for i in unit_members(packing, unit):
                 path = view.digest.entry(view.file_ids[i]).path
                 assert stored(i) == bodies[path]
-            with trio.fail_after(20):
-                while cache.index.pinned_of(view.hashes_of(brought)) != set(view.hashes_of(brought)):
-                    await trio.sleep(0.01)
+            members = view.hashes_of(unit_members(packing, unit))
+            assert all(cache.holds.protected(h) for h in members)
+            assert not cache.index.pinned_of(members)
             second = await client.claim(dataset, "job", 0, len(brought), epoch=0)
             assert sorted(second["hits"]) == sorted(brought) and second["fetch"] == []
-            with trio.fail_after(20):  # given: the next tick unpins them
-                while cache.index.pinned_of(view.hashes_of(brought)):
+            # given, not read yet: still protected; read (the mount reports hits): ended
+            assert all(cache.holds.protected(h) for h in view.hashes_of(brought))
+            await client.hits(dataset, view.hashes_of(brought), 0)  # a notification
+            with trio.fail_after(20):
+                while any(cache.holds.protected(h) for h in view.hashes_of(brought)):
                     await trio.sleep(0.01)
+            assert all(cache.holds.protected(h) for h in view.hashes_of(first["fetch"]))
             # the rest of the epoch: exactly once, misses a packed chunk at a time
             given = first["fetch"] + second["hits"]
             while True:
@@ -116,5 +120,10 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_pins_what_they_brin
                         while stored(cid) is None:
                             await trio.sleep(0.01)
             assert sorted(given) == list(range(FILES))
+            assert cache.holds.protected_count() > 0  # fetched for the job, never reported read
             await client.session_close(dataset, "job", 0)
+            with trio.fail_after(20):  # the pool closed: the next tick releases them
+                while cache.holds.protected_count():
+                    await trio.sleep(0.01)
+            assert cache.holds.ended["released"] > 0
         server.shutdown.set()

@@ -1,0 +1,177 @@
+"""Prefetch protection (mountd/store/holds.py, docs/store-layout.md "Holds and protection").
+
+Files fetched ahead for a job (``Cache.fetch_now`` with an owner, the prefetch queue) are kept
+from policy eviction until read, released by their owner, or timed out; new prefetches wait
+when the protection share is full; on-demand misses never wait for protection and never get
+``CacheFull`` for its sake. Real cache, real SQLite index, real ``file://`` fills."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from mountd.store.holds import Holds
+from tests.mountd.conftest import Backends, Obj, Source, config, running
+
+K = 1000  # bytes per object: a cache of 5 K holds five
+
+
+def items(objs: list[Obj]) -> list:
+    return [(o.hash, o.size, o.location) for o in objs]
+
+
+async def landed(cache, objs: list[Obj]) -> None:
+    with trio.fail_after(20):
+        while not all(cache.contains(o.hash) for o in objs):
+            await trio.sleep(0.005)
+
+
+def stored(tmp: Path, o: Obj) -> bytes:
+    from mountd.store import layout
+
+    return layout.store_path(tmp / "c", o.hash).read_bytes()
+
+
+def test_protections_end_by_read_owner_time_and_stay_within_their_bytes() -> None:
+    async def main() -> None:
+        holds = Holds(max_bytes=100, protect_bytes=30, protect_seconds=10.0)
+        a, b, c, d = (bytes([n]) * 32 for n in b"abcd")
+        assert holds.fits(10) and holds.room() == 30
+        holds.protect(a, 10, "job1")
+        holds.protect(b, 10, "job1")
+        holds.protect(b, 10, "job2")  # two owners: both must let go
+        holds.protect(c, 10)
+        assert holds.protected_bytes == 30 and not holds.fits(1) and holds.room() == 0
+        assert holds.consumed([a, d]) == 1 and not holds.protected(a)
+        assert holds.release("job1") == 0  # b is still job2's
+        assert holds.protected(b) and holds.release("job2") == 1 and not holds.protected(b)
+        await trio.sleep(10.5)
+        assert not holds.protected(c) and holds.protected_count() == 0
+        assert holds.ended == {"read": 1, "released": 1, "timeout": 1, "demand": 0, "removed": 0}
+        assert holds.fits(10**9)  # nothing protected: even an oversized one may start
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_protected_files_survive_eviction_pressure_until_read(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    ahead = source.many(2, K, "ahead")
+    others = source.many(6, K, "other")
+    async with running(config(tmp_path / "c", size=5 * K), backends) as cache:
+        cache.holds.seconds = 0.01  # answer holds out of the way
+        assert cache.fetch_now(items(ahead), "ds", owner=("ds", "job", 0)) == 2
+        await landed(cache, ahead)
+        for o in others:  # six misses through a cache of five: plain LRU took `ahead` first
+            assert Path(await cache.ensure(o.hash, o.size, o.location, "ds")).read_bytes() == o.data
+            await trio.sleep(0.02)
+        assert [cache.contains(o.hash) for o in ahead] == [True, True]
+        assert [stored(tmp_path, o) for o in ahead] == [o.data for o in ahead]
+        assert sum(cache.contains(o.hash) for o in others) == 3
+        assert cache.counters.snapshot()["total"]["evicted_files"] == 3
+        cache.record_hits("ds", [ahead[0].hash], K)  # read: plain LRU from now on
+        assert not cache.holds.protected(ahead[0].hash) and cache.holds.protected(ahead[1].hash)
+        extra = source.add("extra", b"x" * K)
+        await cache.ensure(extra.hash, extra.size, extra.location, "ds")
+        await trio.sleep(0.02)
+        more = source.add("more", b"y" * K)
+        await cache.ensure(more.hash, more.size, more.location, "ds")
+        assert cache.contains(ahead[1].hash)
+        assert cache.usage()["protection"]["ended"]["read"] == 1
+
+
+async def test_protection_ends_when_its_owner_goes_or_its_time_is_up(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    mine, theirs = source.many(1, K, "mine"), source.many(1, K, "theirs")
+    async with running(config(tmp_path / "c", size=5 * K, protect_seconds=0.3), backends) as cache:
+        cache.fetch_now(items(mine), "ds", owner="pool-a")
+        cache.fetch_now(items(theirs), "ds", owner="pool-b")
+        await landed(cache, mine + theirs)
+        assert cache.usage()["protection"]["files"] == 2
+        assert cache.release_protection("pool-a") == 1
+        assert not cache.holds.protected(mine[0].hash) and cache.holds.protected(theirs[0].hash)
+        with trio.fail_after(5):
+            while cache.holds.protected(theirs[0].hash):
+                await trio.sleep(0.02)
+        snap = cache.usage()["protection"]
+        assert snap["files"] == 0 and snap["ended"]["released"] == 1
+        assert snap["ended"]["timeout"] == 1
+        # unprotected now: ordinary LRU victims
+        fill = source.many(5, K, "fill")
+        for o in fill:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+        assert not cache.contains(mine[0].hash) and not cache.contains(theirs[0].hash)
+
+
+async def test_new_prefetches_wait_while_protection_is_full_then_start_as_reads_free_room(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    objs = source.many(4, K, "p")
+    # share 0.4 of 5 K: room for two protected files
+    async with running(config(tmp_path / "c", size=5 * K, protect_share=0.4), backends) as cache:
+        assert cache.fetch_now(items(objs), "ds", owner="job") == 2
+        await landed(cache, objs[:2])
+        await trio.sleep(0.1)
+        assert not cache.contains(objs[2].hash) and not cache.contains(objs[3].hash)
+        assert cache.usage()["protection"]["waiting"] == 2
+        assert cache.counters.snapshot()["total"]["evicted_files"] == 0
+        cache.record_hits("ds", [objs[0].hash], K)  # one read: one more may start
+        await landed(cache, objs[:3])
+        await trio.sleep(0.1)
+        assert not cache.contains(objs[3].hash)
+        cache.record_hits("ds", [objs[1].hash], K)
+        await landed(cache, objs)
+        assert cache.usage()["protection"]["waiting"] == 0
+        assert [stored(tmp_path, o) for o in objs] == [o.data for o in objs]
+        # the mounts' prefetch queue pauses the same way
+        queued = source.many(3, K, "q")
+        cache.record_hits("ds", [objs[2].hash], K)  # room for one: objs[3] + one queued
+        assert cache.prefetch(items(queued), "ds") == 3
+        with trio.fail_after(20):  # the workers take them in no fixed order
+            while not any(cache.contains(o.hash) for o in queued):
+                await trio.sleep(0.005)
+        await trio.sleep(0.1)
+        first = [o for o in queued if cache.contains(o.hash)]
+        assert len(first) == 1
+        cache.record_hits("ds", [objs[3].hash, first[0].hash], 2 * K)
+        await landed(cache, queued)
+
+
+async def test_on_demand_misses_proceed_when_everything_is_protected(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    ahead = source.many(5, K, "ahead")
+    readers = source.many(3, K, "read")
+    async with running(config(tmp_path / "c", size=5 * K, protect_share=1.0), backends) as cache:
+        # Readers' files stay held (their clients have not opened them): only protected
+        # files are left to evict. Holds keep at most half the cache, the oldest end first.
+        cache.holds.seconds = 30.0
+        for o in ahead:  # one at a time: the oldest protection is ahead[0]
+            cache.fetch_now(items([o]), "ds", owner="job")
+            await landed(cache, [o])
+        assert cache.usage()["protection"]["bytes"] == 5 * K == cache.used
+        for o in readers:  # a reader never waits for protection, never gets CacheFull
+            with trio.fail_after(5):
+                path = await cache.ensure(o.hash, o.size, o.location, "ds")
+            assert Path(path).read_bytes() == o.data
+        # the oldest protections ended, the newest stand
+        assert [cache.contains(o.hash) for o in ahead] == [False, False, False, True, True]
+        assert cache.usage()["protection"]["ended"]["demand"] == 3
+        assert cache.holds.protected(ahead[4].hash)
+
+
+async def test_every_answer_holds_and_counts_as_a_read(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    a, b = source.many(2, K, "a")
+    async with running(config(tmp_path / "c", size=5 * K), backends) as cache:
+        cache.fetch_now(items([a, b]), "ds", owner="job")
+        await landed(cache, [a, b])
+        assert cache.holds.protected(a.hash) and a.hash not in cache.holds
+        await cache.ensure(a.hash, a.size, a.location, "ds")  # a hit answered
+        assert not cache.holds.protected(a.hash) and a.hash in cache.holds
+        holder = object()
+        assert await cache.lease(b.hash, b.size, "ds", holder) is not None  # a lease answered
+        assert not cache.holds.protected(b.hash) and b.hash in cache.holds
