@@ -186,15 +186,18 @@ def stats(
         raw = client.stats()
         report = stats_report(raw, in_region=in_region)
         report["users"] = raw.get("users", {})
+        report["allocation"] = raw.get("allocation")  # absent from an older mountd
         mounts = client.ls()["mounts"]
     # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
     report["mounts"] = mount_stats(mounts)
     if as_json:
         _print_json(report)
     else:
-        from quiverfs.mountd_views import print_mounts, print_stats, print_users
+        from quiverfs.mountd_views import print_allocation, print_mounts, print_stats, print_users
 
         print_stats(report)
+        if report["allocation"] and report["allocation"].get("datasets"):
+            print_allocation(report["allocation"])
         if report["users"]:
             print_users(report["users"])
         if report["mounts"]:

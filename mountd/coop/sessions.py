@@ -398,7 +398,7 @@ class SessionRegistry:
         released = state.replan(plan)
         self._modes[dataset] = chosen
         reg.budget = budget
-        log.info("dataset %s: mode %s -> %s (%d bytes)", dataset, old, chosen, budget)
+        log.debug("dataset %s: mode %s -> %s (%d bytes)", dataset, old, chosen, budget)
         return ModeChange(dataset, old, chosen, budget, tuple(released))
 
     def demands(self) -> list[DatasetDemand]:

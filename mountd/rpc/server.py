@@ -636,6 +636,8 @@ class Server:
                 "requests_served": self.requests_served,
                 "protocol_errors": self.protocol_errors,
             },
+            # Who gets the cache: per dataset mode, bytes, G_D and why; per job b and g.
+            "allocation": self.coop.allocation_json() if self.coop is not None else None,
         }
 
     async def _op_usage(self, conn: Connection, request: Request) -> dict[str, Any]:
