@@ -16,9 +16,11 @@ over two chunks, given substitutable hits):
   ``max_chunk_bytes``): co-operative misses and substitutable hits;
 * ``full`` — cost the whole dataset.
 
-Greedy by ``G_D`` per byte, in two passes: first every beneficial dataset gets its two chunks,
+Greedy by ``G_D`` per byte, in three passes: first every beneficial dataset gets its two chunks,
 best ratio first (they are cheap and turn the dataset's misses co-operative), then the leftover
-budget upgrades datasets to ``full`` in the order of ``G_D`` per extra byte. A job not measured
+budget upgrades datasets to ``full`` in the order of ``G_D`` per extra byte, and what is still
+left goes to the best dataset that got nothing, as smaller chunks (each at least
+``min_chunk_bytes``, the 1% below which a chunk is too small to be random). A job not measured
 yet counts with :data:`ASSUMED_BENEFIT` (so a new dataset is cached, its hits measured, then
 its job probed), and so does a dataset that no shim job reads (plain readers report nothing).
 """
@@ -194,9 +196,6 @@ def allocate(
         elif cost < d.total_bytes and cost <= left:
             out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, cost, g,
                                         f"{why}: two chunks ({_mb(cost)})")
-        elif cost < d.total_bytes and d.min_chunk_bytes and left >= slots * d.min_chunk_bytes:
-            out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, left, g,
-                                        f"{why}: smaller chunks in what is left ({_mb(left)})")
         else:
             out[d.dataset] = Allocation(d.dataset, Mode.OFF, 0, g,
                                         f"{why}: no room (needs {_mb(cost)}, {_mb(max(0, left))} left)")
@@ -212,4 +211,12 @@ def allocate(
             out[d.dataset] = Allocation(d.dataset, Mode.FULL, d.total_bytes, g,
                                         f"G={g:.2f}: upgraded to full ({_mb(d.total_bytes)}), "
                                         f"best G per extra byte that fits")
+    # Pass 3: what is left goes, as smaller chunks (still >= min_chunk_bytes each), to the
+    # datasets that got nothing, best G per byte first.
+    for rank, (d, g) in enumerate(order, 1):
+        if out[d.dataset].mode is Mode.OFF and d.min_chunk_bytes and left >= slots * d.min_chunk_bytes:
+            out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, left, g,
+                                        f"G={g:.2f}, #{rank} by G per byte: smaller chunks in "
+                                        f"what was left ({_mb(left)})")
+            left = 0
     return out
