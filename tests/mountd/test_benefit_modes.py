@@ -8,8 +8,8 @@ from pathlib import Path
 import trio
 
 from mountd.coop.chunks import ChunkState, Mode
-from mountd.store import layout
 from mountd.stats.metrics import render
+from mountd.store import layout
 from quiverfs.mountd_views import print_allocation
 
 from .test_coop import mountd_env
