@@ -1,0 +1,182 @@
+"""Quiver Figure 6 (§7.6) scaled down: who gets the cache when three datasets compete.
+
+Three datasets (harness.world.make_dataset, distinct seeds), one emulated training job each,
+of three I/O sensitivities: the same batch size with different compute per mini-batch
+(``sensitive`` reads far faster than the bucket gives, ``medium`` a little, ``insensitive``
+needs less than its share of the bucket). One mountd (in process: real Cache, real RPC,
+real tick loop, ``file://`` bucket under ``--remote-bandwidth``-style limits) serves all
+three; each job claims through the session layer (the shim's protocol: claim, read hits from
+the store, ensure misses, sleep ``compute_s``, report the batch time).
+
+Policies, each at a cache of 15%, 30% and 90% of the three datasets together:
+
+* ``benefit`` — mountd's default: probes, ``b = t_miss / t_hit``, greedy by ``G_D`` per byte;
+* ``budget`` — the budget-only policy (each dataset's mode from the cache budget alone);
+* ``lru`` — ``--dataset-mode lru``;
+* ``nocache`` (once) — the baseline: a cache of 1% in ``lru`` mode.
+
+Cluster throughput = the mean over jobs of (mini-batches/s in the measured window ÷ the
+same job's rate without cache), as the paper normalises. Each run warms up ``warm_s`` (the
+probes run then), then measures ``measure_s``.
+
+    .venv/bin/python scripts/bench/benefit_aware.py [--quick] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import trio  # noqa: E402
+from harness.world import BENCH, DatasetSpec, make_dataset  # noqa: E402
+
+from mountd.daemon import DaemonConfig, serve  # noqa: E402
+from mountd.rpc.client import open_client  # noqa: E402
+from mountd.store import layout  # noqa: E402
+from mountd.store.cache import CacheConfig  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Params:
+    files: int = 240
+    file_size: int = 16 * 1024
+    batch_size: int = 8
+    #: compute seconds per mini-batch of the three jobs: sensitive, medium, insensitive
+    compute_s: tuple[float, float, float] = (0.01, 0.06, 0.4)
+    #: the bucket: bytes/s for all fills together
+    bandwidth: float = 1.5e6
+    fractions: tuple[float, ...] = (0.15, 0.3, 0.9)
+    warm_s: float = 35.0
+    measure_s: float = 20.0
+    policies: tuple[str, ...] = ("benefit", "budget", "lru")
+    names: tuple[str, ...] = field(default=("sensitive", "medium", "insensitive"))
+
+
+async def job(server: Any, ds: Any, name: str, compute_s: float, p: Params,
+              stop_at: float, marks: dict[str, Any]) -> None:
+    async with open_client(server.cache.config.cache_dir) as client:
+        await run_job(client, server, ds, name, compute_s, p, stop_at, marks)
+
+
+async def run_job(client: Any, server: Any, ds: Any, name: str, compute_s: float, p: Params,
+                  stop_at: float, marks: dict[str, Any]) -> None:
+    """One emulated job: claims of 4 batches, hits read from the store, misses ensured."""
+    await client.session_open(ds.dataset_id, name, seed=1)
+    view = server.coop.views[ds.dataset_id]
+    cache_dir = server.cache.config.cache_dir
+    epoch = 0
+    buffer: list[int] = []
+    done_at: list[float] = []
+    while trio.current_time() < stop_at:
+        if len(buffer) < p.batch_size * 2:
+            claim = await client.claim(ds.dataset_id, name, 0, 4 * p.batch_size, epoch=epoch)
+            ids = claim["hits"] + claim["fetch"]
+            if not ids and not buffer:
+                epoch += 1
+                continue
+            buffer.extend(ids)
+        batch, buffer = buffer[: p.batch_size], buffer[p.batch_size:]
+        started = trio.current_time()
+        for cid in batch:
+            h, s, loc = view.item(cid)
+            try:
+                layout.store_path(cache_dir, h).read_bytes()
+            except FileNotFoundError:
+                await client.ensure(h, s, loc, ds.dataset_id)
+        await trio.sleep(compute_s)
+        now = trio.current_time()
+        await client.report_batch(ds.dataset_id, name, 0, now - started)
+        done_at.append(now)
+    marks[name] = done_at
+
+
+async def one_run(datasets: list[Any], p: Params, policy: str, cache_size: int) -> dict[str, Any]:
+    cache_dir = Path(tempfile.mkdtemp(prefix="qbenefit-", dir="/tmp"))
+    try:
+        mode = "lru" if policy in ("lru", "nocache") else None
+        config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=cache_size,
+                                          remote_bandwidth=p.bandwidth),
+                              dataset_mode=mode)
+        marks: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+            running = await nursery.start(partial(serve, config, handle_signals=False))
+            server = running.server
+            if policy == "budget":
+                server.coop.registry.benefit_aware = False
+            async with open_client(cache_dir) as admin:
+                for ds in datasets:
+                    await admin.register(ds.dataset_id, digest=str(ds.digest))
+                start = trio.current_time()
+                stop_at = start + p.warm_s + p.measure_s
+                async with trio.open_nursery() as jobs:
+                    for ds, name, compute in zip(datasets, p.names, p.compute_s, strict=True):
+                        jobs.start_soon(job, server, ds, name, compute, p, stop_at, marks)
+                alloc = server.coop.allocation_json()
+            server.shutdown.set()
+        window_start = start + p.warm_s
+        rates = {n: sum(1 for t in marks[n] if t >= window_start) / p.measure_s for n in p.names}
+        modes = {n: alloc["datasets"][ds.dataset_id]["mode"] for n, ds in zip(p.names, datasets, strict=True)}
+        bs = {n: next((j["b"] for j in alloc["datasets"][ds.dataset_id]["jobs"]), None)
+              for n, ds in zip(p.names, datasets, strict=True)}
+        return {"policy": policy, "cache_size": cache_size, "rates": rates, "modes": modes, "b": bs}
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="30%% only, shorter runs (~3 min)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    p = Params()
+    if args.quick:
+        p = Params(fractions=(0.3,), warm_s=25.0, measure_s=12.0)
+    datasets = [make_dataset(DatasetSpec(files=p.files, file_size=p.file_size, classes=4, seed=100 + i))
+                for i in range(3)]
+    total = sum(d.total_bytes for d in datasets)
+    print(f"[benefit] 3 datasets of {datasets[0].total_bytes / 1e6:.1f} MB; bucket "
+          f"{p.bandwidth / 1e6:.1f} MB/s; jobs compute {p.compute_s} s per batch of {p.batch_size}",
+          flush=True)
+    results = []
+    base = trio.run(one_run, datasets, p, "nocache", max(1, int(0.01 * total)))
+    print(f"[benefit] nocache: {base['rates']}", flush=True)
+    for f in p.fractions:
+        for policy in p.policies:
+            t0 = time.perf_counter()
+            r = trio.run(one_run, datasets, p, policy, int(f * total))
+            r["fraction"] = f
+            r["norm"] = sum(r["rates"][n] / max(1e-9, base["rates"][n]) for n in p.names) / len(p.names)
+            results.append(r)
+            print(f"[benefit] {f:.0%} {policy:8s} throughput x{r['norm']:.2f}  modes {r['modes']}  "
+                  f"b {({k: (round(v, 2) if v else None) for k, v in r['b'].items()})}  "
+                  f"({time.perf_counter() - t0:.0f} s)", flush=True)
+    print("\n| cache | benefit-aware | budget-only | LRU | benefit-aware modes (sens/med/insens) |")
+    print("|---|---|---|---|---|")
+    ok = True
+    for f in p.fractions:
+        row = {r["policy"]: r for r in results if r["fraction"] == f}
+        b = row.get("benefit")
+        modes = "/".join(b["modes"][n] for n in p.names) if b else "-"
+        print(f"| {f:.0%} | " + " | ".join(f"{row[k]['norm']:.2f}" if k in row else "-"
+                                           for k in ("benefit", "budget", "lru")) + f" | {modes} |")
+        if b:
+            ok &= all(b["norm"] >= row[k]["norm"] for k in ("budget", "lru") if k in row)
+            ok &= b["modes"]["insensitive"] == "off"
+    print(f"\nverdict: benefit-aware >= both and insensitive dataset off at every size: {ok}")
+    if args.json:
+        args.json.write_text(json.dumps({"params": asdict(p), "nocache": base, "runs": results}, indent=1))
+    os.makedirs(BENCH, exist_ok=True)
+
+
+if __name__ == "__main__":
+    main()
