@@ -48,15 +48,19 @@ MIN_BENEFIT = 1.1
 #: ``b`` of a job not measured yet: cached like the budget-only policy would, until measured.
 ASSUMED_BENEFIT = 2.0
 #: Batch reports classified as hits a job needs before ``t_hit`` is known (and it may be probed).
-HIT_SAMPLES = 6
+#: Small, so that a job is measured within seconds of starting: reports that say which of the
+#: batch's files were misses are classified exactly, and the median of a few is robust enough
+#: to tell ``b = 1`` from ``b = 2`` (the allocation only needs ``b`` against ``MIN_BENEFIT`` and
+#: the order of ``G_D`` per byte; re-probes refine it).
+HIT_SAMPLES = 4
 #: Batch reports classified as misses a job needs before ``t_miss`` is known.
-MISS_SAMPLES = 6
+MISS_SAMPLES = 4
 #: Miss-classified batches a probe collects before it ends.
-PROBE_BATCHES = 16
+PROBE_BATCHES = 8
 #: A probe ends after this many of the job's claims, or :data:`PROBE_MAX_S` seconds, even if
 #: it could not collect its batches (e.g. nothing uncached was left to give).
-PROBE_MAX_CLAIMS = 64
-PROBE_MAX_S = 120.0
+PROBE_MAX_CLAIMS = 32
+PROBE_MAX_S = 60.0
 #: Seconds after a job's miss time was measured before it is probed again (Quiver re-probes
 #: periodically: remote load changes how much a job gains).
 PROBE_PERIOD = 600.0

@@ -691,15 +691,30 @@ class SessionRegistry:
 
     # -- timing reports ------------------------------------------------------------------------
 
-    def report_batch(self, dataset: str, job: str, rank: int, seconds: float) -> None:
-        """One mini-batch took ``seconds`` (data wait + compute, as the shim measures it)."""
+    def report_batch(self, dataset: str, job: str, rank: int, seconds: float,
+                     files: int | None = None, misses: int | None = None) -> None:
+        """One mini-batch took ``seconds`` (data wait + compute, as the shim measures it).
+
+        ``files`` and ``misses`` (optional, together): how many files the batch read and how
+        many of them its claim gave as ``fetch`` (uncached). With them the report is
+        classified exactly as a hit or miss sample (:meth:`JobTimings.on_batch`); without
+        them, by the job's last claims.
+        """
         entry, _ = self._session(dataset, job, rank)
         value = check_seconds("seconds", seconds)
+        if (files is None) != (misses is None):
+            raise InvalidRequest("files and misses go together")
+        if files is not None:
+            check_int("files", files, 0, MAX_CLAIM)
+            check_int("misses", misses, 0, files)
         entry.seen = now = self.clock()
         timings = self._timings_of((dataset, job))
         timings.batches += 1
         timings.recent.append(value)
-        timings.on_batch(value, now)
+        if timings.on_batch(value, now, None if files is None else (files, misses)):
+            log.info("dataset %s: job %s measured: t_hit %s, t_miss %s", dataset, job,
+                     timings.t_hit, timings.t_miss)
+            self._allocate_due = True  # its first b: allocate now, not at the next interval
         if timings.finish_probe(now):
             benefit = timings.benefit(job)
             log.info("dataset %s: job %s probed: t_hit %s, t_miss %s, b %s", dataset, job,

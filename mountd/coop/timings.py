@@ -32,7 +32,7 @@ from mountd.coop.benefit import (
     median,
 )
 
-__all__ = ["CLASSIFY_CLAIMS", "PURE", "JobTimings", "Probe", "TimingSummary"]
+__all__ = ["CLASSIFY_CLAIMS", "PURE", "JobTimings", "Probe", "TimingSummary", "classify_batch"]
 
 #: Claims whose hit share classifies a batch report.
 CLASSIFY_CLAIMS = 4
@@ -40,6 +40,19 @@ CLASSIFY_CLAIMS = 4
 PURE = 0.9
 #: Hit and miss samples kept per job.
 SAMPLES = 64
+
+
+def classify_batch(files: int, misses: int) -> str | None:
+    """"hit" (no file of the batch was given uncached), "miss" (at least :data:`PURE` of its
+    files were) or None (mixed, or an empty batch) for a batch whose reporter knows which of
+    its files its claims gave as hits and which as fetches."""
+    if files <= 0:
+        return None
+    if misses == 0:
+        return "hit"
+    if misses >= PURE * files:
+        return "miss"
+    return None
 
 
 @dataclass
@@ -113,18 +126,27 @@ class JobTimings:
             return "miss"
         return None
 
-    def on_batch(self, seconds: float, now: float) -> None:
-        """Sort a mini-batch time into the hit or miss samples (or the probe's)."""
-        kind = self.classify()
+    def on_batch(self, seconds: float, now: float, read: tuple[int, int] | None = None) -> bool:
+        """Sort a mini-batch time into the hit or miss samples (or the probe's); True when
+        this report made the job measured (both ``t_hit`` and ``t_miss`` known) for the
+        first time, so that the allocation can use its ``b`` at once.
+
+        ``read``: ``(files, misses)`` of this very batch when the reporter knows them (exact:
+        :func:`classify_batch`); else the job's last claims decide (:meth:`classify`).
+        """
+        kind = self.classify() if read is None else classify_batch(*read)
+        if kind is None:
+            return False
+        was = len(self.hit_times) >= HIT_SAMPLES and len(self.miss_times) >= MISS_SAMPLES
         if kind == "hit":
             self.hit_times.append(seconds)
-        elif kind == "miss":
-            if self.probe is not None:
-                self.probe.samples.append(seconds)
-            else:
-                self.miss_times.append(seconds)
-                if self.miss_measured is None and len(self.miss_times) >= MISS_SAMPLES:
-                    self.miss_measured = now
+        elif self.probe is not None:
+            self.probe.samples.append(seconds)
+        else:
+            self.miss_times.append(seconds)
+            if self.miss_measured is None and len(self.miss_times) >= MISS_SAMPLES:
+                self.miss_measured = now
+        return not was and len(self.hit_times) >= HIT_SAMPLES and len(self.miss_times) >= MISS_SAMPLES
 
     @property
     def t_hit(self) -> float | None:

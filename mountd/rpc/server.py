@@ -714,8 +714,9 @@ class Server:
         return {"closed": True}
 
     async def _op_report_batch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "seconds"})
-        self._coop().registry.report_batch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("seconds"))
+        a = _session_args(request, {"dataset", "job", "rank", "seconds", "files", "misses"})
+        self._coop().registry.report_batch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("seconds"),
+                                           a.get("files"), a.get("misses"))
         return {"recorded": 1}
 
     async def _op_report_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
