@@ -40,6 +40,7 @@ __all__ = [
     "JobBenefit",
     "MIN_BENEFIT",
     "allocate",
+    "benefit_moved",
     "median",
 ]
 
@@ -66,6 +67,27 @@ PROBE_MAX_S = 60.0
 PROBE_PERIOD = 600.0
 #: Seconds between two allocations when no job arrived, left or finished a probe.
 REALLOCATE_INTERVAL = 30.0
+#: A job's ``b`` that moved by this factor since the last allocation makes a new one due.
+MOVED_FACTOR = 1.25
+#: ... and so does one that crossed :data:`MIN_BENEFIT` by more than this (hysteresis: a job
+#: sitting on the threshold does not flip its dataset on and off at every report).
+MOVED_MARGIN = 0.05
+
+
+def benefit_moved(old: float | None, new: float | None) -> bool:
+    """Whether a job's ``b`` changed enough since the last allocation to allocate again: it
+    was first measured, crossed :data:`MIN_BENEFIT` (by more than :data:`MOVED_MARGIN`), or
+    moved by :data:`MOVED_FACTOR`. The first ``b`` comes from a few samples; the allocation
+    follows it as more arrive instead of keeping an early noisy decision for
+    :data:`REALLOCATE_INTERVAL` (an ``off`` dataset gets no hit samples, so only its miss
+    times can move it back)."""
+    if new is None:
+        return False
+    if old is None:
+        return True
+    if (old < MIN_BENEFIT) != (new < MIN_BENEFIT) and abs(new - MIN_BENEFIT) > MOVED_MARGIN:
+        return True
+    return max(old, new) / max(1e-9, min(old, new)) >= MOVED_FACTOR
 
 
 def median(values: Sequence[float]) -> float | None:

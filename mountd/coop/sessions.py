@@ -34,6 +34,7 @@ from mountd.coop.benefit import (
     DatasetDemand,
     JobBenefit,
     allocate,
+    benefit_moved,
 )
 from mountd.coop.chunks import (
     DEFAULT_GRACE,
@@ -434,6 +435,9 @@ class SessionRegistry:
         self._allocate_due = False
         self._allocated_at = self.clock() if now is None else now
         decided = allocate(self.demands(), budget, slots=self.chunk_slots)
+        for key in self._jobs:
+            timings = self._timings_of(key, touch=False)
+            timings.allocated_b = timings.benefit(key[1]).b
         changes = []
         for name, decision in decided.items():
             if not self._registrations[name].fixed:
@@ -714,7 +718,10 @@ class SessionRegistry:
         if timings.on_batch(value, now, None if files is None else (files, misses)):
             log.info("dataset %s: job %s measured: t_hit %s, t_miss %s", dataset, job,
                      timings.t_hit, timings.t_miss)
-            self._allocate_due = True  # its first b: allocate now, not at the next interval
+        if self.benefit_aware and benefit_moved(timings.allocated_b, timings.benefit(job).b):
+            # its first b, or one that moved since the last allocation: allocate now, not at
+            # the next interval (an early b from a few noisy samples must not stick for 30 s)
+            self._allocate_due = True
         if timings.finish_probe(now):
             benefit = timings.benefit(job)
             log.info("dataset %s: job %s probed: t_hit %s, t_miss %s, b %s", dataset, job,

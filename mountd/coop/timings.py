@@ -101,6 +101,8 @@ class JobTimings:
     probes: int = 0
     #: Clock when ``t_miss`` was last measured (by a probe, or first from natural misses).
     miss_measured: float | None = None
+    #: ``b`` as the last allocation saw it (None: not measured then).
+    allocated_b: float | None = None
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.ring)

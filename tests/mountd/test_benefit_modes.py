@@ -3,11 +3,15 @@ break exactly once, pins follow the mode, and ``stats`` says who got the cache a
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
+import pytest
 import trio
 
+from mountd.coop.benefit import HIT_SAMPLES, MISS_SAMPLES
 from mountd.coop.chunks import ChunkState, Mode
+from mountd.errors import InvalidRequest
 from mountd.stats.metrics import render
 from mountd.store import layout
 from quiverfs.mountd_views import print_allocation
@@ -127,3 +131,23 @@ async def test_a_forced_mode_is_not_reallocated(tmp_path: Path) -> None:
         stats = await env.client.stats()
         row = stats["allocation"]["datasets"][env.dataset]
         assert row["mode"] == "lru" and row["reason"] == "fixed by --dataset-mode"
+
+
+async def test_batch_reports_with_their_misses_measure_the_job(tmp_path: Path) -> None:
+    # report_batch's files/misses reach the registry over RPC and classify each report
+    # exactly; a report with files but no misses is EINVAL and records nothing.
+    async with mountd_env(tmp_path, files=40) as env:
+        coop = env.server.coop
+        assert coop is not None
+        await env.client.session_open(env.dataset, "job")
+        with pytest.raises(InvalidRequest) as info:
+            await env.client.call("report_batch", {"dataset": env.dataset, "job": "job", "rank": 0,
+                                                   "seconds": 0.1, "files": 4})
+        assert info.value.errno == errno.EINVAL
+        for _ in range(HIT_SAMPLES):
+            await env.client.report_batch(env.dataset, "job", 0, 0.1, files=4, misses=0)
+        for _ in range(MISS_SAMPLES):
+            await env.client.report_batch(env.dataset, "job", 0, 0.3, files=4, misses=4)
+        (job,) = coop.allocation_json()["datasets"][env.dataset]["jobs"]
+        assert job["t_hit"] == pytest.approx(0.1) and job["t_miss"] == pytest.approx(0.3)
+        assert job["b"] == pytest.approx(3.0)

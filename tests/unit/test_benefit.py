@@ -8,6 +8,8 @@ import pytest
 
 from mountd.coop.benefit import (
     ASSUMED_BENEFIT,
+    HIT_SAMPLES,
+    MISS_SAMPLES,
     PROBE_BATCHES,
     DatasetDemand,
     JobBenefit,
@@ -15,7 +17,8 @@ from mountd.coop.benefit import (
 )
 from mountd.coop.chunks import Mode
 from mountd.coop.sessions import SessionRegistry
-from mountd.coop.timings import JobTimings
+from mountd.coop.timings import JobTimings, classify_batch
+from mountd.errors import InvalidRequest
 
 MB = 1_000_000
 
@@ -119,6 +122,28 @@ def test_reports_are_classified_by_what_recent_claims_gave() -> None:
         t.on_claim(0, 10)
     t.on_batch(0.3, 0.0)
     assert list(t.miss_times) == [0.3]
+
+
+def test_a_report_that_says_what_its_batch_read_is_classified_exactly() -> None:
+    # The claim window is mixed (it would classify nothing); the batch's own files decide.
+    t = JobTimings(16)
+    t.on_claim(10, 0)
+    t.on_claim(0, 10)
+    t.on_batch(0.1, 0.0, (8, 0))
+    t.on_batch(0.5, 0.0, (8, 8))
+    t.on_batch(0.3, 0.0, (8, 3))  # a mixed batch: not a sample
+    t.on_batch(0.3, 0.0, (0, 0))  # an empty one neither
+    assert list(t.hit_times) == [0.1] and list(t.miss_times) == [0.5]
+    assert classify_batch(10, 9) == "miss" and classify_batch(10, 8) is None
+    assert classify_batch(1, 0) == "hit" and classify_batch(0, 0) is None
+
+
+def test_on_batch_says_when_the_job_is_first_measured() -> None:
+    t = JobTimings(16)
+    firsts = [t.on_batch(0.1, 0.0, (8, 0)) for _ in range(HIT_SAMPLES)]
+    firsts += [t.on_batch(0.4, 0.0, (8, 8)) for _ in range(MISS_SAMPLES + 3)]
+    assert firsts.count(True) == 1 and firsts[HIT_SAMPLES + MISS_SAMPLES - 1]
+    assert t.t_hit == pytest.approx(0.1) and t.t_miss == pytest.approx(0.4)
 
 
 # -- the registry: probes, exactly once, re-evaluation -----------------------------------------------
@@ -263,3 +288,48 @@ def test_mode_changes_keep_exactly_once_mid_epoch() -> None:
                     if hasattr(action, "ids") and type(action).__name__ == "Evict":
                         reg.on_evicted("d", action.ids)
         assert sorted(got) == list(range(n_files))
+
+
+def test_exact_reports_measure_b_within_a_few_batches_and_allocate_at_once() -> None:
+    # Half of each dataset is cached and the claims give hits first, so the claim-window rule
+    # would call every report a hit. Reports that say which of their files missed (as a job
+    # whose reader runs ahead knows) measure both jobs within HIT_SAMPLES + MISS_SAMPLES
+    # batches each, and the first b makes an allocation due at once (not at the next
+    # interval): the insensitive job's dataset goes off, the sensitive one is cached.
+    clock = Clock()
+    reg = registry(clock)
+    for name in ("fast", "slow"):
+        reg.add_dataset(name, [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
+        reg.open_session(name, "job")
+    reg.allocate(200_000)
+    times = {"fast": (0.1, 0.5), "slow": (1.0, 1.02)}
+    for name, (t_hit, t_miss) in times.items():
+        reports = 0
+        while not reg.allocation_due():
+            # hits first; then t_hit is known and the job is probed (its claims give misses)
+            claim = reg.claim(name, "job", 0, 10)
+            miss = reports >= HIT_SAMPLES
+            assert not miss or not claim.hits  # the probe
+            clock.now += 0.01
+            reg.report_batch(name, "job", 0, t_miss if miss else t_hit, files=5, misses=5 if miss else 0)
+            reports += 1
+        assert reports == HIT_SAMPLES + max(MISS_SAMPLES, PROBE_BATCHES)
+        assert reg._timings[(name, "job")].probes == 1
+        reg.allocate(200_000)
+    (fast, _), = reg.benefits("fast")
+    (slow, _), = reg.benefits("slow")
+    assert fast.b == pytest.approx(5.0) and slow.b == pytest.approx(1.02)
+    allocation = reg.allocation()
+    assert allocation["slow"].mode is Mode.OFF and "insensitive" in allocation["slow"].reason
+    assert allocation["fast"].mode is not Mode.OFF
+
+
+def test_report_batch_checks_files_and_misses() -> None:
+    reg = registry(Clock())
+    reg.add_dataset("d", [1000] * 10, budget=1 * MB)
+    reg.open_session("d", "j")
+    for files, misses in ((5, None), (None, 2), (5, 6), (-1, 0), (5, True)):
+        with pytest.raises(InvalidRequest):
+            reg.report_batch("d", "j", 0, 0.1, files=files, misses=misses)
+    reg.report_batch("d", "j", 0, 0.1, files=5, misses=5)
+    assert len(reg._timings[("d", "j")].miss_times) == 1
