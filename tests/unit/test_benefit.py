@@ -14,6 +14,7 @@ from mountd.coop.benefit import (
     DatasetDemand,
     JobBenefit,
     allocate,
+    benefit_moved,
 )
 from mountd.coop.chunks import Mode
 from mountd.coop.sessions import SessionRegistry
@@ -333,3 +334,27 @@ def test_report_batch_checks_files_and_misses() -> None:
             reg.report_batch("d", "j", 0, 0.1, files=files, misses=misses)
     reg.report_batch("d", "j", 0, 0.1, files=5, misses=5)
     assert len(reg._timings[("d", "j")].miss_times) == 1
+
+
+def test_a_b_that_moves_makes_an_allocation_due() -> None:
+    assert benefit_moved(None, 1.5) and not benefit_moved(None, None)
+    assert not benefit_moved(2.0, 2.2) and benefit_moved(2.0, 2.6)
+    assert benefit_moved(1.0, 1.2)  # crossed MIN_BENEFIT clearly
+    assert not benefit_moved(1.08, 1.12)  # on the threshold: hysteresis
+    # Through the registry: an early noisy b (1.0) sends the dataset off; as the job's miss
+    # times grow, its b moves and the allocation follows at once, not 30 s later.
+    clock = Clock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
+    reg.open_session("d", "job")
+    for seconds, misses in [(0.1, 0)] * HIT_SAMPLES + [(0.1, 5)] * MISS_SAMPLES:
+        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
+    reg.allocate(200_000)
+    assert reg.mode("d") is Mode.OFF
+    reports = 0
+    while not reg.allocation_due():
+        reg.report_batch("d", "job", 0, 0.5, files=5, misses=5)
+        reports += 1
+    assert reports <= MISS_SAMPLES
+    reg.allocate(200_000)
+    assert reg.mode("d") is not Mode.OFF
