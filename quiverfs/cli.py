@@ -217,15 +217,24 @@ def stats(
         report["users"] = raw.get("users", {})
         if "cluster" in raw:  # docs/cluster.md
             report["cluster"] = raw["cluster"]
+        report["allocation"] = raw.get("allocation")  # absent from an older mountd
         mounts = client.ls()["mounts"]
     # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
     report["mounts"] = mount_stats(mounts)
     if as_json:
         _print_json(report)
     else:
-        from quiverfs.mountd_views import print_cluster, print_mounts, print_stats, print_users
+        from quiverfs.mountd_views import (
+            print_allocation,
+            print_cluster,
+            print_mounts,
+            print_stats,
+            print_users,
+        )
 
         print_stats(report)
+        if report["allocation"] and report["allocation"].get("datasets"):
+            print_allocation(report["allocation"])
         if "cluster" in report:
             print_cluster(report["cluster"])
         if report["users"]:

@@ -197,6 +197,40 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
     console.print("  " + "; ".join(notes) + ".", style="dim")
 
 
+def _float(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def print_allocation(allocation: Mapping[str, Any], console: Console | None = None) -> None:
+    """Who gets the cache (Quiver §5.3): per dataset its mode, bytes and why; per job the
+    measured mini-batch times, ``b = t_miss / t_hit`` and ``g = b × GPUs``."""
+    console = console or _console()
+    policy = "benefit-aware" if allocation.get("benefit_aware") else "fixed by --dataset-mode"
+    table = Table(title=f"mountd: cache allocation ({policy}, budget "
+                        f"{human_bytes(allocation.get('budget'))})", title_justify="left")
+    for column in ("dataset", "mode", "bytes", "G", "job", "GPUs", "t_hit", "t_miss", "b", "g"):
+        table.add_column(column, justify="left" if column in ("dataset", "mode", "job") else "right",
+                         no_wrap=column != "dataset")
+    reasons = []
+    for name, row in (allocation.get("datasets") or {}).items():
+        jobs = row.get("jobs") or [{}]
+        for k, job in enumerate(jobs):
+            first = k == 0
+            probing = " (probing)" if job.get("probing") else ""
+            table.add_row(
+                name if first else "", row["mode"] if first else "",
+                (human_bytes(row["bytes"]) if row.get("bytes") is not None else "-") if first else "",
+                _float(row.get("benefit")) if first else "",
+                (job.get("job") or "-") + probing, str(job.get("gpus", "-")),
+                _seconds(job.get("t_hit")), _seconds(job.get("t_miss")),
+                _float(job.get("b")), _float(job.get("g")),
+            )
+        reasons.append(f"  {name[:16]}: {row.get('reason')}")
+    console.print(table)
+    for line in reasons:
+        console.print(line, style="dim")
+
+
 def print_ls(listing: Mapping[str, Any], console: Console | None = None) -> None:
     """Cache usage, datasets with their cached bytes, and registered mounts."""
     console = console or _console()

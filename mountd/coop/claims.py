@@ -60,6 +60,10 @@ __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
 _INVERT = bytes([1, 0]) + bytes(254)  # bytes.translate table: 0 <-> 1
 
 
+#: Chunk states whose files mountd pins (loading or resident).
+_HELD_STATES = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
+
+
 class UnreadSet:
     """The unread files of one chunk, split into cached and uncached: O(1) everything.
 
@@ -212,11 +216,37 @@ class DatasetState:
         #: Live epoch pools of every job on this dataset (they get cache notifications).
         self.pools: set[EpochPool] = set()
         self.manager: ChunkManager | None = None
+        self.manager_options = manager_options or {}
         if plan.chunks > 1:
-            self.manager = ChunkManager(
-                name, plan, self.is_cached, demand=self.demand, on_moved=self._moved,
-                **(manager_options or {}),
-            )
+            self.manager = self._new_manager(plan)
+
+    def replan(self, plan: ChunkPlan) -> list[int]:
+        """Switch to ``plan`` (a mode change, :mod:`mountd.coop.benefit`); returns the ids of
+        the chunks the old manager held (loading or resident: pinned, for the caller to
+        unpin unless something else holds them).
+
+        What a job was given is kept (each pool's ``given`` bitmap), so exactly once per
+        epoch holds across the change; every live pool leaves its chunk (without
+        "finished": the old manager goes) and enters one of the new plan at its next claim.
+        In-flight misses and reservations are per file and stay as they are.
+        """
+        held: list[int] = []
+        old = self.manager
+        if old is not None:
+            for c, state in enumerate(old.states()):
+                if state in _HELD_STATES:
+                    held.extend(self.plan.ids_of(c))
+        self.plan = plan
+        self.manager = None
+        if plan.chunks > 1:
+            self.manager = self._new_manager(plan)
+        for pool in self.pools:
+            pool.replanned()
+        return held
+
+    def _new_manager(self, plan: ChunkPlan) -> ChunkManager:
+        return ChunkManager(self.name, plan, self.is_cached, demand=self.demand,
+                            on_moved=self._moved, **self.manager_options)
 
     def is_cached(self, file_id: int) -> bool:
         """Whether ``file_id`` is cached (as reported)."""
@@ -589,7 +619,56 @@ class EpochPool:
         self.unread.discard(i)
         return i
 
+    def claim_uncached(self, rank: int, n: int, rng: random.Random, now: float,
+                       draws: int = 64) -> Claim | None:
+        """A probe's claim (:mod:`mountd.coop.timings`): up to ``n`` files not given to the
+        job in this epoch and not cached, from any chunk; None when none was found in
+        ``draws × n`` random draws (e.g. the dataset is all cached): claim normally then.
+
+        Still files the job has not been given, so exactly once per epoch holds. Files of
+        chunks other than the current one are given without referencing their chunk (a
+        probe's reads must be misses; the loaded chunks are cached): when the pool enters
+        such a chunk later, the files already given are skipped (:meth:`_enter`).
+        """
+        n = min(n, self.rank_remaining(rank))
+        if n <= 0:
+            return None
+        if self.chunk is None:
+            self._start()
+        dataset, given = self.dataset, self.given
+        out: list[int] = []
+        for _ in range(draws * n):
+            i = rng.randrange(dataset.count)
+            if given[i] or dataset.cached[i] or dataset.flying(i, now):
+                continue
+            out.append(self._give(i))
+            if len(out) == n:
+                break
+        if not out:
+            return None
+        dataset.fly(out, now + dataset.flight_ttl)
+        self.given_by_rank[rank] += len(out)
+        chunk = self.chunk
+        if self.unread is not None and not self.unread:
+            self._leave(now)
+        return Claim(self.epoch, (), tuple(out), chunk, self.remaining)
+
     # -- chunks ----------------------------------------------------------------------------
+
+    def replanned(self) -> None:
+        """The dataset changed its plan (:meth:`DatasetState.replan`): count what was given
+        per new chunk and enter one of them at the next claim (the old manager's chunk
+        generations mean nothing to the new one: no prelude, no floor)."""
+        plan = self.dataset.plan
+        self.given_per_chunk = [plan.count_in(c, self.given) for c in range(plan.chunks)]
+        self.chunk = None
+        self.unread = None
+        self.fill = None
+        self.thinned = False
+        self._prelude = []
+        self.after = None
+        if self.dataset.manager is not None:
+            self.dataset.manager.attach(self)
 
     def _start(self) -> None:
         """Enter the epoch's first chunk: the newest loaded one (Quiver: new jobs start on

@@ -7,8 +7,15 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
 * **Datasets.** A ``register`` that carries a digest path loads the dataset's compact-id view
   (in the background) and adds it to the registry with the ids already in the store, the
   cache budget (:attr:`CoopService.budget`, ``budget_fraction`` of the cache: headroom above
-  two chunks for misses of jobs running ahead) and the mode — chosen from the budget, or
-  fixed by mountd's ``--dataset-mode`` (``lru`` for comparisons).
+  two chunks for misses of jobs running ahead) and the mode — fixed by mountd's
+  ``--dataset-mode`` (``lru`` for comparisons), or else chosen by benefit.
+* **Benefit-aware allocation** (Quiver §5.3, :mod:`mountd.coop.benefit`). Without
+  ``--dataset-mode``, each tick where the registry says an allocation is due (a job arrived
+  or left, a probe ended, a dataset came or went, or every 30 s) :meth:`CoopService.tick`
+  lets the registry choose every dataset's mode and budget by ``G_D`` per byte and performs
+  the changes: the chunks an old chunked mode held are unpinned, a dataset the allocation
+  makes ``full`` has its files pinned (as they land, too) so that other datasets' misses
+  cannot evict it, and one that stops being ``full`` is unpinned. Unpins come before pins.
 * **Notifications.** As a :class:`~mountd.store.cache.CacheListener` it forwards every fill,
   removal and failed fill to ``on_cached`` / ``on_evicted`` / ``on_fetch_failed`` for every
   compact id of that hash in every dataset. Events that arrive while a view loads are kept
@@ -112,6 +119,9 @@ class CoopService:
         if self.registry.protect_room is None:
             self.registry.protect_room = cache.holds.room
         self.mode = Mode(mode) if mode is not None else None
+        self.registry.benefit_aware = self.mode is None
+        #: Datasets the allocation made full: their files are pinned.
+        self._pin_full: set[str] = set()
         config = cache.config
         self.budget = budget if budget is not None else int(config.cache_size * budget_fraction)
         self.preload_window = preload_window or max(2, config.fill_concurrency // 2)
@@ -204,6 +214,7 @@ class CoopService:
         except QuiverError:
             return  # sessions still read it: keep it until they are done
         del self.views[dataset]
+        self._pin_full.discard(dataset)
         self._preloading.pop(dataset, None)
         self._unpin(view.hashes)
         view.close()
@@ -355,8 +366,10 @@ class CoopService:
             if event == "filled":
                 reg.on_cached(name, ids)
                 state = reg.dataset(name)
-                if state.manager is not None and any(
-                        state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
+                if name in self._pin_full or (
+                    state.manager is not None
+                    and any(state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids)
+                ):
                     self.cache.pin([arg])
             else:
                 reg.on_fetch_failed(name, ids)
@@ -391,7 +404,10 @@ class CoopService:
     # -- ticks ---------------------------------------------------------------------------------
 
     def tick(self, now: float | None = None) -> list[Any]:
-        """Perform the registry's chunk actions, then top up the preload windows."""
+        """Allocate the cache by benefit when due, perform the registry's chunk actions, then
+        top up the preload windows."""
+        if self.registry.allocation_due(now):
+            self.reallocate(now)
         actions = self.registry.tick(now)
         for action in actions:
             view = self.views.get(action.dataset)
@@ -416,6 +432,73 @@ class CoopService:
         for name in list(self.views):
             for owner in self.registry.take_closed(name):
                 self.cache.release_protection(owner)
+
+    def reallocate(self, now: float | None = None) -> None:
+        """Let the registry choose every dataset's mode by benefit and perform the changes
+        (see the module docstring): unpin what old modes held, then pin new full datasets."""
+        reg = self.registry
+        changes = reg.allocate(self.budget, now)
+        allocation = reg.allocation()
+        full = {name for name, a in allocation.items()
+                if a.mode is Mode.FULL and reg.mode(name) is Mode.FULL}
+        unpin: list[bytes] = []
+        for change in changes:
+            view = self.views.get(change.dataset)
+            self._preloading.pop(change.dataset, None)
+            if view is not None and change.released:
+                unpin.extend(view.hashes_of(change.released))
+            log.info("dataset %s: mode %s -> %s (%d bytes): %s", change.dataset, change.old,
+                     change.new, change.budget, allocation[change.dataset].reason)
+        for name in self._pin_full - full:
+            view = self.views.get(name)
+            if view is not None:
+                unpin.extend(view.hashes_of(range(view.count)))
+        self._pin_full &= full
+        if unpin:
+            self._unpin([h for h in unpin if not self._pinned_for(h)])
+        for name in full - self._pin_full:
+            view = self.views.get(name)
+            if view is None:
+                continue
+            self._pin_full.add(name)
+            state = reg.dataset(name)
+            self.cache.pin(view.hashes_of(i for i in range(view.count) if state.is_cached(i)))
+
+    def allocation_json(self) -> dict[str, Any]:
+        """Per dataset: mode, bytes allocated, ``G_D`` and why; per open job: ``t_hit``,
+        ``t_miss``, ``b``, ``g``, whether it is being probed (``quiverfs stats``, metrics)."""
+        reg = self.registry
+        allocation = reg.allocation()
+        out: dict[str, Any] = {}
+        for name in sorted(self.views):
+            a = allocation.get(name)
+            jobs = [{"job": j.job, "gpus": j.gpus, "t_hit": j.t_hit, "t_miss": j.t_miss,
+                     "b": j.b, "g": j.g, "probing": j.probing, "probes": probes}
+                    for j, probes in reg.benefits(name)]
+            out[name] = {
+                "mode": str(reg.mode(name)),
+                "bytes": a.budget if a is not None else None,
+                "benefit": a.benefit if a is not None else None,
+                "reason": a.reason if a is not None else (
+                    "fixed by --dataset-mode" if self.mode is not None else "not allocated yet"),
+                "jobs": jobs,
+            }
+        return {"benefit_aware": reg.benefit_aware, "budget": self.budget, "datasets": out}
+
+    def _pinned_for(self, content_hash: bytes) -> bool:
+        """Whether some dataset holds ``content_hash`` pinned: a dataset the allocation keeps
+        whole (full), or a loading or resident chunk."""
+        for name, view in self.views.items():
+            ids = view.ids_of(content_hash)
+            if not ids:
+                continue
+            if name in self._pin_full:
+                return True
+            state = self.registry.dataset(name)
+            if state.manager is not None and any(
+                    state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
+                return True
+        return False
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
         self._unpin(view.hashes_of(action.members))

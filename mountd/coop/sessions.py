@@ -27,8 +27,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from mountd.coop.benefit import (
+    PROBE_PERIOD,
+    REALLOCATE_INTERVAL,
+    Allocation,
+    DatasetDemand,
+    JobBenefit,
+    allocate,
+    benefit_moved,
+)
 from mountd.coop.chunks import (
     DEFAULT_GRACE,
+    MIN_FRACTION,
     Action,
     ChunkPlan,
     Evict,
@@ -124,6 +134,32 @@ def _rng(seed: int, job: str, epoch: int, rank: int) -> random.Random:
     return random.Random(f"claim:{seed}:{job}:{epoch}:{rank}")
 
 
+@dataclass(frozen=True)
+class ModeChange:
+    """A dataset's mode changed by :meth:`SessionRegistry.allocate`; ``released``: ids of the
+    chunks the old mode held (pinned: unpin unless something else holds them)."""
+
+    dataset: str
+    old: Mode
+    new: Mode
+    budget: int
+    released: tuple[int, ...]
+
+
+@dataclass
+class _Registration:
+    """What :meth:`SessionRegistry.add_dataset` was given, to plan the dataset again."""
+
+    sizes: Sequence[int]
+    total: int
+    fraction: float
+    max_chunk_bytes: int | None
+    seed: int
+    packing: Packing | None
+    fixed: bool  # mode given explicitly: the allocator leaves it
+    budget: int | None
+
+
 class SessionRegistry:
     """Datasets, job sessions, claims, timing reports and chunk decisions of one mountd.
 
@@ -177,6 +213,15 @@ class SessionRegistry:
         self._modes: dict[str, Mode] = {}
         self._jobs: dict[tuple[str, str], _Job] = {}
         self._timings: OrderedDict[tuple[str, str], JobTimings] = OrderedDict()
+        self._registrations: dict[str, _Registration] = {}
+        #: Benefit-aware allocation (Quiver §5.3): probe jobs and let :meth:`allocate` choose
+        #: the modes of datasets registered without one. Off: modes come from the budget.
+        self.benefit_aware = False
+        self.probe_period = PROBE_PERIOD
+        self.reallocate_interval = REALLOCATE_INTERVAL
+        self._allocation: dict[str, Allocation] = {}
+        self._allocate_due = True  # a job arrived or left, or a probe ended
+        self._allocated_at: float | None = None
 
     # -- datasets ------------------------------------------------------------------------------
 
@@ -241,6 +286,39 @@ class SessionRegistry:
             if existing.count != len(sizes):
                 raise SessionConflict(f"dataset {dataset} is registered with another file count")
             return self._modes[dataset]
+        registration = _Registration(sizes, sum(sizes), fraction, max_chunk_bytes, seed, packing,
+                                     fixed=mode is not None, budget=budget)
+        chosen, plan = self._plan(dataset, registration, chosen, budget)
+        state = DatasetState(
+            dataset,
+            plan,
+            manager_options={
+                "evict_timeout": self.evict_timeout,
+                "grace": self.chunk_grace,
+                "seed": seed,
+                "slots": self.chunk_slots,
+            },
+            flight_ttl=self.flight_ttl,
+            packing=packing,
+            # lru is the comparison baseline: the cache's own policy alone decides.
+            reserve=chosen is not Mode.LRU,
+            protect_room=self.protect_room,
+            mean_size=sum(sizes) // len(sizes),
+        )
+        cached_ids = check_ids(state, cached)
+        state.mark_cached(cached_ids)
+        self._datasets[dataset] = state
+        self._modes[dataset] = chosen
+        self._registrations[dataset] = registration
+        self._allocate_due = True
+        return chosen
+
+    def _plan(self, dataset: str, reg: _Registration, chosen: Mode,
+              budget: int | None) -> tuple[Mode, ChunkPlan]:
+        """The plan of ``chosen`` within ``budget`` (and the mode it really gets: ``off`` when
+        packed chunks are too large for the chunk slots)."""
+        sizes, packing, fraction = reg.sizes, reg.packing, reg.fraction
+        max_chunk_bytes, seed = reg.max_chunk_bytes, reg.seed
         if chosen is Mode.CHUNKED and packing is not None:
             assert budget is not None
             plan = plan_packed_chunks(
@@ -274,27 +352,7 @@ class SessionRegistry:
             )
         else:
             plan = ChunkPlan.whole(len(sizes))
-        state = DatasetState(
-            dataset,
-            plan,
-            manager_options={
-                "evict_timeout": self.evict_timeout,
-                "grace": self.chunk_grace,
-                "seed": seed,
-                "slots": self.chunk_slots,
-            },
-            flight_ttl=self.flight_ttl,
-            packing=packing,
-            # lru is the comparison baseline: the cache's own policy alone decides.
-            reserve=chosen is not Mode.LRU,
-            protect_room=self.protect_room,
-            mean_size=sum(sizes) // len(sizes),
-        )
-        cached_ids = check_ids(state, cached)
-        state.mark_cached(cached_ids)
-        self._datasets[dataset] = state
-        self._modes[dataset] = chosen
-        return chosen
+        return chosen, plan
 
     def remove_dataset(self, dataset: str) -> None:
         """Forget ``dataset``; :class:`SessionConflict` while sessions are open on it."""
@@ -303,6 +361,9 @@ class SessionRegistry:
             raise SessionConflict(f"dataset {dataset} has open sessions")
         del self._datasets[dataset]
         del self._modes[dataset]
+        del self._registrations[dataset]
+        self._allocation.pop(dataset, None)
+        self._allocate_due = True
 
     def dataset(self, dataset: str) -> DatasetState:
         """The dataset's state (read-only use: plan, manager, cached bitmap)."""
@@ -312,6 +373,101 @@ class SessionRegistry:
         """The mode ``dataset`` was registered with."""
         self._dataset(dataset)
         return self._modes[dataset]
+
+    # -- benefit-aware allocation (Quiver §5.3, mountd.coop.benefit) ----------------------------
+
+    def set_mode(self, dataset: str, mode: Mode | str, budget: int) -> ModeChange | None:
+        """Plan ``dataset`` again in ``mode`` within ``budget`` bytes; None when nothing changed.
+
+        Safe under load (:meth:`mountd.coop.claims.DatasetState.replan`): what every job was
+        given stays given, claims in flight stay in flight, reservations stay; the chunks the
+        old mode held come back in :attr:`ModeChange.released` for the caller to unpin.
+        """
+        state = self._dataset(dataset)
+        check_int("budget", budget, 0, 1 << 62)
+        try:
+            chosen = Mode(mode)
+        except ValueError:
+            raise InvalidRequest(f"unknown mode {mode!r}") from None
+        reg = self._registrations[dataset]
+        if chosen is Mode.CHUNKED and (
+            state.count < 3
+            or (reg.packing is not None and reg.packing.chunks + reg.packing.chunk_of.count(-1) < 3)
+        ):
+            chosen = Mode.FULL
+        old = self._modes[dataset]
+        if chosen is old and (chosen is not Mode.CHUNKED or reg.budget == budget):
+            return None
+        chosen, plan = self._plan(dataset, reg, chosen, budget)
+        if chosen is old and old is not Mode.CHUNKED:
+            return None
+        released = state.replan(plan)
+        self._modes[dataset] = chosen
+        reg.budget = budget
+        log.debug("dataset %s: mode %s -> %s (%d bytes)", dataset, old, chosen, budget)
+        return ModeChange(dataset, old, chosen, budget, tuple(released))
+
+    def demands(self) -> list[DatasetDemand]:
+        """Every dataset as :func:`mountd.coop.benefit.allocate` sees it: sizes, its open
+        jobs' measured times, and its manual mode if it was registered with one."""
+        jobs: dict[str, list[JobBenefit]] = {name: [] for name in self._datasets}
+        for dataset, job in self._jobs:
+            jobs[dataset].append(self._timings_of((dataset, job), touch=False).benefit(job))
+        out = []
+        for name, reg in self._registrations.items():
+            chunk = reg.fraction * reg.total
+            if reg.max_chunk_bytes is not None:
+                chunk = min(chunk, reg.max_chunk_bytes)
+            out.append(DatasetDemand(
+                name, reg.total, int(chunk), int(MIN_FRACTION * reg.total),
+                tuple(sorted(jobs[name], key=lambda j: j.job)),
+                self._modes[name] if reg.fixed else None,
+            ))
+        return out
+
+    def allocation_due(self, now: float | None = None) -> bool:
+        """Whether :meth:`allocate` should run: a job arrived or left, a probe ended, a
+        dataset came or went, or :attr:`reallocate_interval` passed."""
+        if not self.benefit_aware:
+            return False
+        now = self.clock() if now is None else now
+        return (self._allocate_due or self._allocated_at is None
+                or now - self._allocated_at >= self.reallocate_interval)
+
+    def allocate(self, budget: int, now: float | None = None) -> list[ModeChange]:
+        """Choose every dataset's mode by benefit (:func:`mountd.coop.benefit.allocate`) and
+        apply the changes (:meth:`set_mode`); datasets with a manual mode keep it."""
+        self._allocate_due = False
+        self._allocated_at = self.clock() if now is None else now
+        decided = allocate(self.demands(), budget, slots=self.chunk_slots)
+        for key in self._jobs:
+            timings = self._timings_of(key, touch=False)
+            timings.allocated_b = timings.benefit(key[1]).b
+        changes = []
+        for name, decision in decided.items():
+            if not self._registrations[name].fixed:
+                change = self.set_mode(name, decision.mode, decision.budget)
+                if change is not None:
+                    changes.append(change)
+                if self._modes[name] is not decision.mode:  # e.g. packed chunks too large
+                    decision = Allocation(name, self._modes[name], 0, decision.benefit,
+                                          f"{decision.reason}; its packed chunks are too large: off")
+            self._allocation[name] = decision
+        return changes
+
+    def allocation(self) -> dict[str, Allocation]:
+        """The last allocation per dataset (empty before the first, or when not benefit-aware)."""
+        return dict(self._allocation)
+
+    def benefits(self, dataset: str) -> list[tuple[JobBenefit, int]]:
+        """Measured times of ``dataset``'s open jobs, with each job's probe count."""
+        self._dataset(dataset)
+        out = []
+        for (name, job), _entry in sorted(self._jobs.items()):
+            if name == dataset:
+                timings = self._timings_of((name, job), touch=False)
+                out.append((timings.benefit(job), timings.probes))
+        return out
 
     def _dataset(self, dataset: Any) -> DatasetState:
         check_name("dataset", dataset)
@@ -436,7 +592,8 @@ class SessionRegistry:
             raise TooManyJobs(f"{len(self._jobs)} jobs are open already; close some first")
         if entry is None:
             entry = self._jobs[key] = _Job(dataset, job, world_size, mask)
-            self._timings_of(key)
+            self._timings_of(key).world_size = world_size
+            self._allocate_due = True
         if session is None:
             session = _Session(rank, seed, lookahead, epoch, _rng(seed, job, epoch, rank))
             entry.sessions[rank] = session
@@ -460,13 +617,18 @@ class SessionRegistry:
         self._drop_unused_pools(entry)
         if not entry.sessions:
             del self._jobs[(dataset, job)]
+            timings.probe = None
+            self._allocate_due = True
 
     def _close_job(self, key: tuple[str, str], entry: _Job) -> None:
         """Close every session of an idle job (its timings stay)."""
-        self._timings_of(key).closed += len(entry.sessions)
+        timings = self._timings_of(key)
+        timings.closed += len(entry.sessions)
+        timings.probe = None
         entry.sessions.clear()
         self._drop_unused_pools(entry)
         del self._jobs[key]
+        self._allocate_due = True
 
     def next_epoch(
         self, dataset: str, job: str, rank: int, epoch: int | None = None
@@ -495,7 +657,28 @@ class SessionRegistry:
         self._move(entry, session, target)
         pool = entry.pools[session.epoch]
         entry.seen = now = self.clock()
-        return pool.claim(rank, n, session.rng, session.lookahead, now)
+        timings = self._timings_of((dataset, job))
+        if self.benefit_aware and self._probe_may_start(entry, timings, now):
+            timings.start_probe(now)
+            log.info("dataset %s: probing job %s (claims give uncached files only)", dataset, job)
+        claim = None
+        if timings.probe is not None:
+            claim = pool.claim_uncached(rank, n, session.rng, now)
+        if claim is None:
+            claim = pool.claim(rank, n, session.rng, session.lookahead, now)
+        timings.on_claim(len(claim.hits), len(claim.fetch))
+        return claim
+
+    def _probe_may_start(self, entry: _Job, timings: JobTimings, now: float) -> bool:
+        """A probe starts when the job is due (:meth:`JobTimings.probe_due`), its dataset's
+        mode is the allocator's, and no other job of the dataset is being probed (one slowed
+        job at a time)."""
+        if self._registrations[entry.dataset].fixed or not timings.probe_due(now, self.probe_period):
+            return False
+        return not any(
+            key[0] == entry.dataset and (t := self._timings.get(key)) is not None and t.probe is not None
+            for key in self._jobs
+        )
 
     def session_info(self, dataset: str, job: str, rank: int) -> SessionInfo:
         """The open session of ``job``'s ``rank``."""
@@ -518,14 +701,38 @@ class SessionRegistry:
 
     # -- timing reports ------------------------------------------------------------------------
 
-    def report_batch(self, dataset: str, job: str, rank: int, seconds: float) -> None:
-        """One mini-batch took ``seconds`` (data wait + compute, as the shim measures it)."""
+    def report_batch(self, dataset: str, job: str, rank: int, seconds: float,
+                     files: int | None = None, misses: int | None = None) -> None:
+        """One mini-batch took ``seconds`` (data wait + compute, as the shim measures it).
+
+        ``files`` and ``misses`` (optional, together): how many files the batch read and how
+        many of them its claim gave as ``fetch`` (uncached). With them the report is
+        classified exactly as a hit or miss sample (:meth:`JobTimings.on_batch`); without
+        them, by the job's last claims.
+        """
         entry, _ = self._session(dataset, job, rank)
         value = check_seconds("seconds", seconds)
-        entry.seen = self.clock()
+        if (files is None) != (misses is None):
+            raise InvalidRequest("files and misses go together")
+        if files is not None:
+            check_int("files", files, 0, MAX_CLAIM)
+            check_int("misses", misses, 0, files)
+        entry.seen = now = self.clock()
         timings = self._timings_of((dataset, job))
         timings.batches += 1
         timings.recent.append(value)
+        if timings.on_batch(value, now, None if files is None else (files, misses)):
+            log.info("dataset %s: job %s measured: t_hit %s, t_miss %s", dataset, job,
+                     timings.t_hit, timings.t_miss)
+        if self.benefit_aware and benefit_moved(timings.allocated_b, timings.benefit(job).b):
+            # its first b, or one that moved since the last allocation: allocate now, not at
+            # the next interval (an early b from a few noisy samples must not stick for 30 s)
+            self._allocate_due = True
+        if timings.finish_probe(now):
+            benefit = timings.benefit(job)
+            log.info("dataset %s: job %s probed: t_hit %s, t_miss %s, b %s", dataset, job,
+                     benefit.t_hit, benefit.t_miss, benefit.b)
+            self._allocate_due = True
 
     def report_epoch(self, dataset: str, job: str, rank: int, epoch: int, seconds: float) -> None:
         """``rank`` finished ``epoch`` in ``seconds``."""
@@ -592,13 +799,14 @@ class SessionRegistry:
         for epoch in [e for e in entry.pools if e not in used]:
             entry.pools.pop(epoch).close()
 
-    def _timings_of(self, key: tuple[str, str]) -> JobTimings:
+    def _timings_of(self, key: tuple[str, str], *, touch: bool = True) -> JobTimings:
         timings = self._timings.get(key)
         if timings is None:
             timings = self._timings[key] = JobTimings(self.ring)
             while len(self._timings) > self.history:
                 self._timings.popitem(last=False)
-        self._timings.move_to_end(key)
+        if touch:
+            self._timings.move_to_end(key)
         return timings
 
     def _info(self, state: DatasetState, entry: _Job, session: _Session) -> SessionInfo:

@@ -1,7 +1,20 @@
-"""Timing reports of jobs: a small ring of recent mini-batch times plus epoch and session times.
+"""Timing reports of jobs: recent mini-batch times, epoch and session times, and the hit and
+miss samples of the benefit-aware policy (Quiver §5.3, :mod:`mountd.coop.benefit`).
 
-Kept per job by :class:`mountd.coop.sessions.SessionRegistry` for the benefit-aware policy that a
-later issue adds (Quiver §5.3: benefit = time per mini-batch missing / hitting the cache).
+**Classifying a report.** A batch report does not say which files the batch read, so each one
+is classified by what the job's last :data:`CLASSIFY_CLAIMS` claims gave it (all ranks
+together; the shim's buffer and the DataLoader's prefetch read a few claims behind): at least
+:data:`PURE` of their files cached at claim time makes it a *hit* sample, at least
+:data:`PURE` uncached a *miss* sample, anything between is not used. A claim's misses are
+fetched at once (sampler-informed prefetch), so a miss sample is what the job gets from an
+uncached dataset here — the right ``t_miss`` for deciding whether to cache it.
+
+**Probes.** A job whose ``t_hit`` is known but whose ``t_miss`` is not (or was measured
+:data:`~mountd.coop.benefit.PROBE_PERIOD` ago) is probed: for a while its claims give only
+uncached unread files (:meth:`mountd.coop.claims.EpochPool.claim_uncached`; still files
+of its epoch not given yet, so exactly once holds), and its miss samples are collected apart
+until :data:`~mountd.coop.benefit.PROBE_BATCHES` are in (or the probe times out); they then
+replace the job's miss samples.
 """
 
 from __future__ import annotations
@@ -9,7 +22,50 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-__all__ = ["JobTimings", "TimingSummary"]
+from mountd.coop.benefit import (
+    HIT_SAMPLES,
+    MISS_SAMPLES,
+    PROBE_BATCHES,
+    PROBE_MAX_CLAIMS,
+    PROBE_MAX_S,
+    JobBenefit,
+    median,
+)
+
+__all__ = ["CLASSIFY_CLAIMS", "PURE", "JobTimings", "Probe", "TimingSummary", "classify_batch"]
+
+#: Claims whose hit share classifies a batch report.
+CLASSIFY_CLAIMS = 4
+#: Share of hits (or misses) over those claims that makes a report a hit (or miss) sample.
+PURE = 0.9
+#: Hit and miss samples kept per job.
+SAMPLES = 64
+
+
+def classify_batch(files: int, misses: int) -> str | None:
+    """"hit" (no file of the batch was given uncached), "miss" (at least :data:`PURE` of its
+    files were) or None (mixed, or an empty batch) for a batch whose reporter knows which of
+    its files its claims gave as hits and which as fetches."""
+    if files <= 0:
+        return None
+    if misses == 0:
+        return "hit"
+    if misses >= PURE * files:
+        return "miss"
+    return None
+
+
+@dataclass
+class Probe:
+    """A running probe: the job's claims give only uncached files until it ends."""
+
+    started: float
+    claims: int = 0
+    samples: list[float] = field(default_factory=list)
+
+    def done(self, now: float) -> bool:
+        return (len(self.samples) >= PROBE_BATCHES or self.claims >= PROBE_MAX_CLAIMS
+                or now - self.started >= PROBE_MAX_S)
 
 
 @dataclass(frozen=True)
@@ -35,9 +91,98 @@ class JobTimings:
     epochs: deque = field(default_factory=lambda: deque(maxlen=64))
     closed: int = 0
     session_seconds: deque = field(default_factory=lambda: deque(maxlen=64))
+    #: The job's world size (its GPUs), set when it opens.
+    world_size: int = 1
+    hit_times: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    miss_times: deque = field(default_factory=lambda: deque(maxlen=SAMPLES))
+    #: (hits, misses) of the job's last claims.
+    given: deque = field(default_factory=lambda: deque(maxlen=CLASSIFY_CLAIMS))
+    probe: Probe | None = None
+    probes: int = 0
+    #: Clock when ``t_miss`` was last measured (by a probe, or first from natural misses).
+    miss_measured: float | None = None
+    #: ``b`` as the last allocation saw it (None: not measured then).
+    allocated_b: float | None = None
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.ring)
+
+    # -- benefit samples ---------------------------------------------------------------------
+
+    def on_claim(self, hits: int, misses: int) -> None:
+        """A claim gave the job ``hits`` cached and ``misses`` uncached files."""
+        if hits or misses:
+            self.given.append((hits, misses))
+        if self.probe is not None:
+            self.probe.claims += 1
+
+    def classify(self) -> str | None:
+        """"hit", "miss" or None (mixed, or no claims yet) for a batch reported now."""
+        hits = sum(h for h, _ in self.given)
+        total = hits + sum(m for _, m in self.given)
+        if not total:
+            return None
+        if hits >= PURE * total:
+            return "hit"
+        if total - hits >= PURE * total:
+            return "miss"
+        return None
+
+    def on_batch(self, seconds: float, now: float, read: tuple[int, int] | None = None) -> bool:
+        """Sort a mini-batch time into the hit or miss samples (or the probe's); True when
+        this report made the job measured (both ``t_hit`` and ``t_miss`` known) for the
+        first time, so that the allocation can use its ``b`` at once.
+
+        ``read``: ``(files, misses)`` of this very batch when the reporter knows them (exact:
+        :func:`classify_batch`); else the job's last claims decide (:meth:`classify`).
+        """
+        kind = self.classify() if read is None else classify_batch(*read)
+        if kind is None:
+            return False
+        was = len(self.hit_times) >= HIT_SAMPLES and len(self.miss_times) >= MISS_SAMPLES
+        if kind == "hit":
+            self.hit_times.append(seconds)
+        elif self.probe is not None:
+            self.probe.samples.append(seconds)
+        else:
+            self.miss_times.append(seconds)
+            if self.miss_measured is None and len(self.miss_times) >= MISS_SAMPLES:
+                self.miss_measured = now
+        return not was and len(self.hit_times) >= HIT_SAMPLES and len(self.miss_times) >= MISS_SAMPLES
+
+    @property
+    def t_hit(self) -> float | None:
+        return median(self.hit_times) if len(self.hit_times) >= HIT_SAMPLES else None
+
+    @property
+    def t_miss(self) -> float | None:
+        return median(self.miss_times) if len(self.miss_times) >= MISS_SAMPLES else None
+
+    def probe_due(self, now: float, period: float) -> bool:
+        """Whether to start a probe now: ``t_hit`` known, ``t_miss`` unknown or ``period`` old."""
+        if self.probe is not None or self.t_hit is None:
+            return False
+        return self.t_miss is None or self.miss_measured is None or now - self.miss_measured >= period
+
+    def start_probe(self, now: float) -> None:
+        self.probe = Probe(now)
+        self.probes += 1
+
+    def finish_probe(self, now: float) -> bool:
+        """End the probe if it is done; True when it ended (its samples replace the miss
+        samples when there are enough of them; either way the next probe waits a period)."""
+        probe = self.probe
+        if probe is None or not probe.done(now):
+            return False
+        self.probe = None
+        if len(probe.samples) >= MISS_SAMPLES:
+            self.miss_times = deque(probe.samples, maxlen=SAMPLES)
+        self.miss_measured = now
+        return True
+
+    def benefit(self, job: str) -> JobBenefit:
+        """The job's measured times as the allocator sees them."""
+        return JobBenefit(job, self.world_size, self.t_hit, self.t_miss, self.probe is not None)
 
     def summary(self) -> TimingSummary:
         recent = tuple(self.recent)

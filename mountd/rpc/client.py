@@ -860,8 +860,14 @@ class AsyncClient:
             args["seconds"] = seconds
         await self.call("session_close", args)
 
-    async def report_batch(self, dataset: str, job: str, rank: int, seconds: float) -> None:
-        await self.call("report_batch", {"dataset": dataset, "job": job, "rank": rank, "seconds": seconds})
+    async def report_batch(self, dataset: str, job: str, rank: int, seconds: float, *,
+                           files: int | None = None, misses: int | None = None) -> None:
+        """``files``/``misses``: the batch's files and how many its claim gave as ``fetch``
+        (optional, together: the report is then classified exactly as a hit or miss sample)."""
+        args: dict[str, Any] = {"dataset": dataset, "job": job, "rank": rank, "seconds": seconds}
+        if files is not None:
+            args["files"], args["misses"] = files, misses
+        await self.call("report_batch", args)
 
     async def report_epoch(self, dataset: str, job: str, rank: int, epoch: int, seconds: float) -> None:
         await self.call("report_epoch", {"dataset": dataset, "job": job, "rank": rank,

@@ -644,6 +644,8 @@ class Server:
                 "requests_served": self.requests_served,
                 "protocol_errors": self.protocol_errors,
             },
+            # Who gets the cache: per dataset mode, bytes, G_D and why; per job b and g.
+            "allocation": self.coop.allocation_json() if self.coop is not None else None,
         }
 
     async def _op_usage(self, conn: Connection, request: Request) -> dict[str, Any]:
@@ -720,8 +722,9 @@ class Server:
         return {"closed": True}
 
     async def _op_report_batch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "seconds"})
-        self._coop().registry.report_batch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("seconds"))
+        a = _session_args(request, {"dataset", "job", "rank", "seconds", "files", "misses"})
+        self._coop().registry.report_batch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("seconds"),
+                                           a.get("files"), a.get("misses"))
         return {"recorded": 1}
 
     async def _op_report_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:

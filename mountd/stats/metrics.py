@@ -158,10 +158,38 @@ def render(stats: dict[str, Any], usage: dict[str, Any] | None = None) -> str:
                 name = "quiverfs_mountd_uptime_seconds"
             out.sample(name, kind, help_text, server[key])
     _cluster(out, stats.get("cluster"))
+    _allocation(out, stats.get("allocation") or {})
     for key, value in sorted((usage or {}).items()):
         if isinstance(value, int | float) and not isinstance(value, bool):
             out.sample(f"quiverfs_cache_{key}", "gauge", f"Cache usage: {key}.", value)
     return "\n".join(out.lines) + "\n"
+
+
+def _allocation(out: _Writer, allocation: dict[str, Any]) -> None:
+    """Benefit-aware allocation (Quiver §5.3): per dataset mode, bytes and G_D; per job b, g."""
+    for dataset, row in (allocation.get("datasets") or {}).items():
+        labels = {"dataset": dataset}
+        out.sample("quiverfs_dataset_mode", "gauge", "1 for the dataset's residency mode.", 1,
+                   {**labels, "mode": row.get("mode") or "unknown"})
+        if row.get("bytes") is not None:
+            out.sample("quiverfs_dataset_allocated_bytes", "gauge",
+                       "Cache bytes the allocation gives the dataset.", row["bytes"], labels)
+        if row.get("benefit") is not None:
+            out.sample("quiverfs_dataset_benefit", "gauge",
+                       "G_D: sum of b x GPUs over the dataset's jobs (assumed where unmeasured).",
+                       float(row["benefit"]), labels)
+        for job in row.get("jobs") or []:
+            job_labels = {**labels, "job": str(job.get("job"))}
+            for key, name, help_text in (
+                ("t_hit", "quiverfs_job_hit_batch_seconds", "Median mini-batch time on hits."),
+                ("t_miss", "quiverfs_job_miss_batch_seconds", "Median mini-batch time on misses."),
+                ("b", "quiverfs_job_benefit", "b = t_miss / t_hit."),
+                ("g", "quiverfs_job_gpu_benefit", "g = b x GPUs (world size)."),
+            ):
+                if job.get(key) is not None:
+                    out.sample(name, "gauge", help_text, float(job[key]), job_labels)
+            out.sample("quiverfs_job_probing", "gauge", "1 while the job is being probed.",
+                       bool(job.get("probing")), job_labels)
 
 
 async def _respond(stream: trio.SocketStream, server: Any) -> None:

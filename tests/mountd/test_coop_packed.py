@@ -62,8 +62,10 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_protects_what_they_
     dataset = write_digest(digest, entries, ["file://" + str(source)])
     base = tmp_path if len(str(tmp_path)) < 60 else Path(os.path.relpath(tmp_path))
     cache_dir = base / "cache"
-    # the dataset fits: mode full, so only the protection of what claims fetch is at work
-    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=1 << 24), chunk_grace=0.0)
+    # the dataset fits: mode full, forced so that only the protection of what claims fetch
+    # is at work (a dataset the benefit-aware allocation makes full is pinned whole)
+    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=1 << 24), chunk_grace=0.0,
+                          dataset_mode="full")
     async with trio.open_nursery() as nursery:
         running = await nursery.start(partial(serve, config, handle_signals=False))
         server = running.server

@@ -1,0 +1,153 @@
+"""Benefit-aware allocation in a real mountd: mode changes under load never fail a read nor
+break exactly once, pins follow the mode, and ``stats`` says who got the cache and why."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import trio
+
+from mountd.coop.benefit import HIT_SAMPLES, MISS_SAMPLES
+from mountd.coop.chunks import ChunkState, Mode
+from mountd.errors import InvalidRequest
+from mountd.stats.metrics import render
+from mountd.store import layout
+from quiverfs.mountd_views import print_allocation
+
+from .test_coop import mountd_env
+
+
+async def test_mode_changes_under_load_fail_no_read(tmp_path: Path) -> None:
+    # 300 files of 1000 B in a 1 MB cache; the budget (what the allocator may give) is moved
+    # while two ranks read, so the dataset goes full -> chunked -> off -> chunked -> full.
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=1_000_000) as env:
+        coop = env.server.coop
+        assert coop is not None and coop.registry.benefit_aware
+        for rank in (0, 1):
+            await env.client.session_open(env.dataset, "job", rank=rank, world_size=2, seed=3)
+        budgets = [400_000, 70_000, 1_000, 90_000, 400_000]
+        seen_modes = set()
+        for epoch in range(3):
+            given: list[int] = []
+            done = [False, False]
+            step = 0
+            while not all(done):
+                for rank in (0, 1):
+                    if done[rank]:
+                        continue
+                    claim = await env.client.claim(env.dataset, "job", rank, 8, epoch=epoch)
+                    ids = claim["hits"] + claim["fetch"]
+                    done[rank] = not ids
+                    given.extend(ids)
+                    for cid in ids:  # read every file: a hit from the store, else ensure
+                        h, s, loc = env.view.item(cid)
+                        path = layout.store_path(env.cache_dir, h)
+                        try:
+                            data = path.read_bytes()
+                        except FileNotFoundError:
+                            await env.client.ensure(h, s, loc, env.dataset)
+                            data = path.read_bytes() if path.exists() else None
+                        if data is not None:
+                            assert data == env.files[cid][1]
+                    step += 1
+                    if step % 9 == 0:
+                        coop.budget = budgets[(step // 9) % len(budgets)]
+                        coop.reallocate()
+                        seen_modes.add(coop.registry.mode(env.dataset))
+                    await trio.sleep(0)
+            assert sorted(given) == list(range(300))
+        assert seen_modes >= {Mode.FULL, Mode.CHUNKED, Mode.OFF}
+        # Off at the end: nothing of the dataset stays pinned.
+        coop.budget = 1_000
+        coop.reallocate()
+        assert coop.registry.mode(env.dataset) is Mode.OFF
+        pinned = coop.cache.index.pinned_of(env.view.hashes_of(range(300)))
+        assert not pinned
+        # Full: every cached file of it is pinned (other datasets' misses cannot evict it).
+        coop.budget = 400_000
+        coop.reallocate()
+        assert coop.registry.mode(env.dataset) is Mode.FULL
+        state = coop.registry.dataset(env.dataset)
+        cached = [i for i in range(300) if state.is_cached(i)]
+        assert cached
+        assert coop.cache.index.pinned_of(env.view.hashes_of(cached)) == set(env.view.hashes_of(cached))
+
+
+async def test_chunked_to_full_unpins_no_chunk_it_still_needs(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=1_000_000) as env:
+        coop = env.server.coop
+        assert coop is not None
+        await env.client.session_open(env.dataset, "job", seed=1)
+        coop.budget = 70_000
+        coop.reallocate()
+        state = coop.registry.dataset(env.dataset)
+        assert coop.registry.mode(env.dataset) is Mode.CHUNKED
+        for _ in range(5):  # read a little, so that a chunk loads
+            claim = await env.client.claim(env.dataset, "job", 0, 10, epoch=0)
+            for cid in claim["fetch"]:
+                h, s, loc = env.view.item(cid)
+                await env.client.ensure(h, s, loc, env.dataset)
+            await trio.sleep(0.05)
+        assert state.manager is not None
+        held = [c for c, st in enumerate(state.manager.states()) if st is not ChunkState.IDLE]
+        assert held
+        coop.budget = 400_000
+        coop.reallocate()
+        assert coop.registry.mode(env.dataset) is Mode.FULL
+        # Whatever of the old chunks is cached stays pinned: the dataset is full now.
+        cached = [i for i in range(300) if state.is_cached(i)]
+        assert coop.cache.index.pinned_of(env.view.hashes_of(cached)) == set(env.view.hashes_of(cached))
+
+
+async def test_stats_show_allocation_per_dataset_and_job(tmp_path: Path, capsys) -> None:
+    async with mountd_env(tmp_path, files=100, size=1000, cache_size=1_000_000) as env:
+        coop = env.server.coop
+        assert coop is not None
+        await env.client.session_open(env.dataset, "job", rank=0, world_size=4)
+        coop.reallocate()
+        stats = await env.client.stats()
+        row = stats["allocation"]["datasets"][env.dataset]
+        assert row["mode"] == "full" and row["bytes"] == 100_000
+        assert row["benefit"] == 8.0  # one unmeasured job of 4 GPUs, assumed b = 2
+        assert "G=8.00" in row["reason"]
+        (job,) = row["jobs"]
+        assert job["job"] == "job" and job["gpus"] == 4 and job["b"] is None
+        text = render(stats)
+        assert f'quiverfs_dataset_mode{{dataset="{env.dataset}",mode="full"}} 1' in text
+        assert f'quiverfs_dataset_allocated_bytes{{dataset="{env.dataset}"}} 100000' in text
+        print_allocation(stats["allocation"])
+        out = capsys.readouterr().out
+        assert "benefit-aware" in out and "full" in out and "G=8.00" in out
+
+
+async def test_a_forced_mode_is_not_reallocated(tmp_path: Path) -> None:
+    async with mountd_env(tmp_path, files=100, size=1000, cache_size=1_000_000, mode="lru") as env:
+        coop = env.server.coop
+        assert coop is not None and not coop.registry.benefit_aware
+        await env.client.session_open(env.dataset, "job")
+        coop.tick()
+        stats = await env.client.stats()
+        row = stats["allocation"]["datasets"][env.dataset]
+        assert row["mode"] == "lru" and row["reason"] == "fixed by --dataset-mode"
+
+
+async def test_batch_reports_with_their_misses_measure_the_job(tmp_path: Path) -> None:
+    # report_batch's files/misses reach the registry over RPC and classify each report
+    # exactly; a report with files but no misses is EINVAL and records nothing.
+    async with mountd_env(tmp_path, files=40) as env:
+        coop = env.server.coop
+        assert coop is not None
+        await env.client.session_open(env.dataset, "job")
+        with pytest.raises(InvalidRequest) as info:
+            await env.client.call("report_batch", {"dataset": env.dataset, "job": "job", "rank": 0,
+                                                   "seconds": 0.1, "files": 4})
+        assert info.value.errno == errno.EINVAL
+        for _ in range(HIT_SAMPLES):
+            await env.client.report_batch(env.dataset, "job", 0, 0.1, files=4, misses=0)
+        for _ in range(MISS_SAMPLES):
+            await env.client.report_batch(env.dataset, "job", 0, 0.3, files=4, misses=4)
+        (job,) = coop.allocation_json()["datasets"][env.dataset]["jobs"]
+        assert job["t_hit"] == pytest.approx(0.1) and job["t_miss"] == pytest.approx(0.3)
+        assert job["b"] == pytest.approx(3.0)

@@ -1,0 +1,360 @@
+"""Benefit-aware allocation (Quiver §5.3): the pure allocator, and probing through the registry."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from mountd.coop.benefit import (
+    ASSUMED_BENEFIT,
+    HIT_SAMPLES,
+    MISS_SAMPLES,
+    PROBE_BATCHES,
+    DatasetDemand,
+    JobBenefit,
+    allocate,
+    benefit_moved,
+)
+from mountd.coop.chunks import Mode
+from mountd.coop.sessions import SessionRegistry
+from mountd.coop.timings import JobTimings, classify_batch
+from mountd.errors import InvalidRequest
+
+MB = 1_000_000
+
+
+def demand(name: str, total: int, *jobs: JobBenefit, fixed: Mode | None = None) -> DatasetDemand:
+    return DatasetDemand(name, total, total // 10, total // 100, tuple(jobs), fixed)
+
+
+def job(name: str, b: float | None, gpus: int = 1) -> JobBenefit:
+    if b is None:
+        return JobBenefit(name, gpus)
+    return JobBenefit(name, gpus, t_hit=0.1, t_miss=0.1 * b)
+
+
+# -- the allocator --------------------------------------------------------------------------------
+
+
+def test_b_and_g_follow_the_paper() -> None:
+    j = JobBenefit("j", 4, t_hit=0.1, t_miss=0.3)
+    assert j.b == pytest.approx(3.0)
+    assert j.g == pytest.approx(12.0)
+    assert JobBenefit("k", 2, t_hit=0.1).b is None
+
+
+def test_everything_fits_everything_beneficial_is_full() -> None:
+    out = allocate([demand("a", 100 * MB, job("a1", 3.0)), demand("b", 100 * MB, job("b1", 1.5))],
+                   300 * MB)
+    assert {k: v.mode for k, v in out.items()} == {"a": Mode.FULL, "b": Mode.FULL}
+    assert out["a"].budget == 100 * MB
+
+
+def test_the_insensitive_jobs_dataset_is_left_uncached_even_with_room() -> None:
+    out = allocate([demand("sens", 100 * MB, job("s", 3.0)), demand("insens", 100 * MB, job("i", 1.02, gpus=8))],
+                   1000 * MB)
+    assert out["sens"].mode is Mode.FULL
+    assert out["insens"].mode is Mode.OFF
+    assert out["insens"].budget == 0
+    assert "insensitive" in out["insens"].reason
+
+
+def test_a_dataset_with_one_sensitive_job_among_insensitive_ones_is_cached() -> None:
+    out = allocate([demand("d", 100 * MB, job("i", 1.0), job("s", 2.0))], 1000 * MB)
+    assert out["d"].mode is Mode.FULL
+
+
+def test_greedy_two_chunks_first_then_full_by_benefit_per_byte() -> None:
+    # Three 100 MB datasets; two chunks cost 20 MB each. 100 MB: all three get chunks
+    # (60 MB), the rest (40 MB) cannot upgrade any to full (80 MB more each).
+    ds = [demand("a", 100 * MB, job("a", 3.0, 4)), demand("b", 100 * MB, job("b", 2.0, 4)),
+          demand("c", 100 * MB, job("c", 1.5, 4))]
+    out = allocate(ds, 100 * MB)
+    assert [out[k].mode for k in "abc"] == [Mode.CHUNKED] * 3
+    # 150 MB: the best G per byte (a) is upgraded to full; b and c keep their chunks.
+    out = allocate(ds, 150 * MB)
+    assert [out[k].mode for k in "abc"] == [Mode.FULL, Mode.CHUNKED, Mode.CHUNKED]
+    assert sum(a.budget for a in out.values()) <= 150 * MB
+    # 45 MB: chunks go by G per byte: a and b take 40 MB; c gets smaller chunks in the 5 MB
+    # left (still >= 1% of the dataset each).
+    out = allocate(ds, 45 * MB)
+    assert out["a"].mode is Mode.CHUNKED and out["b"].mode is Mode.CHUNKED
+    assert out["c"].mode is Mode.CHUNKED and out["c"].budget == 5 * MB
+    # 41 MB: nothing left for c beyond 1 MB (< two 1 MB chunks).
+    out = allocate(ds, 41 * MB)
+    assert out["c"].mode is Mode.OFF and "no room" in out["c"].reason
+
+
+def test_benefit_per_byte_not_benefit_decides() -> None:
+    # big has more G but costs ten times as much per unit of G: the small one goes first.
+    ds = [demand("big", 1000 * MB, job("x", 3.0, 8)), demand("small", 50 * MB, job("y", 2.0, 4))]
+    out = allocate(ds, 120 * MB)
+    assert out["small"].mode is Mode.FULL
+    # its two chunks (200 MB) do not fit: it gets smaller ones in what is left (70 MB)
+    assert out["big"].mode is Mode.CHUNKED and out["big"].budget == 70 * MB
+
+
+def test_unmeasured_jobs_count_with_the_assumed_benefit() -> None:
+    d = demand("d", 100 * MB, job("new", None, 2))
+    out = allocate([d], 1000 * MB)
+    assert out["d"].mode is Mode.FULL
+    assert out["d"].benefit == pytest.approx(ASSUMED_BENEFIT * 2)
+
+
+def test_fixed_modes_are_kept_and_charged() -> None:
+    out = allocate([demand("fixed", 100 * MB, job("f", 1.0), fixed=Mode.FULL),
+                    demand("auto", 100 * MB, job("a", 3.0))], 150 * MB)
+    assert out["fixed"].mode is Mode.FULL and out["fixed"].reason == "fixed by --dataset-mode"
+    assert out["auto"].mode is Mode.CHUNKED  # 50 MB left: two chunks, not the whole
+
+
+# -- timings: classifying reports -----------------------------------------------------------------
+
+
+def test_reports_are_classified_by_what_recent_claims_gave() -> None:
+    t = JobTimings(16)
+    t.on_claim(10, 0)
+    t.on_batch(0.1, 0.0)
+    t.on_claim(0, 10)
+    t.on_batch(0.2, 0.0)  # mixed window: not a sample
+    assert list(t.hit_times) == [0.1] and not t.miss_times
+    for _ in range(4):
+        t.on_claim(0, 10)
+    t.on_batch(0.3, 0.0)
+    assert list(t.miss_times) == [0.3]
+
+
+def test_a_report_that_says_what_its_batch_read_is_classified_exactly() -> None:
+    # The claim window is mixed (it would classify nothing); the batch's own files decide.
+    t = JobTimings(16)
+    t.on_claim(10, 0)
+    t.on_claim(0, 10)
+    t.on_batch(0.1, 0.0, (8, 0))
+    t.on_batch(0.5, 0.0, (8, 8))
+    t.on_batch(0.3, 0.0, (8, 3))  # a mixed batch: not a sample
+    t.on_batch(0.3, 0.0, (0, 0))  # an empty one neither
+    assert list(t.hit_times) == [0.1] and list(t.miss_times) == [0.5]
+    assert classify_batch(10, 9) == "miss" and classify_batch(10, 8) is None
+    assert classify_batch(1, 0) == "hit" and classify_batch(0, 0) is None
+
+
+def test_on_batch_says_when_the_job_is_first_measured() -> None:
+    t = JobTimings(16)
+    firsts = [t.on_batch(0.1, 0.0, (8, 0)) for _ in range(HIT_SAMPLES)]
+    firsts += [t.on_batch(0.4, 0.0, (8, 8)) for _ in range(MISS_SAMPLES + 3)]
+    assert firsts.count(True) == 1 and firsts[HIT_SAMPLES + MISS_SAMPLES - 1]
+    assert t.t_hit == pytest.approx(0.1) and t.t_miss == pytest.approx(0.4)
+
+
+# -- the registry: probes, exactly once, re-evaluation -----------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def drive(reg: SessionRegistry, clock: Clock, dataset: str, job: str, t_hit: float, t_miss: float,
+          *, epochs: int = 1, n: int = 5, world: int = 1) -> list[list[int]]:
+    """Claim through ``epochs`` epochs on every rank of ``job``, reporting each batch as the
+    emulated job would take it: ``t_hit`` when its claim was all hits, else ``t_miss``.
+    Returns every epoch's given ids."""
+    given: list[list[int]] = []
+    for rank in range(world):
+        reg.open_session(dataset, job, rank=rank, world_size=world)
+    start = reg.session_info(dataset, job, 0).epoch
+    for epoch in range(start, start + epochs):
+        got: list[int] = []
+        done = [False] * world
+        for rank in itertools.cycle(range(world)):
+            if all(done):
+                break
+            if done[rank]:
+                continue
+            claim = reg.claim(dataset, job, rank, n, epoch=epoch)
+            if claim.end_of_epoch:
+                done[rank] = True
+                continue
+            got.extend(claim.ids)
+            clock.now += 0.01
+            reg.report_batch(dataset, job, rank, t_hit if not claim.fetch else t_miss)
+        given.append(got)
+    return given
+
+
+def registry(clock: Clock) -> SessionRegistry:
+    reg = SessionRegistry(clock=clock, idle_timeout=None)
+    reg.benefit_aware = True
+    return reg
+
+
+def test_a_probe_measures_t_miss_and_keeps_exactly_once() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    n_files = 1000
+    reg.add_dataset("d", [1000] * n_files, budget=10 * MB, cached=range(0, n_files, 2))
+    reg.open_session("d", "j", world_size=2, rank=0)
+    reg.open_session("d", "j", world_size=2, rank=1)
+    epochs = drive(reg, clock, "d", "j", 0.1, 0.4, epochs=3, world=2)
+    for ids in epochs:  # exactly once per epoch, across the probe
+        assert sorted(ids) == list(range(n_files))
+    timings = reg._timings[("d", "j")]
+    assert timings.probes >= 1 and timings.probe is None
+    (benefit, probes), = reg.benefits("d")
+    assert benefit.gpus == 2
+    assert benefit.t_hit == pytest.approx(0.1) and benefit.t_miss == pytest.approx(0.4)
+    assert benefit.b == pytest.approx(4.0) and benefit.g == pytest.approx(8.0)
+
+
+def test_a_probe_gives_only_uncached_files() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 2000, budget=10 * MB, cached=range(1000))
+    reg.open_session("d", "j")
+    probing_claims = []
+    for _ in range(200):
+        claim = reg.claim("d", "j", 0, 5)
+        if reg._timings[("d", "j")].probe is not None:
+            probing_claims.append(claim)
+        reg.report_batch("d", "j", 0, 0.1 if not claim.fetch else 0.5)
+    assert len(probing_claims) >= PROBE_BATCHES
+    assert all(not c.hits and all(i >= 1000 for i in c.fetch) for c in probing_claims)
+
+
+def test_allocation_is_re_evaluated_when_jobs_join_and_leave() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    sizes = [1000] * 400  # 400 kB each
+    for name in ("a", "b"):
+        reg.add_dataset(name, sizes, budget=1 * MB, cached=range(0, 400, 2))
+    budget = 500_000  # one of the two fits whole
+    reg.allocate(budget)
+    assert reg.allocation_due() is False
+    reg.open_session("a", "fast", world_size=1)
+    reg.open_session("b", "slow", world_size=1)
+    assert reg.allocation_due()
+    drive(reg, clock, "a", "fast", 0.1, 0.5, epochs=2)
+    drive(reg, clock, "b", "slow", 1.0, 1.02, epochs=2)
+    reg.allocate(budget)
+    modes = {k: a.mode for k, a in reg.allocation().items()}
+    assert modes == {"a": Mode.FULL, "b": Mode.OFF}
+    assert reg.mode("a") is Mode.FULL and reg.mode("b") is Mode.OFF
+    assert "insensitive" in reg.allocation()["b"].reason
+    # The insensitive job leaves, a sensitive one arrives on b: b is cached again.
+    reg.close_session("b", "slow", 0)
+    assert reg.allocation_due()
+    reg.open_session("b", "hungry", world_size=4)
+    drive(reg, clock, "b", "hungry", 0.1, 0.6, epochs=2, world=4)
+    changes = reg.allocate(budget)
+    assert {c.dataset for c in changes} >= {"b"}
+    # b's G per byte (4 GPUs × 6) beats a's (1 × 5): b whole, a in two chunks.
+    assert reg.mode("b") is Mode.FULL and reg.mode("a") is Mode.CHUNKED
+    # a's job leaves: a counts as one unmeasured job again; still cached, by the assumed b.
+    reg.close_session("a", "fast", 0)
+    reg.allocate(budget)
+    assert reg.allocation()["a"].benefit == pytest.approx(ASSUMED_BENEFIT)
+
+
+def test_mode_changes_keep_exactly_once_mid_epoch() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    n_files = 600
+    reg.add_dataset("d", [1000] * n_files, budget=10 * MB, cached=range(0, n_files, 3))
+    reg.open_session("d", "j", world_size=2, rank=0)
+    reg.open_session("d", "j", world_size=2, rank=1)
+    modes = itertools.cycle([(Mode.CHUNKED, 120_000), (Mode.OFF, 0), (Mode.FULL, 600_000),
+                             (Mode.CHUNKED, 200_000), (Mode.FULL, 600_000)])
+    for epoch in range(3):
+        got: list[int] = []
+        done = [False, False]
+        step = 0
+        while not all(done):
+            for rank in (0, 1):
+                if done[rank]:
+                    continue
+                claim = reg.claim("d", "j", rank, 7, epoch=epoch)
+                done[rank] = claim.end_of_epoch
+                got.extend(claim.ids)
+                reg.on_cached("d", claim.fetch)
+                step += 1
+                if step % 13 == 0:
+                    mode, budget = next(modes)
+                    change = reg.set_mode("d", mode, budget)
+                    assert change is None or change.new is reg.mode("d")
+                for action in reg.tick():
+                    if hasattr(action, "ids") and type(action).__name__ == "Evict":
+                        reg.on_evicted("d", action.ids)
+        assert sorted(got) == list(range(n_files))
+
+
+def test_exact_reports_measure_b_within_a_few_batches_and_allocate_at_once() -> None:
+    # Half of each dataset is cached and the claims give hits first, so the claim-window rule
+    # would call every report a hit. Reports that say which of their files missed (as a job
+    # whose reader runs ahead knows) measure both jobs within HIT_SAMPLES + MISS_SAMPLES
+    # batches each, and the first b makes an allocation due at once (not at the next
+    # interval): the insensitive job's dataset goes off, the sensitive one is cached.
+    clock = Clock()
+    reg = registry(clock)
+    for name in ("fast", "slow"):
+        reg.add_dataset(name, [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
+        reg.open_session(name, "job")
+    reg.allocate(200_000)
+    times = {"fast": (0.1, 0.5), "slow": (1.0, 1.02)}
+    for name, (t_hit, t_miss) in times.items():
+        reports = 0
+        while not reg.allocation_due():
+            # hits first; then t_hit is known and the job is probed (its claims give misses)
+            claim = reg.claim(name, "job", 0, 10)
+            miss = reports >= HIT_SAMPLES
+            assert not miss or not claim.hits  # the probe
+            clock.now += 0.01
+            reg.report_batch(name, "job", 0, t_miss if miss else t_hit, files=5, misses=5 if miss else 0)
+            reports += 1
+        assert reports == HIT_SAMPLES + max(MISS_SAMPLES, PROBE_BATCHES)
+        assert reg._timings[(name, "job")].probes == 1
+        reg.allocate(200_000)
+    (fast, _), = reg.benefits("fast")
+    (slow, _), = reg.benefits("slow")
+    assert fast.b == pytest.approx(5.0) and slow.b == pytest.approx(1.02)
+    allocation = reg.allocation()
+    assert allocation["slow"].mode is Mode.OFF and "insensitive" in allocation["slow"].reason
+    assert allocation["fast"].mode is not Mode.OFF
+
+
+def test_report_batch_checks_files_and_misses() -> None:
+    reg = registry(Clock())
+    reg.add_dataset("d", [1000] * 10, budget=1 * MB)
+    reg.open_session("d", "j")
+    for files, misses in ((5, None), (None, 2), (5, 6), (-1, 0), (5, True)):
+        with pytest.raises(InvalidRequest):
+            reg.report_batch("d", "j", 0, 0.1, files=files, misses=misses)
+    reg.report_batch("d", "j", 0, 0.1, files=5, misses=5)
+    assert len(reg._timings[("d", "j")].miss_times) == 1
+
+
+def test_a_b_that_moves_makes_an_allocation_due() -> None:
+    assert benefit_moved(None, 1.5) and not benefit_moved(None, None)
+    assert not benefit_moved(2.0, 2.2) and benefit_moved(2.0, 2.6)
+    assert benefit_moved(1.0, 1.2)  # crossed MIN_BENEFIT clearly
+    assert not benefit_moved(1.08, 1.12)  # on the threshold: hysteresis
+    # Through the registry: an early noisy b (1.0) sends the dataset off; as the job's miss
+    # times grow, its b moves and the allocation follows at once, not 30 s later.
+    clock = Clock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
+    reg.open_session("d", "job")
+    for seconds, misses in [(0.1, 0)] * HIT_SAMPLES + [(0.1, 5)] * MISS_SAMPLES:
+        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
+    reg.allocate(200_000)
+    assert reg.mode("d") is Mode.OFF
+    reports = 0
+    while not reg.allocation_due():
+        reg.report_batch("d", "job", 0, 0.5, files=5, misses=5)
+        reports += 1
+    assert reports <= MISS_SAMPLES
+    reg.allocate(200_000)
+    assert reg.mode("d") is not Mode.OFF
