@@ -120,8 +120,6 @@ class CoopService:
             self.registry.protect_room = cache.holds.room
         self.mode = Mode(mode) if mode is not None else None
         self.registry.benefit_aware = self.mode is None
-        #: Datasets the allocation made full: their files are pinned.
-        self._pin_full: set[str] = set()
         config = cache.config
         self.budget = budget if budget is not None else int(config.cache_size * budget_fraction)
         self.preload_window = preload_window or max(2, config.fill_concurrency // 2)
@@ -214,7 +212,6 @@ class CoopService:
         except QuiverError:
             return  # sessions still read it: keep it until they are done
         del self.views[dataset]
-        self._pin_full.discard(dataset)
         self._preloading.pop(dataset, None)
         self._unpin(view.hashes)
         view.close()
@@ -366,10 +363,8 @@ class CoopService:
             if event == "filled":
                 reg.on_cached(name, ids)
                 state = reg.dataset(name)
-                if name in self._pin_full or (
-                    state.manager is not None
-                    and any(state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids)
-                ):
+                if state.manager is not None and any(
+                        state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
                     self.cache.pin([arg])
             else:
                 reg.on_fetch_failed(name, ids)
@@ -435,12 +430,15 @@ class CoopService:
 
     def reallocate(self, now: float | None = None) -> None:
         """Let the registry choose every dataset's mode by benefit and perform the changes
-        (see the module docstring): unpin what old modes held, then pin new full datasets."""
+        (see the module docstring): unpin the chunks old modes held.
+
+        A dataset made full is not pinned whole: pins are chunk management's, and pinning a
+        whole dataset took its files from ``quiverfs evict`` and from its users' quota
+        eviction (both skip pinned files). The cache's policy keeps a full dataset that its
+        jobs read; another dataset's misses may push out its least recent files."""
         reg = self.registry
         changes = reg.allocate(self.budget, now)
         allocation = reg.allocation()
-        full = {name for name, a in allocation.items()
-                if a.mode is Mode.FULL and reg.mode(name) is Mode.FULL}
         unpin: list[bytes] = []
         for change in changes:
             view = self.views.get(change.dataset)
@@ -449,20 +447,8 @@ class CoopService:
                 unpin.extend(view.hashes_of(change.released))
             log.info("dataset %s: mode %s -> %s (%d bytes): %s", change.dataset, change.old,
                      change.new, change.budget, allocation[change.dataset].reason)
-        for name in self._pin_full - full:
-            view = self.views.get(name)
-            if view is not None:
-                unpin.extend(view.hashes_of(range(view.count)))
-        self._pin_full &= full
         if unpin:
             self._unpin([h for h in unpin if not self._pinned_for(h)])
-        for name in full - self._pin_full:
-            view = self.views.get(name)
-            if view is None:
-                continue
-            self._pin_full.add(name)
-            state = reg.dataset(name)
-            self.cache.pin(view.hashes_of(i for i in range(view.count) if state.is_cached(i)))
 
     def allocation_json(self) -> dict[str, Any]:
         """Per dataset: mode, bytes allocated, ``G_D`` and why; per open job: ``t_hit``,
@@ -486,14 +472,11 @@ class CoopService:
         return {"benefit_aware": reg.benefit_aware, "budget": self.budget, "datasets": out}
 
     def _pinned_for(self, content_hash: bytes) -> bool:
-        """Whether some dataset holds ``content_hash`` pinned: a dataset the allocation keeps
-        whole (full), or a loading or resident chunk."""
+        """Whether some dataset holds ``content_hash`` pinned: in a loading or resident chunk."""
         for name, view in self.views.items():
             ids = view.ids_of(content_hash)
             if not ids:
                 continue
-            if name in self._pin_full:
-                return True
             state = self.registry.dataset(name)
             if state.manager is not None and any(
                     state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):

@@ -95,8 +95,10 @@ def test_plan_stagger_calibrates_through_the_mount(mounted) -> None:
     with SyncClient.connect(cache) as client:
         after = client.stats()["counters"]["total"]
     # Three cold passes read from the remote: A alone (10 files), B alone (c0: 10 files), then
-    # both together after another eviction.
-    assert after["remote_requests"]["GET"] - before["remote_requests"]["GET"] >= 3 * 10
+    # both together after another eviction. A file still in flight or just answered when an
+    # eviction runs may stay (seen once under load: 29 GETs), so allow two; two passes alone
+    # would make 20.
+    assert after["remote_requests"]["GET"] - before["remote_requests"]["GET"] >= 3 * 10 - 2
 
 
 def test_calibration_of_a_directory_that_is_no_mount_is_one_line(tmp_path: Path) -> None:

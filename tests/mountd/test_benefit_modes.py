@@ -65,17 +65,19 @@ async def test_mode_changes_under_load_fail_no_read(tmp_path: Path) -> None:
         assert coop.registry.mode(env.dataset) is Mode.OFF
         pinned = coop.cache.index.pinned_of(env.view.hashes_of(range(300)))
         assert not pinned
-        # Full: every cached file of it is pinned (other datasets' misses cannot evict it).
+        # Full: nothing pinned either (pins are chunk management's: a whole dataset pinned
+        # would escape `quiverfs evict` and quota eviction); its cached files stay cached.
         coop.budget = 400_000
         coop.reallocate()
         assert coop.registry.mode(env.dataset) is Mode.FULL
         state = coop.registry.dataset(env.dataset)
         cached = [i for i in range(300) if state.is_cached(i)]
         assert cached
-        assert coop.cache.index.pinned_of(env.view.hashes_of(cached)) == set(env.view.hashes_of(cached))
+        assert not coop.cache.index.pinned_of(env.view.hashes_of(range(300)))
+        assert all(coop.cache.index.size_of(h) == 1000 for h in env.view.hashes_of(cached))
 
 
-async def test_chunked_to_full_unpins_no_chunk_it_still_needs(tmp_path: Path) -> None:
+async def test_chunked_to_full_releases_chunk_pins_keeps_files(tmp_path: Path) -> None:
     async with mountd_env(tmp_path, files=300, size=1000, cache_size=1_000_000) as env:
         coop = env.server.coop
         assert coop is not None
@@ -96,9 +98,12 @@ async def test_chunked_to_full_unpins_no_chunk_it_still_needs(tmp_path: Path) ->
         coop.budget = 400_000
         coop.reallocate()
         assert coop.registry.mode(env.dataset) is Mode.FULL
-        # Whatever of the old chunks is cached stays pinned: the dataset is full now.
+        # The old chunks' pins go with their manager; what they cached stays cached (the
+        # dataset is full now: its jobs read it as hits).
         cached = [i for i in range(300) if state.is_cached(i)]
-        assert coop.cache.index.pinned_of(env.view.hashes_of(cached)) == set(env.view.hashes_of(cached))
+        assert cached
+        assert not coop.cache.index.pinned_of(env.view.hashes_of(range(300)))
+        assert all(coop.cache.index.size_of(h) == 1000 for h in env.view.hashes_of(cached))
 
 
 async def test_stats_show_allocation_per_dataset_and_job(tmp_path: Path, capsys) -> None:
