@@ -26,6 +26,20 @@ def run(*args: object, check_code: int = 0) -> subprocess.CompletedProcess:
     return proc
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _sigint_state(pid: int) -> str:
+    """The ``SigBlk``/``SigIgn``/``SigCgt`` lines of process ``pid`` (for a failure message)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return "gone"
+
+
 def hashed_rows(partial: Path) -> int:
     try:
         conn = sqlite3.connect(f"file:{partial}?mode=ro", uri=True, timeout=0.1)
@@ -55,13 +69,18 @@ def test_interrupt_resume_verify_diff(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a user's shell delivers it, whatever this process inherited: a build
+        # that kept running to the end after SIGINT failed this test in full-suite runs.
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 60
     while hashed_rows(partial) == 0 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
+    seen = hashed_rows(partial)
+    state = _sigint_state(proc.pid)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == 130, (err, seen, state, signal.getsignal(signal.SIGINT))
     assert err.strip().splitlines()[-1] == (
         f"digests: error: interrupted; finished hashes are kept in {partial}: "
         "rerun the same command to resume"
