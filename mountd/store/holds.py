@@ -107,12 +107,6 @@ class Holds:
         while self._bytes > self.max_bytes and self._held:
             self._drop(next(iter(self._held)))
 
-    def answered(self, content_hash: bytes, size: int) -> None:
-        """A path was answered: the file is read now (its protection ends) and held until its
-        client has opened it."""
-        self.consumed((content_hash,))
-        self.hold(content_hash, size)
-
     def _drop(self, content_hash: bytes) -> None:
         held = self._held.pop(content_hash, None)
         if held is not None:
@@ -183,14 +177,7 @@ class Holds:
 
     def consumed(self, hashes: Iterable[bytes]) -> int:
         """These files were read: their protections end. Returns how many ended."""
-        if not self._protected:
-            return 0
-        ended = 0
-        for content_hash in hashes:
-            if content_hash in self._protected:
-                self._end(content_hash, "read")
-                ended += 1
-        return ended
+        return self.forget(hashes, "read")
 
     def release(self, owner: Hashable) -> int:
         """``owner`` is gone (a job's epoch pool closed): it no longer protects anything;
@@ -210,6 +197,8 @@ class Holds:
     def forget(self, hashes: Iterable[bytes], reason: str = "removed") -> int:
         """End the protections of ``hashes`` (they left the store, their fill failed, or an
         on-demand miss needs their room: ``reason``). Returns how many ended."""
+        if not self._protected:  # the usual case on the hit path: nothing to look up
+            return 0
         ended = 0
         for content_hash in hashes:
             if content_hash in self._protected:
