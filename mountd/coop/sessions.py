@@ -330,7 +330,7 @@ class SessionRegistry:
                 seed=seed,
                 slots=self.chunk_slots,
             )
-            largest = max(sum(sizes[i] for i in plan.ids_of(c)) for c in range(plan.chunks))
+            largest = plan.target_bytes  # its largest chunk's bytes (set_sizes summed them)
             if largest * self.chunk_slots > budget:
                 # Packed chunks too big for the budget: chunks made of whole ones cannot
                 # have their slots resident at once (pins would fill the cache and every
