@@ -45,19 +45,16 @@ from itertools import compress
 
 from mountd.coop.brand import FillRates, unit_members, unit_of
 from mountd.coop.chunks import (
-    NEEDED_BY_ALL,
-    NEEDED_BY_NONE,
-    NEEDED_BY_REQUESTER,
-    NEEDED_BY_SOME,
+    INVERT,
     ChunkManager,
     ChunkPlan,
     ChunkState,
+    Moves,
+    Needs,
 )
 from mountd.coop.packing import Packing
 
 __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
-
-_INVERT = bytes([1, 0]) + bytes(254)  # bytes.translate table: 0 <-> 1
 
 
 #: Chunk states whose files mountd pins (loading or resident).
@@ -89,7 +86,7 @@ class UnreadSet:
         pass, O(len(ids)) whatever the mix (ids < ``capacity``)."""
         members = array("i", compress(ids, mask))
         split = len(members)
-        members.extend(compress(ids, mask.translate(_INVERT)))
+        members.extend(compress(ids, mask.translate(INVERT)))
         pos = array("i", bytes(4 * capacity))
         for k, i in enumerate(members):
             pos[i] = k
@@ -245,25 +242,37 @@ class DatasetState:
         return held
 
     def _new_manager(self, plan: ChunkPlan) -> ChunkManager:
-        return ChunkManager(self.name, plan, self.is_cached, demand=self.demand,
+        # The bitmap's own getter: the manager asks it once per moved file.
+        return ChunkManager(self.name, plan, self.cached.__getitem__, demand=self.demand,
                             on_moved=self._moved, **self.manager_options)
 
     def is_cached(self, file_id: int) -> bool:
         """Whether ``file_id`` is cached (as reported)."""
         return bool(self.cached[file_id])
 
-    def demand(self, file_id: int, requester: object | None) -> int:
-        """How much the live pools want ``file_id`` (:data:`mountd.coop.chunks.NEEDED_BY_ALL`
-        …): the chunk manager draws the files every pool still has to read first."""
+    def demand(self, requester: object | None) -> Needs | None:
+        """Which files the live pools still need (:class:`mountd.coop.chunks.Needs`; None:
+        no pool, every file is wanted): the chunk manager draws the files every pool still
+        has to read first. One pass over each pool's ``given`` mask at C speed."""
         pools = self.pools
-        need = sum(1 for p in pools if not p.given[file_id])
-        if need == len(pools):
-            return NEEDED_BY_ALL
-        if isinstance(requester, EpochPool) and not requester.given[file_id]:
-            return NEEDED_BY_REQUESTER
-        return NEEDED_BY_SOME if need else NEEDED_BY_NONE
+        if not pools:
+            return None
+        n = self.plan.count
+        given_any, given_all = 0, -1
+        for pool in pools:
+            given = int.from_bytes(pool.given, "little")
+            given_any |= given
+            given_all &= given
+        mine = None
+        if isinstance(requester, EpochPool):
+            mine = bytes(requester.given).translate(INVERT)
+        return Needs(
+            by_all=given_any.to_bytes(n, "little").translate(INVERT),
+            by_requester=mine,
+            by_some=given_all.to_bytes(n, "little").translate(INVERT),
+        )
 
-    def _moved(self, moves: list[tuple[int, int, int]]) -> None:
+    def _moved(self, moves: Moves) -> None:
         """The chunk manager re-drew free chunks: the pools' per-chunk counts follow."""
         for pool in self.pools:
             pool.on_moved(moves)
@@ -463,7 +472,7 @@ class EpochPool:
         else:
             if len(self.scope) != n:
                 raise ValueError(f"scope covers {len(self.scope)} files, the dataset has {n}")
-            self.given = self.scope.translate(_INVERT)
+            self.given = self.scope.translate(INVERT)
             in_scope = self.scope.count(1)
             self.given_total = n - in_scope
             self.given_per_chunk = [plan.count_in(c, self.given) for c in range(plan.chunks)]
@@ -769,7 +778,7 @@ class EpochPool:
             unread = UnreadSet(plan.ids_of(chunk), plan.index_in_chunk())
             if hits * 2 > size:
                 unread.set_all_cached()
-                for i in compress(ids, mask.translate(_INVERT)):
+                for i in compress(ids, mask.translate(INVERT)):
                     unread.set_cached(i, False)
             else:
                 for i in compress(ids, mask):
@@ -802,13 +811,13 @@ class EpochPool:
 
     # -- notifications (from DatasetState) -------------------------------------------------
 
-    def on_moved(self, moves: list[tuple[int, int, int]]) -> None:
+    def on_moved(self, moves: Moves) -> None:
         """Files changed chunk (free chunks re-drawn): keep the per-chunk given counts."""
         given, counts = self.given, self.given_per_chunk
-        for i, old, new in moves:
-            if given[i]:
-                counts[old] -= 1
-                counts[new] += 1
+        for (old, new), ids in moves.items():
+            n = sum(map(given.__getitem__, ids))
+            counts[old] -= n
+            counts[new] += n
 
     def on_cached(self, ids: list[int]) -> None:
         """``ids`` became cached: unread ones of the current chunk become hits."""
@@ -828,6 +837,3 @@ class EpochPool:
                     fill.add(i)
                 unread.set_cached(i, False)
 
-
-#: 0 ↔ 1: a scope mask into the "given" mask of what is out of scope.
-_INVERT = bytes.maketrans(b"\x00\x01", b"\x01\x00")

@@ -8,12 +8,14 @@ from collections import deque
 import pytest
 
 from mountd.coop.chunks import (
+    INVERT,
     ChunkManager,
     ChunkPlan,
     ChunkReady,
     ChunkState,
     Evict,
     Mode,
+    Needs,
     Preload,
     choose_mode,
     plan_chunks,
@@ -366,6 +368,89 @@ def test_cached_files_are_counted_at_start_and_follow_redraws():
     cached.update(preload.ids)
     manager.on_cached(preload.ids)
     assert manager.tick(0.0)[0] == ChunkReady("ds", 0)
+
+
+def check_plan(plan: ChunkPlan) -> None:
+    """Every id in exactly one chunk, and the plan's indexes agree with its chunks' lists."""
+    index = plan.index_in_chunk()
+    seen = []
+    for c in range(plan.chunks):
+        ids = plan.ids_of(c)
+        assert plan.size_of(c) == len(ids)
+        for k, i in enumerate(ids):
+            assert plan.chunk_of(i) == c and index[i] == k
+        seen.extend(ids)
+    assert sorted(seen) == list(range(plan.count))
+
+
+def mask(n: int, ids) -> bytes:
+    out = bytearray(n)
+    for i in ids:
+        out[i] = 1
+    return bytes(out)
+
+
+def test_a_draw_prefers_what_every_reader_needs_then_the_asker_then_anyone():
+    n, k = 2_000, 10
+    plan = ChunkPlan(n, k)
+    rng = random.Random(5)
+    by_all = set(rng.sample(range(n), 60))  # fewer than a chunk (200 files)
+    by_requester = by_all | set(rng.sample(sorted(set(range(n)) - by_all), 50))
+    by_some = by_requester | set(rng.sample(sorted(set(range(n)) - by_requester), 500))
+    needs = Needs(mask(n, by_all), mask(n, by_requester), mask(n, by_some))
+    moved: list = []
+    manager = ChunkManager("ds", plan, lambda _i: False, demand=lambda _r: needs,
+                           on_moved=moved.append)
+    before = [plan.chunk_of(i) for i in range(n)]
+    chunk = manager.plan_next(object())
+    drawn = set(plan.ids_of(chunk))
+    assert len(drawn) == 200
+    assert by_requester <= drawn  # every file the asker needs came first (110 of them)
+    assert drawn <= by_some  # then 90 that someone needs; none that nobody needs
+    check_plan(plan)
+    # The moves say exactly which files changed chunk, grouped by (old, new).
+    [moves] = moved
+    reported = {(i, old, new) for (old, new), ids in moves.items() for i in ids}
+    actual = {(i, before[i], plan.chunk_of(i)) for i in range(n) if before[i] != plan.chunk_of(i)}
+    assert reported == actual and len(actual) > 300  # the chunk's old files left, drawn ones came
+
+
+def test_a_draw_uses_files_nobody_needs_only_when_nothing_else_is_left():
+    n = 300
+    plan = ChunkPlan(n, 3)
+    nobody = Needs(bytes(n), None, bytes(n))
+    manager = ChunkManager("ds", plan, lambda _i: False, demand=lambda _r: nobody)
+    assert len(plan.ids_of(manager.plan_next())) == 100
+    one = Needs(bytes(n), None, mask(n, [7]))
+    manager = ChunkManager("ds", ChunkPlan(n, 3), lambda _i: False, demand=lambda _r: one)
+    assert list(manager.plan.ids_of(manager.plan_next())) == [7]
+    check_plan(manager.plan)
+
+
+def test_a_draw_fills_the_chunk_by_bytes_and_takes_one_file_larger_than_it():
+    n = 3_000
+    rng = random.Random(9)
+    sizes = [rng.choice((1_000, 5_000, 50_000)) for _ in range(n)]
+    plan = ChunkPlan(n, 10)
+    plan.set_sizes(sizes)
+    manager = ChunkManager("ds", plan, lambda _i: False)
+    for _ in range(3):
+        chunk = manager.plan_next()
+        got = sum(sizes[i] for i in plan.ids_of(chunk))
+        assert plan.target_bytes - 50_000 < got <= plan.target_bytes
+        check_plan(plan)
+    # One file larger than a whole chunk is still drawn alone.
+    big = ChunkPlan(30, 3)
+    big.set_sizes([10] * 29 + [10_000])
+    big.target_bytes = 100
+    only_big = Needs(mask(30, [29]), None, mask(30, [29]))
+    manager = ChunkManager("ds", big, lambda _i: False, demand=lambda _r: only_big)
+    assert list(big.ids_of(manager.plan_next())) == [29]
+
+
+def test_the_needs_masks_invert_to_what_was_given():
+    given = bytes([1, 0, 1, 0])
+    assert given.translate(INVERT) == bytes([0, 1, 0, 1])
 
 
 def test_manager_needs_three_chunks():
