@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import typer
@@ -62,8 +63,43 @@ def _rate(text: str | None, what: str) -> float | None:
     return float(layout.parse_size(text))
 
 
+def _load_config(ctx: typer.Context, param: typer.CallbackParam, value: Path | None) -> Path | None:
+    """Read ``--config FILE`` (TOML, before every other option: it is eager) into the
+    defaults of mountd's options, so the command line still overrides the file.
+
+    Keys are the long option names (``cache-size = "500G"``, ``cluster = "redis://..."``);
+    a key no option has or a file that is not TOML is one line and exit status 2; a value
+    the option refuses is reported like the same value on the command line."""
+    if value is None:
+        return None
+    try:
+        with open(value, "rb") as file:
+            table = tomllib.load(file)
+    except OSError as exc:
+        raise UsageError(f"--config {value}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"--config {value} is not TOML: {exc}") from None
+    by_key = {opt.lstrip("-"): p for p in ctx.command.params if p is not param
+              for opt in p.opts if opt.startswith("--")}
+    defaults = {}
+    for key, setting in table.items():
+        option = by_key.get(key.replace("_", "-"))
+        if option is None:
+            raise UsageError(f"--config {value}: no option --{key} "
+                             f"(keys are mountd's long options, e.g. cache-size)")
+        if isinstance(setting, dict | list):
+            raise UsageError(f"--config {value}: {key} must be a string, number or boolean")
+        defaults[option.name] = setting  # converted, and refused, like the option's own value
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
+    return value
+
+
 @app.command("mountd")
 def mountd_command(
+    config_file: Path | None = typer.Option(
+        None, "--config", metavar="FILE", is_eager=True, callback=_load_config,
+        help="Read options from this TOML file (keys: the long option names, e.g. cache-size = \"500G\", cluster = \"redis://...\"); options given on the command line win.",
+    ),
     cache_dir: Path | None = typer.Option(None, "--cache-dir", help=_CACHE_DIR_HELP, readable=False),
     cache_size: str = typer.Option(
         DEFAULT_CACHE_SIZE, "--cache-size",
@@ -156,6 +192,8 @@ def mountd_command(
     It serves the control socket DIR/mountd.sock (mode 0600 unless --socket-group or --shared) until SIGTERM or SIGINT. Store files are readable by every local user who knows their hash, folders are not listable (--private-store: mountd's user only). Exit status 75 means another mountd already owns the cache directory.
 
     Example: quiverfs mountd --cache-dir /var/cache/quiverfs --cache-size 200G --socket-group quiverfs --user-quota 50G
+
+    Or: quiverfs mountd --config /etc/quiverfs/mountd.toml (docs/operations.md "Configuration file")
     """
     from mountd.daemon import DaemonConfig, SocketAccess, main
     from mountd.store import layout

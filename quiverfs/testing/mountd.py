@@ -86,15 +86,17 @@ def mountd_argv(cache_dir: Path, *options: str) -> list[str]:
 
 
 @contextmanager
-def running_mountd(cache_dir: Path, *options: str, cache_size: str = "256M",
+def running_mountd(cache_dir: Path, *options: str, cache_size: str | None = "256M",
                    timeout: float = 30.0) -> Iterator[MountdProcess]:
-    """A mountd for ``cache_dir`` in a child process, ready when entered, stopped on exit."""
+    """A mountd for ``cache_dir`` in a child process, ready when entered, stopped on exit
+    (``cache_size=None``: no ``--cache-size``, e.g. when a ``--config`` file sets it)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     log_path = cache_dir.parent / f"{cache_dir.name}.mountd.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            mountd_argv(cache_dir, "--cache-size", cache_size, *options),
+            mountd_argv(cache_dir, *(() if cache_size is None else ("--cache-size", cache_size)),
+                        *options),
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         )
     daemon = MountdProcess(proc, cache_dir, log_path)

@@ -102,3 +102,21 @@ def test_two_processes_share_through_peers_and_one_killed_costs_nothing(
             assert Path(got).read_bytes() == f.data
         wait_until(lambda: cb.stats()["cluster"]["members"] == [f"127.0.0.1:{ports[1]}"],
                    30, "b to see a gone")
+
+
+def test_cluster_options_from_the_config_file(tmp_path: Path, redis_server: RedisServer) -> None:
+    secret, port = _secret_file(tmp_path), free_port()
+    config = tmp_path / "mountd.toml"
+    config.write_text(f'cluster = "{redis_server.url}"\nadvertise = "127.0.0.1:{port}"\n'
+                      f'cluster-secret-file = "{secret}"\ncluster-name = "fromfile"\n')
+    with running_mountd(tmp_path / "n", "--config", str(config)) as node, \
+            SyncClient.connect(node.cache_dir) as client:
+        shown = client.stats()["cluster"]
+        assert (shown["node"], shown["name"]) == (f"127.0.0.1:{port}", "fromfile")
+        wait_until(lambda: client.stats()["cluster"]["members"] == [f"127.0.0.1:{port}"], 30,
+                   "the node to see itself in Redis")
+    # A file missing the secret is refused like the same options on the command line.
+    config.write_text(f'cluster = "{redis_server.url}"\nadvertise = "127.0.0.1:{port}"\n')
+    done = _mountd(tmp_path, "--config", str(config))
+    assert done.returncode == 2 and "--cluster needs --advertise" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

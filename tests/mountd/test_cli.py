@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,47 @@ def test_chunk_slots_reach_the_session_registry(tmp_path):
             await cache.aclose()
 
     trio.run(check)
+
+
+def _config(tmp_path, text: str):
+    path = tmp_path / "mountd.toml"
+    path.write_text(text)
+    return path
+
+
+def test_mountd_config_file_sets_options_and_the_command_line_wins(tmp_path):
+    config = _config(tmp_path, 'cache-size = "3M"\nprotect_share = 0.25\nshared = true\n')
+    with running_mountd(tmp_path / "a", "--config", str(config), cache_size=None) as a, \
+            SyncClient.connect(a.cache_dir) as client:
+        assert client.usage()["cap_bytes"] == 3 << 20
+        assert os.stat(a.cache_dir / "mountd.sock").st_mode & 0o777 == 0o666  # shared = true
+    with running_mountd(tmp_path / "b", "--config", str(config), cache_size="5M") as b, \
+            SyncClient.connect(b.cache_dir) as client:
+        assert client.usage()["cap_bytes"] == 5 << 20
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("cache-size = \n", "is not TOML"),
+    ("bogus = 1\n", "no option --bogus"),
+    ("[cluster]\nurl = 'redis://x'\n", "cluster must be a string, number or boolean"),
+    ('cache-size = "10X"\n', "bad size '10X'"),
+])
+def test_mountd_bad_config_file_is_one_line_exit_2(capsys, tmp_path, text, message):
+    config = _config(tmp_path, text)
+    code, _, err = cli(capsys, "mountd", "--cache-dir", str(tmp_path / "c"), "--config", str(config))
+    assert code == 2 and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    config = _config(tmp_path, 'remote-concurrency = "many"\n')  # refused as on the command line
+    code, _, err = cli(capsys, "mountd", "--cache-dir", str(tmp_path / "c"), "--config", str(config))
+    assert code == 2 and "'--remote-concurrency'" in err and "Traceback" not in err
+    code, _, err = cli(capsys, "mountd", "--config", str(tmp_path / "missing.toml"))
+    assert code == 2 and "No such file or directory" in err and err.count("\n") == 1
+
+
+def test_the_shipped_config_file_starts_mountd(tmp_path):
+    shipped = Path(__file__).resolve().parents[2] / "packaging" / "quiverfs" / "mountd.toml"
+    # The file's cache directory and group are the service's; the command line overrides them.
+    with running_mountd(tmp_path / "svc", "--config", str(shipped), "--socket-group", "root",
+                        "--metrics-port", "0", cache_size="8M") as daemon, \
+            SyncClient.connect(daemon.cache_dir) as client:
+        assert client.usage()["cache_dir"] == str(daemon.cache_dir)
