@@ -186,6 +186,17 @@ def mountd_command(
         "default", "--cluster-name", metavar="NAME",
         help="Name of the cluster, so several can share one Redis (keys quiverfs:NAME:...).",
     ),
+    cluster_tls_cert: Path | None = typer.Option(
+        None, "--cluster-tls-cert", metavar="PEM",
+        help="This node's certificate for TLS between peers (signed by --cluster-tls-ca; names the advertised host). With --cluster-tls-key and --cluster-tls-ca; default: plain TCP.",
+    ),
+    cluster_tls_key: Path | None = typer.Option(
+        None, "--cluster-tls-key", metavar="PEM", help="The private key of --cluster-tls-cert.",
+    ),
+    cluster_tls_ca: Path | None = typer.Option(
+        None, "--cluster-tls-ca", metavar="PEM",
+        help="The cluster CA's certificate: peers' certificates must be signed by it.",
+    ),
 ) -> None:
     """Run mountd, the machine's cache server, in the foreground (for systemd, containers).
 
@@ -224,8 +235,10 @@ def mountd_command(
     if not 0 <= grace <= 3600:  # also refuses NaN and inf
         raise UsageError(f"--chunk-grace must be between 0 and 3600 seconds, not {chunk_grace}")
     from mountd.cluster.config import cluster_from_options
+    from mountd.cluster.tls import tls_from_options
 
-    peers = cluster_from_options(cluster, advertise, cluster_secret_file, cluster_name)
+    tls = tls_from_options(cluster_tls_cert, cluster_tls_key, cluster_tls_ca)
+    peers = cluster_from_options(cluster, advertise, cluster_secret_file, cluster_name, tls)
     main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode,
                       chunk_slots=chunk_slots, chunk_grace=grace, socket=socket, cluster=peers))
 

@@ -117,8 +117,10 @@ def print_cluster(cluster: Mapping[str, Any], console: Console | None = None) ->
     what came from peers and what went to them; one row per peer that failed or lied."""
     console = console or _console()
     state = "connected" if cluster["connected"] else "Redis UNREACHABLE: serving alone"
+    transport = "TLS" if cluster.get("tls") else "plain TCP"  # absent from an older mountd
     table = Table(title=f"mountd: cluster {cluster['name']} (node {cluster['node']}, "
-                        f"Redis {cluster['redis']}: {state})", title_justify="left")
+                        f"Redis {cluster['redis']}: {state}; peers over {transport})",
+                  title_justify="left")
     for column in ("members", "peer hits", "from peers", "peer misses", "bucket turns",
                    "waited", "pushed", "served", "served bytes", "refused handshakes",
                    "Redis errors"):

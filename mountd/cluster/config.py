@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from mountd.cluster.tls import PeerTLS
 from quiverfs.errors import UsageError
 
 #: Shortest cluster secret accepted, in bytes (HMAC-SHA256 keys shorter than this are guessable).
@@ -45,10 +46,12 @@ class ClusterConfig:
     peer_max_bytes: int = 64 * 1024 * 1024
     #: Address the peer server listens on (default: the advertised host).
     listen_host: str | None = None
+    #: TLS between peers (:mod:`mountd.cluster.tls`); None: plain TCP.
+    tls: PeerTLS | None = None
 
     def __repr__(self) -> str:  # never print the secret
         return (f"ClusterConfig(redis_url={self.redis_url!r}, advertise={self.advertise!r}, "
-                f"name={self.name!r}, secret=<{len(self.secret)} bytes>)")
+                f"name={self.name!r}, secret=<{len(self.secret)} bytes>, tls={self.tls is not None})")
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.redis_url).scheme
@@ -103,16 +106,17 @@ def read_secret(path: Path) -> bytes:
 
 
 def cluster_from_options(url: str | None, advertise: str | None, secret_file: Path | None,
-                         name: str = "default") -> ClusterConfig | None:
-    """The :class:`ClusterConfig` of ``--cluster``, ``--advertise``, ``--cluster-secret-file``
-    and ``--cluster-name`` (None without ``--cluster``); one-line :class:`UsageError` for a
-    missing or bad one."""
+                         name: str = "default", tls: PeerTLS | None = None) -> ClusterConfig | None:
+    """The :class:`ClusterConfig` of ``--cluster``, ``--advertise``, ``--cluster-secret-file``,
+    ``--cluster-name`` and the peer TLS options (None without ``--cluster``); one-line
+    :class:`UsageError` for a missing or bad one."""
     if url is None:
-        if advertise is not None or secret_file is not None:
-            raise UsageError("--advertise and --cluster-secret-file need --cluster redis://HOST:PORT/DB")
+        if advertise is not None or secret_file is not None or tls is not None:
+            raise UsageError("--advertise, --cluster-secret-file and --cluster-tls-* need "
+                             "--cluster redis://HOST:PORT/DB")
         return None
     if advertise is None or secret_file is None:
         raise UsageError("--cluster needs --advertise HOST:PORT (where peers reach this node) "
                          "and --cluster-secret-file PATH (the secret every node shares)")
     return ClusterConfig(redis_url=url, advertise=advertise, secret=read_secret(secret_file),
-                         name=name)
+                         name=name, tls=tls)

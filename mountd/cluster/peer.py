@@ -6,6 +6,9 @@ from the store as a hit (it refreshes the file's recency: peers' demand keeps it
 ``PUT`` is verified against its hash and stored like bytes a client supplied
 (:meth:`mountd.store.cache.Cache.ensure_supplied`, charged to nobody).
 
+With peer TLS (:mod:`mountd.cluster.tls`) both ends wrap the connection before the secret's
+handshake; a peer whose certificate the cluster CA did not sign never reaches it.
+
 The client keeps idle connections per peer, so a transfer costs one round trip after the
 first. Every transfer runs under a deadline (``peer_timeout``): a peer that hangs costs that
 much, then the caller tries the next source. The client checks what a peer sends against
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -54,12 +58,13 @@ class PeerServer:
     """Serves ``cache`` to authenticated peers (see the module docstring)."""
 
     def __init__(self, cache: Cache, secret: bytes, counters: ClusterCounters, *,
-                 max_bytes: int, timeout: float) -> None:
+                 max_bytes: int, timeout: float, tls: ssl.SSLContext | None = None) -> None:
         self.cache = cache
         self.secret = secret
         self.counters = counters
         self.max_bytes = max_bytes
         self.timeout = timeout
+        self.tls = tls
 
     async def serve(self, host: str, port: int, *,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
@@ -70,14 +75,28 @@ class PeerServer:
             await nursery.start(trio.serve_listeners, self._handle, listeners)
             task_status.started(bound)
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, raw: trio.SocketStream) -> None:
+        remote = _remote(raw)
+        stream: trio.abc.Stream = raw
         try:
             async with stream:
+                if self.tls is not None:
+                    stream = trio.SSLStream(raw, self.tls, server_side=True)
+                    try:
+                        with trio.fail_after(self.timeout):
+                            await stream.do_handshake()
+                    except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                        # No certificate from the cluster CA, or no TLS at all (a plain
+                        # client waits for the secret's handshake until the deadline).
+                        self.counters.auth_failures += 1
+                        log.warning("peer %s failed the TLS handshake: %s", remote,
+                                    exc.__cause__ or exc or "timed out")
+                        return
                 with trio.fail_after(self.timeout):
                     accepted = await wire.server_handshake(stream, self.secret)
                 if not accepted:
                     self.counters.auth_failures += 1
-                    log.warning("peer %s failed the cluster-secret handshake", _remote(stream))
+                    log.warning("peer %s failed the cluster-secret handshake", remote)
                     return
                 while True:
                     op = b""  # idle too long: close
@@ -89,15 +108,15 @@ class PeerServer:
                         if op == wire.OP_GET:
                             await self._get(stream)
                         elif op == wire.OP_PUT:
-                            await self._put(stream)
+                            await self._put(stream, remote)
                         else:
                             raise PeerError(f"unknown peer request {op!r}")
         except (PeerError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
-            log.info("peer connection from %s ended: %s", _remote(stream), exc or type(exc).__name__)
+            log.info("peer connection from %s ended: %s", remote, exc or type(exc).__name__)
         except trio.ClosedResourceError:
             pass
 
-    async def _get(self, stream: trio.SocketStream) -> None:
+    async def _get(self, stream: trio.abc.Stream) -> None:
         hash = await wire.receive_exactly(stream, wire.HASH)
         data = await self._read_cached(hash)
         if data is None:
@@ -123,13 +142,13 @@ class PeerServer:
             os.close(fd)
         return data if len(data) == size else None
 
-    async def _put(self, stream: trio.SocketStream) -> None:
+    async def _put(self, stream: trio.abc.Stream, remote: str) -> None:
         hash = await wire.receive_exactly(stream, wire.HASH)
         (size,) = wire.SIZE.unpack(await wire.receive_exactly(stream, wire.SIZE.size))
         if size > self.max_bytes:
             raise PeerError(f"a peer pushed {size} bytes, over the limit of {self.max_bytes}")
         data = await wire.receive_exactly(stream, size)
-        peer = _remote(stream).rpartition(":")[0]  # its host (the port is an ephemeral one)
+        peer = remote.rpartition(":")[0]  # its host (the port is an ephemeral one)
         if await content_hash(data) != hash:
             self.counters.peer_corrupt[peer] += 1
             self.counters.pushes_refused += 1
@@ -152,19 +171,20 @@ class PeerClient:
     """Asks peers for content and pushes content to them (see the module docstring)."""
 
     def __init__(self, secret: bytes, counters: ClusterCounters, *, max_bytes: int,
-                 timeout: float) -> None:
+                 timeout: float, tls: ssl.SSLContext | None = None) -> None:
         self.secret = secret
         self.counters = counters
         self.max_bytes = max_bytes
         self.timeout = timeout
-        self._idle: dict[str, list[trio.SocketStream]] = {}
+        self.tls = tls
+        self._idle: dict[str, list[trio.abc.Stream]] = {}
 
     async def get(self, address: str, hash: bytes, size: int) -> bytes | None:
         """The content of ``hash`` from the peer at ``address`` (checked: ``size`` bytes whose
         blake3 is ``hash``), or None when it does not hold it. :class:`PeerCorrupt` when it
         sent anything else, :class:`PeerError` when it failed."""
 
-        async def ask(stream: trio.SocketStream) -> bytes | None:
+        async def ask(stream: trio.abc.Stream) -> bytes | None:
             await stream.send_all(wire.OP_GET + hash)
             if await wire.receive_exactly(stream, 1) != wire.OK:
                 return None
@@ -183,14 +203,14 @@ class PeerClient:
         """Push ``data`` (the content of ``hash``) to the peer at ``address``; True when it
         stored it (or had it). :class:`PeerError` when it failed."""
 
-        async def push(stream: trio.SocketStream) -> bool:
+        async def push(stream: trio.abc.Stream) -> bool:
             await stream.send_all(wire.OP_PUT + hash + wire.SIZE.pack(len(data)))
             await stream.send_all(data)
             return await wire.receive_exactly(stream, 1) == wire.OK
 
         return await self._call(address, push)
 
-    async def _call(self, address: str, request: Callable[[trio.SocketStream], Awaitable[T]]) -> T:
+    async def _call(self, address: str, request: Callable[[trio.abc.Stream], Awaitable[T]]) -> T:
         """``request`` on a connection to ``address`` (an idle one, else a new one), within
         the deadline; an idle connection the peer has closed meanwhile is replaced once."""
         idle = self._idle.setdefault(address, [])
@@ -218,10 +238,13 @@ class PeerClient:
             return result
         raise AssertionError("unreachable")
 
-    async def _connect(self, address: str) -> trio.SocketStream:
+    async def _connect(self, address: str) -> trio.abc.Stream:
         host, port = split_address(address, "peer address")
-        stream = await trio.open_tcp_stream(host, port)
+        stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
         try:
+            if self.tls is not None:  # the certificate must name the advertised host
+                stream = trio.SSLStream(stream, self.tls, server_hostname=host)
+                await stream.do_handshake()
             await wire.client_handshake(stream, self.secret)
         except BaseException:
             await trio.aclose_forcefully(stream)

@@ -71,8 +71,11 @@ class Cluster:
                                      self.counters, heartbeat=config.heartbeat,
                                      node_ttl=config.node_ttl)
         limits = {"max_bytes": config.peer_max_bytes, "timeout": config.peer_timeout}
-        self.server = PeerServer(cache, config.secret, self.counters, **limits)
-        self.client = PeerClient(config.secret, self.counters, **limits)
+        tls = config.tls
+        self.server = PeerServer(cache, config.secret, self.counters, **limits,
+                                 tls=None if tls is None else tls.server_context())
+        self.client = PeerClient(config.secret, self.counters, **limits,
+                                 tls=None if tls is None else tls.client_context())
         self._suspects: dict[str, float] = {}
         self._nursery: trio.Nursery | None = None
         #: The peer server's port once listening (the advertised one, or the one bound for 0).
@@ -257,6 +260,7 @@ class Cluster:
             "name": self.config.name,
             "node": self.node,
             "redis": public_url(self.config.redis_url),
+            "tls": self.config.tls is not None,
             "connected": self.membership.connected,
             "members": sorted(self.membership.members),
             **self.counters.snapshot(),
