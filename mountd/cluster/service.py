@@ -17,6 +17,10 @@ path"):
    leaves the member list (it died: no waiting for the expiry); still nothing: back to 1.
    After :data:`ROUNDS` rounds, the bucket.
 
+A miss whose client supplies its own bytes (another user's mount) asks only step 1
+(:meth:`Cluster.find`): the client's fetch uses its own rights, not a cluster-wide turn; once
+its bytes are stored they are pushed to the owner (:meth:`Cluster.landed`) like a fetch's.
+
 Whatever fails on the way (a peer down, hung, lying; Redis gone) costs a retry on the next
 source, never an error to the reader: the turn's last resort is always the bucket.
 The lock is marked done before the push, so an owner that waits on the lock for a hash
@@ -142,6 +146,18 @@ class Cluster:
         self.counters.bucket_turns += 1
         yield None
 
+    async def find(self, hash: bytes, size: int) -> bytes | None:
+        """The owners' copy of ``hash`` for a miss whose client supplies its own bytes (no
+        lock: its fetch is its own); None when they do not have it."""
+        if size > self.config.peer_max_bytes or self._nursery is None:
+            return None
+        return await self._ask_owners(hash, size, set())
+
+    def landed(self, hash: bytes) -> None:
+        """A client's bytes for ``hash`` were stored here: push them to the owner."""
+        if self._nursery is not None:
+            self._nursery.start_soon(self._push_to_owner, hash)
+
     @asynccontextmanager
     async def _bucket_turn(self, hash: bytes) -> AsyncIterator[None]:
         """This node holds the lock of ``hash`` and fetches it; afterwards, in the background:
@@ -163,8 +179,12 @@ class Cluster:
                 await self.coordinator.unlock(hash, self.node)
         except REDIS_ERRORS as exc:
             self.membership.lost(exc)  # the lock expires by itself
-        if not landed:
-            return
+        if landed:
+            await self._push_to_owner(hash)
+
+    async def _push_to_owner(self, hash: bytes) -> None:
+        """Send the file of ``hash`` stored here to its owner (unless that is this node), so
+        the next miss anywhere finds it there."""
         owner = next(iter(owners(hash, self.membership.members)), self.node)
         if owner == self.node:
             return

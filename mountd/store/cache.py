@@ -56,7 +56,7 @@ from mountd.store.flights import CacheListener, Flight
 from mountd.store.holds import HOLD_SHARE, Holds
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
-from mountd.store.peers import PeerSource, fill_through
+from mountd.store.peers import PEER_URL, PeerBytes, PeerSource, fill_through
 from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.quota import Charges, own_victims
 from mountd.store.recovery import RecoveryReport, recover
@@ -535,7 +535,7 @@ class Cache(ChunkFills):
 
     async def ensure_supplied(
         self, hash: bytes, size: int, location: Location, source: SuppliedBytes,
-        dataset: str | None = None, *, uid: int | None = None,
+        dataset: str | None = None, *, uid: int | None = None, counted: bool = False,
     ) -> str:
         """Path of the verified store file for ``hash``, filled from bytes a client supplied
         (:mod:`mountd.store.supplied`) when it is not cached: mountd's own authority is never
@@ -546,12 +546,14 @@ class Cache(ChunkFills):
         given up, this caller fills from its own bytes instead, and never hears why the other
         failed. The caller's own lease (it was told to supply, :meth:`lease`) is filled now.
         Errors are those of :meth:`ensure` for the caller's own bytes; ``source`` not holding
-        ``size`` bytes matching ``hash`` is :class:`CorruptObject`."""
+        ``size`` bytes matching ``hash`` is :class:`CorruptObject`. ``counted``: the
+        caller has counted this request's hit or miss already."""
         hash = layout.check_hash(hash)
         try:
-            path = self._hit(hash, size, dataset)
+            path = None if counted else self._hit(hash, size, dataset)
             if path is None:
-                self.counters.add_miss(dataset)
+                if not counted:
+                    self.counters.add_miss(dataset)
                 path = await self._await_fill(hash, size, location, dataset, prefetch=False,
                                               source=source, uid=uid)
             self._answered(hash, size)
@@ -576,6 +578,10 @@ class Cache(ChunkFills):
             self._answered(hash, size)
             return path
         self.counters.add_miss(dataset)
+        path = await self._from_peers(hash, size, dataset, uid)
+        if path is not None:
+            self._answered(hash, size)
+            return path
         while True:
             path = self._landed(hash, size, dataset)
             if path is not None:
@@ -602,6 +608,25 @@ class Cache(ChunkFills):
                 self._answered(hash, size)
                 return flight.path
             # Failed or given up by someone else: ask again (never their error).
+
+    async def _from_peers(self, hash: bytes, size: int, dataset: str | None,
+                          uid: int | None) -> str | None:
+        """A lease's miss served by a peer's copy (mountd/store/peers.py): the path once
+        stored, charged to ``uid`` like bytes it supplied; None when no peer has it, a fill
+        is already in flight here (joining it is the lease loop's job), or storing it
+        failed (then the client supplies, and hears its own error if any)."""
+        if self.peers is None or hash in self._flights or size > self.config.cache_size:
+            return None
+        data = await self.peers.find(hash, size)
+        if data is None:
+            return None
+        location = Location(PEER_URL, hash.hex(), 0, size)
+        try:
+            return await self.ensure_supplied(hash, size, location, PeerBytes(data), dataset,
+                                              uid=uid, counted=True)
+        except QuiverError as exc:
+            log.info("a peer's copy of %s was not stored: %s", hash.hex(), exc)
+            return None
 
     def release(self, holder: object, hashes: Iterable[bytes] | None = None) -> int:
         """Give up ``holder``'s leases that have not started (of ``hashes``, or all: its
@@ -751,6 +776,9 @@ class Cache(ChunkFills):
                             backend, flight.hash, flight.size, flight.location, flight.dataset
                         )
                     self._stored(flight, path)
+                    if self.peers is not None and flight.source is not None \
+                            and not isinstance(flight.source, PeerBytes):
+                        self.peers.landed(flight.hash)  # a client's bytes: share them
                 finally:
                     self.reserved -= flight.size
                     self.charges.unreserve(uid, flight.size)

@@ -11,7 +11,12 @@ with mountd's own authority, the cache enters :meth:`PeerSource.turn` around the
   "this node fetches it" lock while the turn lasts; leaving the turn (normally or with an
   error) tells it the fetch is over, and whether the file landed.
 
-Fills of bytes a client supplied, and chunk fills of packed objects, never consult peers
+Misses of clients that supply their own bytes (other users' mounts, docs/operations.md
+"Security") consult peers too, through :meth:`PeerSource.find`: a peer's copy is content the
+hash names, verified, as good as a local hit (the hash is the capability), so the client
+need not fetch it; bytes a client supplied are handed to :meth:`PeerSource.landed` once
+stored, so the cluster finds them. Neither takes the cluster-wide lock: a client's fetch is
+its own, with its own rights. Chunk fills of packed objects never consult peers
 (docs/cluster.md "What is not done yet").
 """
 
@@ -40,6 +45,16 @@ class PeerSource(Protocol):
         """Bytes of ``hash`` (``size`` long, verified) from a peer, or None: fetch from the
         bucket while the turn lasts. Never raises for a peer's or the coordinator's failure
         (those fall back to the bucket)."""
+        ...
+
+    async def find(self, hash: bytes, size: int) -> bytes | None:
+        """Bytes of ``hash`` (``size`` long, verified) if a peer holds it, else None; no
+        lock, no bucket. Never raises for a peer's failure."""
+        ...
+
+    def landed(self, hash: bytes) -> None:
+        """``hash`` was just stored from bytes a client supplied: share it (in the
+        background; never raises)."""
         ...
 
 
