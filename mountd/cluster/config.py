@@ -42,8 +42,9 @@ class ClusterConfig:
     #: Seconds a peer has for a whole transfer (connect, handshake, answer) before the next
     #: source is tried.
     peer_timeout: float = 10.0
-    #: Largest file fetched from (or pushed to) a peer, in bytes; larger ones go to the bucket.
-    peer_max_bytes: int = 64 * 1024 * 1024
+    #: Largest file fetched from (or pushed to) a peer, in bytes; larger ones go to the
+    #: bucket. Transfers stream (mountd/cluster/peer.py): no memory limit asks for a cap.
+    peer_max_bytes: int = 1 << 40
     #: Address the peer server listens on (default: the advertised host).
     listen_host: str | None = None
     #: TLS between peers (:mod:`mountd.cluster.tls`); None: plain TCP.

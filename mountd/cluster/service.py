@@ -31,6 +31,7 @@ the push joins that fill).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -43,7 +44,9 @@ from mountd.cluster.membership import Membership
 from mountd.cluster.peer import PeerClient, PeerServer
 from mountd.cluster.placement import owners
 from mountd.errors import PeerCorrupt, PeerError
+from mountd.store import layout
 from mountd.store.cache import Cache
+from mountd.store.peers import PeerContent
 
 log = logging.getLogger("mountd.cluster")
 
@@ -79,6 +82,7 @@ class Cluster:
         self.server = PeerServer(cache, config.secret, self.counters, **limits,
                                  tls=None if tls is None else tls.server_context())
         self.client = PeerClient(config.secret, self.counters, **limits,
+                                 spool=layout.tmp_dir(cache.config.cache_dir),
                                  tls=None if tls is None else tls.client_context())
         self._suspects: dict[str, float] = {}
         self._nursery: trio.Nursery | None = None
@@ -109,17 +113,17 @@ class Cluster:
     # -- the miss path (PeerSource) --------------------------------------------------------------
 
     @asynccontextmanager
-    async def turn(self, hash: bytes, size: int) -> AsyncIterator[bytes | None]:
-        """Bytes of ``hash`` from a peer, or None: fetch from the bucket now (the cluster-wide
+    async def turn(self, hash: bytes, size: int) -> AsyncIterator[PeerContent | None]:
+        """Content of ``hash`` from a peer, or None: fetch from the bucket now (the cluster-wide
         lock is ours while the turn lasts, when Redis answers). See the module docstring."""
         if size > self.config.peer_max_bytes or self._nursery is None:
             yield None
             return
         tried: set[str] = set()
         for _ in range(ROUNDS):
-            data = await self._ask_owners(hash, size, tried)
-            if data is not None:
-                yield data
+            content = await self._ask_owners(hash, size, tried)
+            if content is not None:
+                yield content
                 return
             if not self.membership.connected:
                 break
@@ -138,15 +142,15 @@ class Cluster:
             fetcher = holder[len(DONE):] if holder and holder.startswith(DONE) else None
             if fetcher is not None and fetcher != self.node and fetcher not in tried:
                 tried.add(fetcher)
-                data = await self._ask(fetcher, hash, size)
-                if data is not None:
-                    yield data
+                content = await self._ask(fetcher, hash, size)
+                if content is not None:
+                    yield content
                     return
             tried.clear()  # the owners may have it now
         self.counters.bucket_turns += 1
         yield None
 
-    async def find(self, hash: bytes, size: int) -> bytes | None:
+    async def find(self, hash: bytes, size: int) -> PeerContent | None:
         """The owners' copy of ``hash`` for a miss whose client supplies its own bytes (no
         lock: its fetch is its own); None when they do not have it."""
         if size > self.config.peer_max_bytes or self._nursery is None:
@@ -189,46 +193,50 @@ class Cluster:
         if owner == self.node:
             return
         address = self.membership.addresses.get(owner)
-        data = await self._read_stored(hash)
-        if address is None or data is None:
+        opened = await self._open_stored(hash)
+        if address is None or opened is None:
             return
+        fd, size = opened
         try:
-            stored = await self.client.put(address, hash, data)
+            stored = await self.client.put(address, hash, fd, size)
         except PeerError as exc:
             self._failed(owner, exc)
             self.counters.push_errors += 1
             return
+        finally:
+            os.close(fd)
         if stored:
             self.counters.pushes += 1
         else:
             self.counters.push_errors += 1
 
-    async def _read_stored(self, hash: bytes) -> bytes | None:
-        """The file this node just stored (read by its final name: it is complete and
-        verified there), or None if eviction took it meanwhile."""
+    async def _open_stored(self, hash: bytes) -> tuple[int, int] | None:
+        """The file this node just stored, opened by its final name (it is complete and
+        verified there), and its size; None if eviction took it meanwhile."""
         path = self.cache.store_path(hash)
         try:
-            return await trio.to_thread.run_sync(_read_file, path)
+            return await trio.to_thread.run_sync(_open_file, path)
         except OSError:
             return None
 
-    async def _ask_owners(self, hash: bytes, size: int, tried: set[str]) -> bytes | None:
+    async def _ask_owners(self, hash: bytes, size: int,
+                          tried: set[str]) -> PeerContent | None:
         for node in owners(hash, self.membership.members)[:CANDIDATES]:
             if node == self.node or node in tried:
                 continue
             tried.add(node)
-            data = await self._ask(node, hash, size)
-            if data is not None:
-                return data
+            content = await self._ask(node, hash, size)
+            if content is not None:
+                return content
         return None
 
-    async def _ask(self, node: str, hash: bytes, size: int) -> bytes | None:
+    async def _ask(self, node: str, hash: bytes, size: int) -> PeerContent | None:
         """``hash`` from ``node`` (checked), or None: it lacks it, failed, or is suspect."""
         address = self.membership.addresses.get(node)
         if address is None or self._suspects.get(node, 0.0) > trio.current_time():
             return None
         try:
-            data = await self.client.get(address, hash, size)
+            content = await self.client.get(address, hash, size)
         except PeerCorrupt as exc:
             self.counters.peer_corrupt[node] += 1
             self._failed(node, exc)
@@ -236,12 +244,12 @@ class Cluster:
         except PeerError as exc:
             self._failed(node, exc)
             return None
-        if data is None:
+        if content is None:
             self.counters.peer_misses += 1
             return None
         self.counters.peer_hits += 1
-        self.counters.peer_bytes += len(data)
-        return data
+        self.counters.peer_bytes += content.size
+        return content
 
     def _failed(self, node: str, exc: BaseException) -> None:
         self.counters.peer_errors[node] += 1
@@ -287,6 +295,6 @@ class Cluster:
         }
 
 
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+def _open_file(path: str) -> tuple[int, int]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    return fd, os.fstat(fd).st_size

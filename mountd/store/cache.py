@@ -56,7 +56,7 @@ from mountd.store.flights import CacheListener, Flight
 from mountd.store.holds import HOLD_SHARE, Holds
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
-from mountd.store.peers import PEER_URL, PeerBytes, PeerSource, fill_through
+from mountd.store.peers import PEER_URL, PeerContent, PeerSource, fill_through
 from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.quota import Charges, own_victims
 from mountd.store.recovery import RecoveryReport, recover
@@ -617,12 +617,12 @@ class Cache(ChunkFills):
         failed (then the client supplies, and hears its own error if any)."""
         if self.peers is None or hash in self._flights or size > self.config.cache_size:
             return None
-        data = await self.peers.find(hash, size)
-        if data is None:
+        content = await self.peers.find(hash, size)
+        if content is None:
             return None
         location = Location(PEER_URL, hash.hex(), 0, size)
         try:
-            return await self.ensure_supplied(hash, size, location, PeerBytes(data), dataset,
+            return await self.ensure_supplied(hash, size, location, content, dataset,
                                               uid=uid, counted=True)
         except QuiverError as exc:
             log.info("a peer's copy of %s was not stored: %s", hash.hex(), exc)
@@ -777,7 +777,7 @@ class Cache(ChunkFills):
                         )
                     self._stored(flight, path)
                     if self.peers is not None and flight.source is not None \
-                            and not isinstance(flight.source, PeerBytes):
+                            and not isinstance(flight.source, PeerContent):
                         self.peers.landed(flight.hash)  # a client's bytes: share them
                 finally:
                     self.reserved -= flight.size

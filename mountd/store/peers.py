@@ -4,9 +4,10 @@ The store knows nothing of clusters (mountd/cluster/ sits above it); mountd's da
 the cache a ``PeerSource`` (its attribute :attr:`mountd.store.cache.Cache.peers`). For a fill
 with mountd's own authority, the cache enters :meth:`PeerSource.turn` around the fetch:
 
-* the turn yields **bytes** a peer sent, already checked against the hash by the source:
-  the fill stores them as it stores bytes a client supplied (:class:`PeerBytes`), verified
-  once more, counted as no remote request;
+* the turn yields **content** a peer sent, already checked against the hash by the source:
+  the fill stores it as it stores bytes a client supplied (a :class:`PeerContent`: in memory,
+  or for a large file an unlinked spool file in the cache's ``tmp/``), verified once more,
+  counted as no remote request;
 * or it yields **None**: fetch from the bucket now. The source may hold a cluster-wide
   "this node fetches it" lock while the turn lasts; leaving the turn (normally or with an
   error) tells it the fetch is over, and whether the file landed.
@@ -22,6 +23,8 @@ its own, with its own rights. Chunk fills of packed objects never consult peers
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -41,14 +44,14 @@ PEER_URL = "peer://"
 class PeerSource(Protocol):
     """Other caches that may hold a hash (see the module docstring)."""
 
-    def turn(self, hash: bytes, size: int) -> AbstractAsyncContextManager[bytes | None]:
-        """Bytes of ``hash`` (``size`` long, verified) from a peer, or None: fetch from the
+    def turn(self, hash: bytes, size: int) -> AbstractAsyncContextManager[PeerContent | None]:
+        """Content of ``hash`` (``size`` long, verified) from a peer, or None: fetch from the
         bucket while the turn lasts. Never raises for a peer's or the coordinator's failure
         (those fall back to the bucket)."""
         ...
 
-    async def find(self, hash: bytes, size: int) -> bytes | None:
-        """Bytes of ``hash`` (``size`` long, verified) if a peer holds it, else None; no
+    async def find(self, hash: bytes, size: int) -> PeerContent | None:
+        """Content of ``hash`` (``size`` long, verified) if a peer holds it, else None; no
         lock, no bucket. Never raises for a peer's failure."""
         ...
 
@@ -58,15 +61,21 @@ class PeerSource(Protocol):
         ...
 
 
-class PeerBytes(SuppliedBytes):
-    """Content a peer sent, held in memory, read by a fill like bytes a client supplied (no
-    remote limits, no request counted, verified like any fill)."""
+class PeerContent(SuppliedBytes):
+    """Content a peer sent, read by a fill like bytes a client supplied (no remote limits,
+    no request counted, verified like any fill). ``size``: how many bytes."""
 
     url = PEER_URL
+    size: int
+
+
+class PeerBytes(PeerContent):
+    """A peer's content held in memory (small files)."""
 
     def __init__(self, data: bytes) -> None:
         super().__init__(-1, 0)
         self.data = data
+        self.size = len(data)
 
     def _pread(self, offset: int, length: int) -> bytes:
         return self.data[offset : offset + length]
@@ -76,12 +85,36 @@ class PeerBytes(SuppliedBytes):
         self.data = b""
 
 
+class PeerFile(PeerContent):
+    """A peer's content in an unlinked spool file (large files: never held in memory);
+    closing it frees the space."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        super().__init__(fd, 0)
+        self.size = size
+
+
+def spool_file(directory: str | os.PathLike[str]) -> int:
+    """A new, empty, unlinked read-write file in ``directory`` (``O_TMPFILE`` where the
+    filesystem has it): nothing to clean up after a crash, its space freed on close."""
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+    except OSError:  # no O_TMPFILE here: create, then unlink at once
+        fd, name = tempfile.mkstemp(dir=directory, suffix=".peer")
+        os.unlink(name)
+        return fd
+
+
 async def fill_through(peers: PeerSource, filler: Filler, backend: Callable[[str], Backend],
                        flight: Flight) -> Path:
     """The fill of ``flight`` (mountd's own authority) with ``peers`` asked first: their bytes
     if they have them, else the bucket's within the source's turn."""
-    async with peers.turn(flight.hash, flight.size) as data:
+    async with peers.turn(flight.hash, flight.size) as content:
         source: Backend | SuppliedBytes
-        source = backend(flight.location.url) if data is None else PeerBytes(data)
-        return await filler.fill(source, flight.hash, flight.size, flight.location,
-                                 flight.dataset)
+        source = backend(flight.location.url) if content is None else content
+        try:
+            return await filler.fill(source, flight.hash, flight.size, flight.location,
+                                     flight.dataset)
+        finally:
+            if content is not None:
+                content.close()

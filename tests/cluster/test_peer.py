@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 import blake3
 import pytest
 import trio
 
-from mountd.cluster import wire
+from mountd.cluster import peer, wire
 from mountd.cluster.counters import ClusterCounters
 from mountd.cluster.peer import PeerClient, PeerServer
 from mountd.errors import PeerCorrupt, PeerError
 from mountd.store.cache import Cache, CacheConfig
+from mountd.store.peers import PeerFile
 from tests.cluster.conftest import SECRET
 from tests.mountd.conftest import Source
 
 LIMITS = {"max_bytes": 16 << 20, "timeout": 5.0}
+#: Where clients spool content above MEMORY_BYTES (none of these tests sends that much).
+SPOOL = tempfile.gettempdir()
 
 
 async def _open_cache(path: Path, nursery: trio.Nursery) -> Cache:
@@ -39,10 +43,10 @@ async def test_get_serves_cached_content_and_misses_the_rest(tmp_path: Path) -> 
             await cache.ensure(obj.hash, obj.size, obj.location)
         server = PeerServer(cache, SECRET, counters, **LIMITS)
         port = await nursery.start(server.serve, "127.0.0.1", 0)
-        client = PeerClient(SECRET, ClusterCounters(), **LIMITS)
+        client = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL)
         address = f"127.0.0.1:{port}"
-        assert await client.get(address, small.hash, small.size) == small.data
-        assert await client.get(address, large.hash, large.size) == large.data
+        assert (await client.get(address, small.hash, small.size)).data == small.data
+        assert (await client.get(address, large.hash, large.size)).data == large.data  # in memory
         assert await client.get(address, absent.hash, absent.size) is None
         # One connection carried all three (kept idle between requests).
         assert len(client._idle[address]) == 1
@@ -62,7 +66,7 @@ async def test_a_wrong_secret_is_refused_both_ways(tmp_path: Path) -> None:
         await cache.ensure(obj.hash, obj.size, obj.location)
         port = await nursery.start(PeerServer(cache, SECRET, counters, **LIMITS).serve,
                                    "127.0.0.1", 0)
-        stranger = PeerClient(b"another-secret-of-enough-length!", ClusterCounters(), **LIMITS)
+        stranger = PeerClient(b"another-secret-of-enough-length!", ClusterCounters(), **LIMITS, spool=SPOOL)
         with pytest.raises(PeerError, match="refused the cluster secret"):
             await stranger.get(f"127.0.0.1:{port}", obj.hash, obj.size)
         assert counters.auth_failures == 1 and counters.served_hits == 0
@@ -102,7 +106,7 @@ async def test_wrong_bytes_from_a_peer_are_detected() -> None:
     h = blake3.blake3(good).digest()
     wrong = bytearray(good)
     wrong[7] ^= 1
-    client = PeerClient(SECRET, ClusterCounters(), **LIMITS)
+    client = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL)
     async with trio.open_nursery() as nursery:
         port = await nursery.start(_impostor, SECRET, bytes(wrong))
         with pytest.raises(PeerCorrupt, match="do not match"):
@@ -114,7 +118,7 @@ async def test_wrong_bytes_from_a_peer_are_detected() -> None:
 
 
 async def test_a_server_that_does_not_know_the_secret_is_not_believed() -> None:
-    client = PeerClient(SECRET, ClusterCounters(), **LIMITS)
+    client = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL)
 
     async def fake_handshake(stream: trio.SocketStream) -> None:
         async with stream:
@@ -139,11 +143,15 @@ async def test_a_push_is_verified_before_it_is_stored(tmp_path: Path) -> None:
         cache = await _open_cache(tmp_path / "a", nursery)
         port = await nursery.start(PeerServer(cache, SECRET, counters, **LIMITS).serve,
                                    "127.0.0.1", 0)
-        client = PeerClient(SECRET, ClusterCounters(), **LIMITS)
+        client = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL)
         address = f"127.0.0.1:{port}"
-        assert await client.put(address, h, data[:-1] + bytes([data[-1] ^ 1])) is False
+        bad = _file_of(tmp_path / "bad", data[:-1] + bytes([data[-1] ^ 1]))
+        good = _file_of(tmp_path / "good", data)
+        assert await client.put(address, h, bad, len(data)) is False
         assert not cache.contains(h) and counters.pushes_refused == 1
-        assert await client.put(address, h, data) is True
+        assert await client.put(address, h, good, len(data)) is True
+        os.close(bad)
+        os.close(good)
         assert cache.contains(h)
         assert Path(cache.store_path(h)).read_bytes() == data
         assert counters.pushes_received == 1
@@ -151,4 +159,51 @@ async def test_a_push_is_verified_before_it_is_stored(tmp_path: Path) -> None:
         assert cache.counters.snapshot()["total"]["remote_requests"]["GET"] == 0
         await client.aclose()
         await cache.aclose()
+        nursery.cancel_scope.cancel()
+
+
+def _file_of(path: Path, data: bytes) -> int:
+    """A read-only descriptor of a new file holding ``data``."""
+    path.write_bytes(data)
+    return os.open(path, os.O_RDONLY)
+
+
+async def test_large_files_stream_through_a_spool_file_both_ways(tmp_path: Path) -> None:
+    """Above MEMORY_BYTES, a GET's content arrives in an unlinked spool file, hashed as it
+    comes; a push streams from the store file; a lie is caught at the end all the same."""
+    source = Source(tmp_path / "remote")
+    big = source.add("big", os.urandom(peer.MEMORY_BYTES + 3 * peer.STEP + 12345))
+    counters, spool = ClusterCounters(), tmp_path / "spool"
+    spool.mkdir()
+    async with trio.open_nursery() as nursery:
+        a = await _open_cache(tmp_path / "a", nursery)
+        b = await _open_cache(tmp_path / "b", nursery)
+        await a.ensure(big.hash, big.size, big.location)
+        server_a = PeerServer(a, SECRET, counters, **LIMITS)
+        port_a = await nursery.start(server_a.serve, "127.0.0.1", 0)
+        port_b = await nursery.start(PeerServer(b, SECRET, ClusterCounters(), **LIMITS).serve,
+                                     "127.0.0.1", 0)
+        client = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=spool)
+        content = await client.get(f"127.0.0.1:{port_a}", big.hash, big.size)
+        assert isinstance(content, PeerFile) and content.size == big.size
+        assert os.listdir(spool) == []  # unlinked from the start: nothing to clean up
+        assert await content.read_range("", 0, big.size) == big.data
+        content.close()
+        assert counters.served_bytes == big.size
+        fd = os.open(a.store_path(big.hash), os.O_RDONLY)
+        try:
+            assert await client.put(f"127.0.0.1:{port_b}", big.hash, fd, big.size) is True
+        finally:
+            os.close(fd)
+        assert Path(b.store_path(big.hash)).read_bytes() == big.data
+        # An impostor sending a large lie: found out once the whole file has arrived.
+        wrong = bytearray(big.data)
+        wrong[-1] ^= 1
+        liar = await nursery.start(_impostor, SECRET, bytes(wrong))
+        with pytest.raises(PeerCorrupt, match="do not match"):
+            await client.get(f"127.0.0.1:{liar}", big.hash, big.size)
+        assert os.listdir(spool) == []
+        await client.aclose()
+        for cache in (a, b):
+            await cache.aclose()
         nursery.cancel_scope.cancel()

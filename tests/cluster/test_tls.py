@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ from tests.cluster.conftest import SECRET
 from tests.mountd.conftest import Source
 
 LIMITS = {"max_bytes": 16 << 20, "timeout": 5.0}
+#: Where clients spool content above MEMORY_BYTES (none of these tests sends that much).
+SPOOL = tempfile.gettempdir()
 QUICK = {"max_bytes": 16 << 20, "timeout": 1.0}
 
 
@@ -83,16 +86,16 @@ async def test_transfers_over_tls_are_encrypted_and_need_the_cluster_ca(tmp_path
         seen = bytearray()
         relayed = await nursery.start(_relay, port, seen)
 
-        member = PeerClient(SECRET, ClusterCounters(), **LIMITS, tls=client_tls.client_context())
-        assert await member.get(f"127.0.0.1:{relayed}", obj.hash, obj.size) == secret_text
+        member = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL, tls=client_tls.client_context())
+        assert (await member.get(f"127.0.0.1:{relayed}", obj.hash, obj.size)).data == secret_text
         assert counters.served_hits == 1 and len(seen) > len(secret_text)
         assert b"quick brown fox" not in seen  # the relay saw only ciphertext
 
-        plain = PeerClient(SECRET, ClusterCounters(), **QUICK)  # right secret, no TLS
+        plain = PeerClient(SECRET, ClusterCounters(), **QUICK, spool=SPOOL)  # right secret, no TLS
         with pytest.raises(PeerError):  # both wait for the other's handshake: timed out
             await plain.get(f"127.0.0.1:{port}", obj.hash, obj.size)
         await _until(lambda: counters.auth_failures == 1, "the server to refuse it")
-        stranger = PeerClient(SECRET, ClusterCounters(), **LIMITS,
+        stranger = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL,
                               tls=_tls(rogue.issue("x")).client_context())
         with pytest.raises(PeerError):  # the server is not in its CA: refused at once
             await stranger.get(f"127.0.0.1:{port}", obj.hash, obj.size)
