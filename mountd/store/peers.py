@@ -13,6 +13,12 @@ with mountd's own authority, the cache enters :meth:`PeerSource.turn` around the
 
 Fills of bytes a client supplied, and chunk fills of packed objects, never consult peers
 (docs/cluster.md "What is not done yet").
+
+The source also says what this node **keeps** (:meth:`PeerSource.keeps`): the hashes the
+cluster places here. The cache's eviction passes over them while it can evict others
+(:meth:`mountd.store.cache.Cache._evict_until`), so that the caches together hold the
+dataset once instead of every node holding the same most recent files (docs/cluster.md
+"What a node keeps").
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ class PeerSource(Protocol):
         """Bytes of ``hash`` (``size`` long, verified) from a peer, or None: fetch from the
         bucket while the turn lasts. Never raises for a peer's or the coordinator's failure
         (those fall back to the bucket)."""
+        ...
+
+    def keeps(self, hash: bytes) -> bool:
+        """Whether this node is where the cluster keeps ``hash`` (its owner): its cache
+        evicts such files only after every other evictable file. Cheap (called for each
+        victim the eviction considers); always True when the node is alone."""
         ...
 
 
