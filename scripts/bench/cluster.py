@@ -116,13 +116,16 @@ def source(kind: str, spec: DatasetSpec) -> Iterator[tuple[Dataset, dict[str, st
         s3.upload_threads = 4
         s3.create_bucket(BUCKET)
         progress(f"uploading {len(dataset.rels):,} objects to s3://{BUCKET}/{PREFIX}")
-        s3.upload_many(BUCKET, ((f"{PREFIX}/{rel}", (dataset.source / rel).read_bytes())
-                                for rel in dataset.rels))
+        s3.upload_many(
+            BUCKET,
+            ((f"{PREFIX}/{rel}", (dataset.source / rel).read_bytes()) for rel in dataset.rels),
+        )
         digest = WORK / "s3.qd"
         digest.unlink(missing_ok=True)  # the emulator is new: so is its bucket
         with environ(s3.env):
-            result = trio.run(lambda: build(s3.root_url(BUCKET, PREFIX), digest,
-                                            settings=s3.settings()))
+            result = trio.run(
+                lambda: build(s3.root_url(BUCKET, PREFIX), digest, settings=s3.settings())
+            )
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | s3.env
         yield replace(dataset, digest=digest, dataset_id=result.dataset_id), env
 
@@ -179,8 +182,9 @@ class Epoch:
     complete: bool  # every surviving job read every file
 
 
-def run_epoch(worlds: list[World], hashes: list[bytes], threads: int, seed: int,
-              kill: int | None = None) -> Epoch:
+def run_epoch(
+    worlds: list[World], hashes: list[bytes], threads: int, seed: int, kill: int | None = None
+) -> Epoch:
     """The jobs of ``worlds`` read the dataset once, together; with ``kill``, node ``kill``
     is killed (SIGKILL: its mountd, its mount, its job) once the jobs are halfway."""
     ctx = multiprocessing.get_context("fork")
@@ -188,19 +192,29 @@ def run_epoch(worlds: list[World], hashes: list[bytes], threads: int, seed: int,
     counters = [ctx.Value("i", 0) for _ in worlds]
     live = [w for i, w in enumerate(worlds) if i != kill]
     before = sum(w.counters()["remote_bytes"] for w in live)
-    jobs = [ctx.Process(target=_job, args=(w.paths, hashes, threads, seed * 100 + i,
-                                           counters[i], results), daemon=True)
-            for i, w in enumerate(worlds)]
+    jobs = [
+        ctx.Process(
+            target=_job,
+            args=(w.paths, hashes, threads, seed * 100 + i, counters[i], results),
+            daemon=True,
+        )
+        for i, w in enumerate(worlds)
+    ]
     for job in jobs:
         job.start()
     try:
         if kill is not None:
             total = len(hashes) * len(worlds)
-            wait_for(lambda: sum(c.value for c in counters) >= total // 2, "the jobs' half",
-                     EPOCH_TIMEOUT)
+            wait_for(
+                lambda: sum(c.value for c in counters) >= total // 2,
+                "the jobs' half",
+                EPOCH_TIMEOUT,
+            )
             victim = worlds[kill]
-            progress(f"  kill -9 node {kill} (mountd pid {victim.mountd.pid}) at "
-                     f"{sum(c.value for c in counters)}/{total} files")
+            progress(
+                f"  kill -9 node {kill} (mountd pid {victim.mountd.pid}) at "
+                f"{sum(c.value for c in counters)}/{total} files"
+            )
             for proc in (victim.mountd, victim.mount, jobs[kill]):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
@@ -246,8 +260,13 @@ class NodeConfig(MountdConfig):
 
 
 @contextlib.contextmanager
-def nodes(dataset: Dataset, name: str, cache_size: int, env: dict[str, str] | None,
-          cluster: tuple[str, Path] | None) -> Iterator[list[World]]:
+def nodes(
+    dataset: Dataset,
+    name: str,
+    cache_size: int,
+    env: dict[str, str] | None,
+    cluster: tuple[str, Path] | None,
+) -> Iterator[list[World]]:
     """Four worlds (mountd + mount each), in a cluster through ``cluster`` = (Redis URL,
     secret file) or alone; all stopped on the way out."""
     from quiverfs.testing.emulators import free_port
@@ -257,19 +276,38 @@ def nodes(dataset: Dataset, name: str, cache_size: int, env: dict[str, str] | No
         for i in range(NODES):
             extra: tuple[str, ...] = ()
             if cluster is not None:
-                extra = ("--cluster", cluster[0], "--advertise", f"127.0.0.1:{free_port()}",
-                         "--cluster-secret-file", str(cluster[1]), "--cluster-name", "bench")
+                extra = (
+                    "--cluster",
+                    cluster[0],
+                    "--advertise",
+                    f"127.0.0.1:{free_port()}",
+                    "--cluster-secret-file",
+                    str(cluster[1]),
+                    "--cluster-name",
+                    "bench",
+                )
             config = NodeConfig(cache_size=cache_size, remote_concurrency=16, extra=extra)
-            worlds.append(stack.enter_context(
-                World(dataset, f"{name}-n{i}", config, root=WORK / "worlds", env=env)))
+            worlds.append(
+                stack.enter_context(
+                    World(dataset, f"{name}-n{i}", config, root=WORK / "worlds", env=env)
+                )
+            )
         if cluster is not None:
-            wait_for(lambda: all(len(w.stats()["cluster"]["members"]) == NODES for w in worlds),
-                     "every node to see the others")
+            wait_for(
+                lambda: all(len(w.stats()["cluster"]["members"]) == NODES for w in worlds),
+                "every node to see the others",
+            )
         yield worlds
 
 
-def run_mode(dataset: Dataset, hashes: list[bytes], args: argparse.Namespace, name: str,
-             env: dict[str, str] | None, cluster: tuple[str, Path] | None) -> tuple[list[Epoch], Epoch | None, dict]:
+def run_mode(
+    dataset: Dataset,
+    hashes: list[bytes],
+    args: argparse.Namespace,
+    name: str,
+    env: dict[str, str] | None,
+    cluster: tuple[str, Path] | None,
+) -> tuple[list[Epoch], Epoch | None, dict]:
     """``args.epochs`` epochs on fresh nodes (and, for the cluster, one with a node killed)."""
     cache_size = int(dataset.total_bytes * CACHE_SHARE)
     epochs: list[Epoch] = []
@@ -278,8 +316,10 @@ def run_mode(dataset: Dataset, hashes: list[bytes], args: argparse.Namespace, na
         for e in range(args.epochs):
             epoch = run_epoch(worlds, hashes, args.threads, seed=e)
             epochs.append(epoch)
-            progress(f"  {name} epoch {e + 1}: {epoch.seconds:.1f} s, bucket bytes ÷ dataset "
-                     f"{epoch.remote_bytes / dataset.total_bytes:.3f}")
+            progress(
+                f"  {name} epoch {e + 1}: {epoch.seconds:.1f} s, bucket bytes ÷ dataset "
+                f"{epoch.remote_bytes / dataset.total_bytes:.3f}"
+            )
         if cluster is not None:
             killed = run_epoch(worlds, hashes, args.threads, seed=args.epochs, kill=NODES - 1)
             progress(f"  {name} epoch {args.epochs + 1} with a node killed: {killed.seconds:.1f} s")
@@ -297,35 +337,57 @@ def verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def report(args: argparse.Namespace, dataset: Dataset, cluster: list[Epoch], alone: list[Epoch],
-           killed: Epoch, stats: dict) -> bool:
+def report(
+    args: argparse.Namespace,
+    dataset: Dataset,
+    cluster: list[Epoch],
+    alone: list[Epoch],
+    killed: Epoch,
+    stats: dict,
+) -> bool:
     total = dataset.total_bytes
-    print(f"\n{NODES} nodes on one machine, one job each reading every file every epoch (shuffled, "
-          f"{args.threads} threads, through its node's mount); dataset {len(dataset.rels):,} files x "
-          f"{dataset.spec.file_size // 1024} KiB = {total / 2**20:.0f} MiB in the {args.source} bucket; "
-          f"each node's --cache-size {CACHE_SHARE:.0%} of it; {os.cpu_count()} CPUs")
-    print(f"{'epoch':<8}{'cluster: bucket ÷ dataset':>27}{'independent: bucket ÷ dataset':>31}"
-          f"{'cluster s':>11}{'independent s':>15}")
+    print(
+        f"\n{NODES} nodes on one machine, one job each reading every file every epoch (shuffled, "
+        f"{args.threads} threads, through its node's mount); dataset {len(dataset.rels):,} files x "
+        f"{dataset.spec.file_size // 1024} KiB = {total / 2**20:.0f} MiB in the {args.source} bucket; "
+        f"each node's --cache-size {CACHE_SHARE:.0%} of it; {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'epoch':<8}{'cluster: bucket ÷ dataset':>27}{'independent: bucket ÷ dataset':>31}"
+        f"{'cluster s':>11}{'independent s':>15}"
+    )
     for e, (c, a) in enumerate(zip(cluster, alone, strict=True)):
-        print(f"{e + 1:<8}{c.remote_bytes / total:>27.3f}{a.remote_bytes / total:>31.3f}"
-              f"{c.seconds:>11.1f}{a.seconds:>15.1f}")
+        print(
+            f"{e + 1:<8}{c.remote_bytes / total:>27.3f}{a.remote_bytes / total:>31.3f}"
+            f"{c.seconds:>11.1f}{a.seconds:>15.1f}"
+        )
     all_cluster = sum(c.remote_bytes for c in cluster) / total
     print(f"{'all':<8}{all_cluster:>27.3f}{sum(a.remote_bytes for a in alone) / total:>31.3f}")
     worst = max(c.remote_bytes for c in cluster) / total
     remote_ok = worst <= TARGET_REMOTE
-    print(f"cluster bucket bytes ÷ dataset bytes, worst epoch {worst:.3f} (target <= "
-          f"{TARGET_REMOTE}): {verdict(remote_ok)}")
+    print(
+        f"cluster bucket bytes ÷ dataset bytes, worst epoch {worst:.3f} (target <= "
+        f"{TARGET_REMOTE}): {verdict(remote_ok)}"
+    )
     base = cluster[-1].seconds
     ratio = killed.seconds / base
     kill_ok = ratio <= TARGET_KILL
-    print(f"epoch with node {NODES - 1} killed (kill -9 halfway): {killed.seconds:.1f} s ÷ "
-          f"{base:.1f} s without = {ratio:.2f} (target <= {TARGET_KILL}): {verdict(kill_ok)}; "
-          f"bucket bytes ÷ dataset in it {killed.remote_bytes / total:.3f}")
-    intact = killed.complete and killed.wrong == 0 and killed.errors == 0 and all(
-        c.complete and c.wrong == 0 and c.errors == 0 for c in cluster + alone)
-    print(f"nothing lost: {killed.files:,} files read by the {NODES - 1} surviving jobs in the "
-          f"kill epoch, {killed.wrong} with wrong bytes, {killed.errors} read errors (every "
-          f"epoch: every file's blake3 checked): {verdict(intact)}")
+    print(
+        f"epoch with node {NODES - 1} killed (kill -9 halfway): {killed.seconds:.1f} s ÷ "
+        f"{base:.1f} s without = {ratio:.2f} (target <= {TARGET_KILL}): {verdict(kill_ok)}; "
+        f"bucket bytes ÷ dataset in it {killed.remote_bytes / total:.3f}"
+    )
+    intact = (
+        killed.complete
+        and killed.wrong == 0
+        and killed.errors == 0
+        and all(c.complete and c.wrong == 0 and c.errors == 0 for c in cluster + alone)
+    )
+    print(
+        f"nothing lost: {killed.files:,} files read by the {NODES - 1} surviving jobs in the "
+        f"kill epoch, {killed.wrong} with wrong bytes, {killed.errors} read errors (every "
+        f"epoch: every file's blake3 checked): {verdict(intact)}"
+    )
     keys = ("peer_hits", "bucket_turns", "lock_waits", "take_overs", "pushes", "served_hits")
     for i, (cl, total_counters) in sorted(stats.items()):
         shown = ", ".join(f"{k} {cl.get(k, 0)}" for k in keys)
@@ -336,11 +398,19 @@ def report(args: argparse.Namespace, dataset: Dataset, cluster: list[Epoch], alo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=None, help="default 2000; --quick 400")
-    parser.add_argument("--file-size", type=int, default=None, help="bytes; default 64 KiB; --quick 32 KiB")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs before the kill; default 3; --quick 2")
+    parser.add_argument(
+        "--file-size", type=int, default=None, help="bytes; default 64 KiB; --quick 32 KiB"
+    )
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="epochs before the kill; default 3; --quick 2"
+    )
     parser.add_argument("--threads", type=int, default=4, help="reader threads per job")
-    parser.add_argument("--source", choices=("s3", "file"), default="s3",
-                        help="the bucket: moto's S3 server (default) or a file:// directory")
+    parser.add_argument(
+        "--source",
+        choices=("s3", "file"),
+        default="s3",
+        help="the bucket: moto's S3 server (default) or a file:// directory",
+    )
     parser.add_argument("--quick", action="store_true", help="a small run")
     args = parser.parse_args()
     args.files = args.files or (400 if args.quick else 2000)
@@ -364,8 +434,9 @@ def main() -> None:
             shutil.rmtree(WORK / "redis", ignore_errors=True)
             with run_redis(WORK / "redis") as redis_server:
                 progress(f"cluster of {NODES} (Redis {redis_server.url})")
-                cluster, killed, stats = run_mode(dataset, hashes, args, "cluster", env,
-                                                  (redis_server.url, secret))
+                cluster, killed, stats = run_mode(
+                    dataset, hashes, args, "cluster", env, (redis_server.url, secret)
+                )
             progress(f"{NODES} independent nodes")
             alone, _, _ = run_mode(dataset, hashes, args, "alone", env, None)
     except KeyboardInterrupt:

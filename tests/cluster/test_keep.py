@@ -32,11 +32,21 @@ SIZE = 10_000
 
 def _configs(root: Path, url: str, small: int) -> list[DaemonConfig]:
     """Three nodes; node 0's cache holds ``small`` bytes, the others' 64 MiB."""
-    return [DaemonConfig(
-        cache=CacheConfig(cache_dir=root / f"n{i}", cache_size=small if i == 0 else 64 << 20),
-        cluster=ClusterConfig(redis_url=url, advertise=f"127.0.0.1:{free_port()}", secret=SECRET,
-                              name="keep", heartbeat=0.1, node_ttl=1.0, peer_timeout=5.0))
-        for i in range(3)]
+    return [
+        DaemonConfig(
+            cache=CacheConfig(cache_dir=root / f"n{i}", cache_size=small if i == 0 else 64 << 20),
+            cluster=ClusterConfig(
+                redis_url=url,
+                advertise=f"127.0.0.1:{free_port()}",
+                secret=SECRET,
+                name="keep",
+                heartbeat=0.1,
+                node_ttl=1.0,
+                peer_timeout=5.0,
+            ),
+        )
+        for i in range(3)
+    ]
 
 
 @asynccontextmanager
@@ -60,7 +70,8 @@ def test_keep_last_puts_kept_entries_after_the_others_in_order() -> None:
 
 
 async def test_a_node_evicts_files_others_own_before_its_own(
-        tmp_path: Path, redis_server: RedisServer) -> None:
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
     configs = _configs(tmp_path, redis_server.url, small=20 * SIZE)
     ids = [c.cluster.advertise for c in configs]
     url, files = make_dataset(tmp_path / "bucket", 150, size=SIZE)
@@ -81,8 +92,9 @@ async def test_a_node_evicts_files_others_own_before_its_own(
         assert snap["evicted_files"] == 20
         # The others' files are on their owners (pushed there in the background after each
         # fetch), all of them, byte-identical.
-        await _until(lambda: sum(n.server.cluster.counters.pushes_received
-                                 for n in nodes[1:]) == 30)
+        await _until(
+            lambda: sum(n.server.cluster.counters.pushes_received for n in nodes[1:]) == 30
+        )
         for f in theirs:
             holder = nodes[ids.index(owner(f.hash, ids))].server.cache
             assert Path(holder.store_path(f.hash)).read_bytes() == f.data
