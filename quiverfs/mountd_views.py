@@ -122,13 +122,14 @@ def print_cluster(cluster: Mapping[str, Any], console: Console | None = None) ->
                         f"Redis {cluster['redis']}: {state}; peers over {transport})",
                   title_justify="left")
     for column in ("members", "peer hits", "from peers", "peer misses", "bucket turns",
-                   "waited", "pushed", "served", "served bytes", "refused handshakes",
+                   "waited", "taken over", "pushed", "served", "served bytes", "refused handshakes",
                    "Redis errors"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_row(
         str(len(cluster["members"])), str(cluster["peer_hits"]),
         human_bytes(cluster["peer_bytes"]), str(cluster["peer_misses"]),
         str(cluster["bucket_turns"]), str(cluster["lock_waits"]),
+        str(cluster.get("take_overs", 0)),
         f"{cluster['pushes']} ({cluster['push_errors']} failed)",
         str(cluster["served_hits"]), human_bytes(cluster["served_bytes"]),
         str(cluster["auth_failures"]), str(cluster["redis_errors"]),

@@ -5,7 +5,8 @@ Keys (``<c>`` is the cluster name, ``--cluster-name``)::
     quiverfs:<c>:node:<id>     → advertised HOST:PORT    PX node_ttl, rewritten every heartbeat
     quiverfs:<c>:fill:<hash>   → id of the node fetching  SET NX PX lock_ttl; when the fetch
                                  landed: "done:<id>" PX done_ttl (late comers ask that node);
-                                 deleted when it failed
+                                 deleted when it failed; taken over (compare-and-set)
+                                 by a waiter when its holder left the member list
 
 redis-py's client is blocking; every call runs in a worker thread (one at a time per
 :class:`Coordinator`, under a limiter of a few), with short socket timeouts and no retries
@@ -58,6 +59,15 @@ end
 return 0
 """
 
+#: Gives the lock of a holder that died (ARGV[1]) to ARGV[2] for ARGV[3] ms, only if the dead
+#: node still holds it: of all the waiters that saw it die, exactly one gets it.
+_TAKE_OVER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('set', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
+return 0
+"""
+
 
 def public_url(url: str) -> str:
     """``url`` without its password, for logs and ``stats``."""
@@ -84,6 +94,7 @@ class Coordinator:
         self._limiter = trio.CapacityLimiter(4)
         self._release = self._redis.register_script(_RELEASE)
         self._finish = self._redis.register_script(_FINISH)
+        self._take_over = self._redis.register_script(_TAKE_OVER)
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await trio.to_thread.run_sync(
@@ -137,6 +148,14 @@ class Coordinator:
         """``node``'s fetch of ``hash`` landed: its lock becomes ``done:<node>`` for
         ``ttl_ms``, so that nodes asking meanwhile fetch from it, not from the bucket."""
         await self._call(self._finish, keys=[self.fill_key(hash)], args=[node, ttl_ms])
+
+    async def take_over(self, hash: bytes, dead: str, node: str, ttl_ms: int) -> bool:
+        """Give the fill lock of ``hash`` that ``dead`` holds to ``node`` (for ``ttl_ms``),
+        atomically: True for the one caller that got it, False when ``dead`` no longer holds
+        it (another waiter took it over first, or it expired or was released)."""
+        taken = await self._call(self._take_over, keys=[self.fill_key(hash)],
+                                 args=[dead, node, ttl_ms])
+        return bool(taken)
 
     def close(self) -> None:
         """Close the client's connections."""

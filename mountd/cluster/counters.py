@@ -21,6 +21,7 @@ class ClusterCounters:
     peer_corrupt: Counter[str] = field(default_factory=Counter)
     bucket_turns: int = 0
     lock_waits: int = 0
+    take_overs: int = 0
     pushes: int = 0
     push_errors: int = 0
     served_hits: int = 0
@@ -37,7 +38,7 @@ class ClusterCounters:
         bytes; ``peer_misses``: asked, not there; ``peer_errors``/``peer_corrupt``: per peer,
         failed transfers and transfers whose bytes did not verify), its turns at the bucket
         under the cluster-wide lock (``bucket_turns``) and waits for another node's
-        (``lock_waits``), pushes of fetched files to their owner, what it served to peers,
+        (``lock_waits``), locks taken over from a holder that died (``take_overs``), pushes of fetched files to their owner, what it served to peers,
         refused handshakes, Redis errors and membership changes seen."""
         out = {k: v for k, v in vars(self).items() if not isinstance(v, Counter)}
         out["peer_errors"] = dict(self.peer_errors)

@@ -14,8 +14,9 @@ path"):
    miss anywhere finds it there ("stored on its owner").
 3. **Someone else fetches.** Poll the lock until it says ``done:<node>`` (then ask that
    node) or goes (the fetch failed, or the lock expired after ``lock_ttl``), or its holder
-   leaves the member list (it died: no waiting for the expiry); still nothing: back to 1.
-   After :data:`ROUNDS` rounds, the bucket.
+   leaves the member list (it died): then one waiter takes its lock over (compare-and-set,
+   counted as ``take_overs``) and fetches, the others wait for that one. Still nothing:
+   back to 1. After :data:`ROUNDS` rounds, the bucket.
 
 A miss whose client supplies its own bytes (another user's mount) asks only step 1
 (:meth:`Cluster.find`): the client's fetch uses its own rights, not a cluster-wide turn; once
@@ -42,7 +43,7 @@ from mountd.cluster.coordinator import DONE, REDIS_ERRORS, Coordinator, public_u
 from mountd.cluster.counters import ClusterCounters
 from mountd.cluster.membership import Membership
 from mountd.cluster.peer import PeerClient, PeerServer
-from mountd.cluster.placement import owners
+from mountd.cluster.placement import owner, owners
 from mountd.errors import PeerCorrupt, PeerError
 from mountd.store import layout
 from mountd.store.cache import Cache
@@ -62,6 +63,8 @@ ROUNDS = 3
 DONE_TTL_MS = 30_000
 #: Seconds between polls of a lock another node holds (first, then the most).
 POLL_FIRST, POLL_MOST = 0.02, 0.25
+#: What :meth:`Cluster._wait_unlocked` answers when this node took a dead holder's lock.
+TAKEN = "taken"
 
 
 class Cluster:
@@ -139,6 +142,10 @@ class Cluster:
             if not holder.startswith(DONE):
                 self.counters.lock_waits += 1
                 holder = await self._wait_unlocked(hash, holder)
+                if holder is TAKEN:  # its holder died; the lock is ours now
+                    async with self._bucket_turn(hash):
+                        yield None
+                    return
             fetcher = holder[len(DONE):] if holder and holder.startswith(DONE) else None
             if fetcher is not None and fetcher != self.node and fetcher not in tried:
                 tried.add(fetcher)
@@ -258,15 +265,27 @@ class Cluster:
                     SUSPECT_SECONDS)
 
     async def _wait_unlocked(self, hash: bytes, holder: str) -> str | None:
-        """Until the fetch of ``hash`` by ``holder`` is over: the lock's ``done:<id>`` value,
-        or None: released after a failure, expired, Redis stopped answering, the lock's
-        whole lifetime passed, or ``holder`` is no longer a member (it died: its lock would
-        block everyone until it expires; the caller's next rounds end at the bucket)."""
+        """Until the fetch of ``hash`` by ``holder`` is over: the lock's ``done:<id>`` value;
+        :data:`TAKEN` when ``holder`` is no longer a member (it died: its lock would block
+        everyone until it expires) and this node took its lock over (of all the waiters,
+        exactly one does: :meth:`Coordinator.take_over`; the others go on waiting for that
+        one); or None: released after a failure, expired, Redis stopped answering, or the
+        lock's whole lifetime passed."""
         pause = POLL_FIRST
         with trio.move_on_after(self.config.lock_ttl_ms / 1000):
             while True:
                 if self.membership.connected and holder not in self.membership.members:
-                    return None
+                    try:
+                        taken = await self.coordinator.take_over(
+                            hash, holder, self.node, self.config.lock_ttl_ms)
+                    except REDIS_ERRORS as exc:
+                        self.membership.lost(exc)
+                        return None
+                    if taken:
+                        self.counters.take_overs += 1
+                        log.info("cluster: %s died fetching %s; this node fetches it", holder,
+                                 hash.hex())
+                        return TAKEN
                 await trio.sleep(pause)
                 pause = min(pause * 2, POLL_MOST)
                 try:
@@ -278,6 +297,15 @@ class Cluster:
                     return value
                 holder = value
         return None
+
+    # -- what this node keeps (PeerSource) ---------------------------------------------------
+
+    def keeps(self, hash: bytes) -> bool:
+        """Whether this node owns ``hash`` among the members it sees now (alone: every hash):
+        its cache evicts such files last, so that the caches together hold each file at
+        least once, on its owner, where every miss asks first (docs/cluster.md "What a node
+        keeps")."""
+        return owner(hash, self.membership.members) == self.node
 
     # -- reports ------------------------------------------------------------------------------
 

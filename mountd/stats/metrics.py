@@ -102,6 +102,7 @@ CLUSTER_COUNTERS: dict[str, tuple[str, str]] = {
     "peer_misses": ("peer_misses_total", "Peers asked that did not hold the file."),
     "bucket_turns": ("bucket_turns_total", "Bucket fetches this node made for the cluster."),
     "lock_waits": ("lock_waits_total", "Misses that waited for another node's fetch."),
+    "take_overs": ("take_overs_total", "Fill locks taken over from a node that died."),
     "pushes": ("pushes_total", "Fetched files pushed to their owner."),
     "push_errors": ("push_errors_total", "Pushes that failed."),
     "served_hits": ("served_hits_total", "Files served to peers."),

@@ -57,7 +57,7 @@ from mountd.store.holds import HOLD_SHARE, Holds
 from mountd.store.index import TOUCH_MEMORY, Index
 from mountd.store.limits import RemoteLimits
 from mountd.store.peers import PEER_URL, PeerContent, PeerSource, fill_through
-from mountd.store.policy import EvictionPolicy, make_policy
+from mountd.store.policy import EvictionPolicy, keep_last, make_policy
 from mountd.store.quota import Charges, own_victims
 from mountd.store.recovery import RecoveryReport, recover
 from mountd.store.scrub import ScrubReport, scrub
@@ -805,6 +805,11 @@ class Cache(ChunkFills):
         assert self._policy is not None
         self._policy.on_insert(flight.hash, flight.size)
         self._tell("filled", lambda listener: listener.filled(flight.hash))
+        if flight.awaited:
+            # Readers wait for it and answer its path in a moment: hold it until they do.
+            # Most recent, LRU would not evict it anyway; an order that puts other files
+            # first (a cluster's keep_last) could.
+            self.holds.hold(flight.hash, flight.size)
         if self._nursery is None or self.index.pending >= GROUP_COMMIT_ROWS:
             self._flush_index()
         else:
@@ -934,7 +939,8 @@ class Cache(ChunkFills):
     def _evict_until(self, need: int, *, holds: bool = True) -> tuple[int, int]:
         """Evict by policy until ``need`` bytes are freed (or nothing evictable is left);
         files just answered and files protected (mountd/store/holds.py) are skipped unless
-        ``holds`` is False (a full disk)."""
+        ``holds`` is False (a full disk). In a cluster, files this node keeps for the others
+        (:meth:`PeerSource.keeps`) go last (:func:`keep_last`)."""
         assert self._policy is not None
         victims: list[tuple[bytes, int]] = []
         freed = 0
@@ -942,14 +948,23 @@ class Cache(ChunkFills):
         self.holds.expire()
         protected = self.holds.protected if holds and self.holds.protected_bytes else None
         self._first_held = None
-        for hash, size in self._policy.victims():
+        keeps = None if self.peers is None else self.peers.keeps
+        order = ((h, s, False) for h, s in self._policy.victims()) if keeps is None else \
+            keep_last(self._policy.victims(), keeps)
+        held_other = False
+        for hash, size, kept in order:
             if freed >= need:
+                break
+            if kept and held_other:
+                # A file this node does not keep is only held for a moment: wait for it
+                # (the caller does) rather than evict one the cluster keeps here.
                 break
             if hash in self._flights:
                 continue  # being refilled right now (cannot happen for indexed rows; be safe)
             if hash in held:
                 if self._first_held is None:
                     self._first_held = hash
+                held_other = held_other or not kept
                 continue  # answered a moment ago: its client is about to open it
             if protected is not None and protected(hash):
                 continue  # fetched ahead for a job that has not read it yet

@@ -19,6 +19,12 @@ need not fetch it; bytes a client supplied are handed to :meth:`PeerSource.lande
 stored, so the cluster finds them. Neither takes the cluster-wide lock: a client's fetch is
 its own, with its own rights. Chunk fills of packed objects never consult peers
 (docs/cluster.md "What is not done yet").
+
+The source also says what this node **keeps** (:meth:`PeerSource.keeps`): the hashes the
+cluster places here. The cache's eviction passes over them while it can evict others
+(:meth:`mountd.store.cache.Cache._evict_until`), so that the caches together hold the
+dataset once instead of every node holding the same most recent files (docs/cluster.md
+"What a node keeps").
 """
 
 from __future__ import annotations
@@ -53,6 +59,12 @@ class PeerSource(Protocol):
     async def find(self, hash: bytes, size: int) -> PeerContent | None:
         """Content of ``hash`` (``size`` long, verified) if a peer holds it, else None; no
         lock, no bucket. Never raises for a peer's failure."""
+        ...
+
+    def keeps(self, hash: bytes) -> bool:
+        """Whether this node is where the cluster keeps ``hash`` (its owner): its cache
+        evicts such files only after every other evictable file. Cheap (called for each
+        victim the eviction considers); always True when the node is alone."""
         ...
 
     def landed(self, hash: bytes) -> None:

@@ -8,7 +8,8 @@ yet). Add a policy by subclassing :class:`EvictionPolicy` and calling :func:`reg
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
 from mountd.store.index import Index
@@ -49,6 +50,32 @@ class LRUPolicy(EvictionPolicy):
 
     def victims(self) -> Iterator[tuple[bytes, int]]:
         return self.index.least_recent(self.page)
+
+
+#: Kept entries :func:`keep_last` passes over at most before it gives them back in the
+#: policy's order: bounds the scan of one eviction when nearly everything is kept (a
+#: cache smaller than this node's share of the cluster's data).
+KEEP_LOOKAHEAD = 4096
+
+
+def keep_last(victims: Iterator[tuple[bytes, int]], keeps: Callable[[bytes], bool],
+              lookahead: int = KEEP_LOOKAHEAD) -> Iterator[tuple[bytes, int, bool]]:
+    """``victims`` as ``(hash, size, kept)``, those that ``keeps(hash)`` says to keep after
+    all the others (each group in the policy's order): a node of a cluster evicts the files
+    other nodes own before its own share (docs/cluster.md "What a node keeps").
+
+    At most ``lookahead`` kept entries are held back; past that the oldest held back comes
+    out in its turn, so one eviction never reads a whole cache of kept files."""
+    held_back: deque[tuple[bytes, int]] = deque()
+    for hash, size in victims:
+        if not keeps(hash):
+            yield hash, size, False
+            continue
+        held_back.append((hash, size))
+        if len(held_back) > lookahead:
+            yield (*held_back.popleft(), True)
+    for hash, size in held_back:
+        yield hash, size, True
 
 
 #: Policy name → class; :class:`mountd.store.config.CacheConfig.policy` picks one.

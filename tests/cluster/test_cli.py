@@ -82,6 +82,7 @@ def test_two_processes_share_through_peers_and_one_killed_costs_nothing(
         assert sb["cluster"]["peer_hits"] >= 1 and sb["cluster"]["connected"] is True
         text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read()
         assert b"quiverfs_cluster_peer_hits_total " in text
+        assert b"quiverfs_cluster_take_overs_total 0" in text
         assert b"quiverfs_cluster_members 2" in text
         # quiverfs stats shows the cluster (JSON and tables).
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -174,6 +174,10 @@ async def test_a_lock_held_by_a_node_that_is_gone_blocks_nobody(
             await _read_all(nodes, url, files)
         snaps = [n.server.cluster.snapshot() for n in nodes]
         assert sum(s["lock_waits"] for s in snaps) >= len(files)
+        # Exactly one waiter took each dead lock over (compare-and-set) and fetched it; the
+        # other node waited for that one: one bucket GET per file across the cluster.
+        assert sum(s["take_overs"] for s in snaps) == len(files)
+        assert _gets(nodes) == len(files)
     r.close()
 
 
