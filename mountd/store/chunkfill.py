@@ -21,6 +21,14 @@ What a chunk fill keeps exactly as a fill of one file (docs/store-layout.md "Chu
 * **Counters.** One GET and its bytes (``remote_requests``/``remote_bytes``), one fill per
   member stored (``bytes_from_remote``, fill latency), plus ``chunk_fills`` and
   ``chunk_members`` (members stored by chunk fills).
+
+In a cluster (the cache has ``peers``: mountd/store/peers.py) the requested member goes
+through the peers first, as a plain fill's file does: when a peer holds it, it is filled
+from there and every other member of the span is filled on its own (each asking the peers
+first: in a cluster that holds the dataset they are peer hits, not a GET); when the span is
+this node's to fetch (its turn at the bucket, under the cluster-wide lock of the requested
+member), the span's one GET runs as alone and every member stored is then pushed to its
+owner, so the next miss anywhere finds it there (docs/cluster.md "Packed datasets").
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from mountd.store.fill import Filler
 from mountd.store.flights import Flight
 from mountd.store.holds import Holds
 from mountd.store.index import Index
+from mountd.store.peers import PeerSource
 from mountd.store.quota import Charges
 from mountd.store.span import ChunkMembers, Member, Span, plan_span
 from quiverfs.backends import Backend
@@ -54,9 +63,12 @@ class ChunkFills:
     _fill_limiter: trio.CapacityLimiter
     _filler: Filler
     _chunk_members: ChunkMembers | None
+    peers: PeerSource | None
+    _nursery: trio.Nursery | None
     _require_open: Callable[[], Index]
     _reserve: Callable[..., Awaitable[None]]
     _backend: Callable[[str], Backend]
+    _run_flight: Callable[[Flight], Awaitable[None]]
     _stored: Callable[[Flight, PathLike[str] | str], None]
     _failed: Callable[[Flight, Exception], None]
     _finish: Callable[[Flight], None]
@@ -115,8 +127,32 @@ class ChunkFills:
         return span, flights
 
     async def _run_span(self, span: Span, flights: list[Flight]) -> None:
-        """A chunk fill: one GET for every member of ``span``, each stored (or failed) on its
-        own flight as ``Cache._run_flight`` would, under one reservation for them all."""
+        """A chunk fill, alone or in a cluster (see the module docstring)."""
+        peers = self.peers
+        if peers is None:
+            await self._fetch_span(span, flights)
+            return
+        first = flights[0]
+        async with peers.turn(first.hash, first.size) as content:
+            if content is None:  # this node's turn at the bucket: the span's GET
+                await self._fetch_span(span, flights)
+                for flight in flights[1:]:  # the turn shares the requested one itself
+                    if flight.path is not None and flight.error is None:
+                        peers.landed(flight.hash)
+                return
+            first.source = content  # a peer's copy: the fill reads it, _finish closes it
+        siblings = flights[1:]
+        if self._nursery is not None:
+            for sibling in siblings:
+                self._nursery.start_soon(self._run_flight, sibling)
+            siblings = []
+        await self._run_flight(first)
+        for sibling in siblings:
+            await self._run_flight(sibling)
+
+    async def _fetch_span(self, span: Span, flights: list[Flight]) -> None:
+        """One GET for every member of ``span``, each stored (or failed) on its own flight
+        as ``Cache._run_flight`` would, under one reservation for them all."""
         counters = self.counters
         first = flights[0]
         by_hash = {f.hash: f for f in flights}

@@ -17,8 +17,8 @@ Misses of clients that supply their own bytes (other users' mounts, docs/operati
 hash names, verified, as good as a local hit (the hash is the capability), so the client
 need not fetch it; bytes a client supplied are handed to :meth:`PeerSource.landed` once
 stored, so the cluster finds them. Neither takes the cluster-wide lock: a client's fetch is
-its own, with its own rights. Chunk fills of packed objects never consult peers
-(docs/cluster.md "What is not done yet").
+its own, with its own rights. A chunk fill of packed objects takes the turn of the member
+it was asked for (mountd/store/chunkfill.py) and shares the others it brought.
 
 The source also says what this node **keeps** (:meth:`PeerSource.keeps`): the hashes the
 cluster places here. The cache's eviction passes over them while it can evict others
@@ -68,8 +68,9 @@ class PeerSource(Protocol):
         ...
 
     def landed(self, hash: bytes) -> None:
-        """``hash`` was just stored from bytes a client supplied: share it (in the
-        background; never raises)."""
+        """``hash`` was just stored from a source other than a turn (bytes a client
+        supplied, a member a chunk fill brought along): share it (in the background;
+        never raises)."""
         ...
 
 
