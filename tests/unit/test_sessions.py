@@ -303,7 +303,10 @@ def test_datasets_registered_one_after_another_share_one_budget():
     registry.allocate(5_000)
     assert [registry.mode(n) for n in "acd"] == [Mode.CHUNKED, Mode.CHUNKED, Mode.CHUNKED]
     assert {n: 2 * registry.dataset(n).plan.target_bytes for n in "acd"} == {
-        "a": 2_000, "c": 2_000, "d": 1_000}
+        "a": 2_000,
+        "c": 2_000,
+        "d": 1_000,
+    }
     assert sum(a.budget for a in registry.allocation().values()) <= 5_000
     assert "budget-only" in registry.allocation()["d"].reason
 
@@ -314,8 +317,9 @@ def test_manual_chunked_datasets_share_the_budget_too():
     modes = [registry.add_dataset(n, sizes, budget=3_000, mode="chunked") for n in "abc"]
     assert modes == [Mode.CHUNKED, Mode.CHUNKED, Mode.OFF]  # 2 kB, then the 1 kB left, then none
     registry.allocate(3_000)
-    held = sum(2 * registry.dataset(n).plan.target_bytes for n in "abc"
-               if registry.mode(n) is Mode.CHUNKED)
+    held = sum(
+        2 * registry.dataset(n).plan.target_bytes for n in "abc" if registry.mode(n) is Mode.CHUNKED
+    )
     assert held <= 3_000
     assert [registry.mode(n) for n in "abc"] == [Mode.CHUNKED, Mode.CHUNKED, Mode.OFF]
     assert registry.allocation()["c"].reason.startswith("fixed by --dataset-mode: no room")
