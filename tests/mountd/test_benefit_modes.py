@@ -256,5 +256,5 @@ async def test_budget_only_shares_one_small_cache_among_three_datasets(
                     await trio.sleep(0)
                 assert all(sorted(ids) == list(range(300)) for ids in given.values())
             stats = await client.stats()
-            assert stats["counters"]["fill_errors"] == 0
+            assert stats["counters"]["total"]["fill_errors"] == 0
         running.server.shutdown.set()
