@@ -205,10 +205,13 @@ def _float(value: float | None, digits: int = 2) -> str:
 
 
 def print_allocation(allocation: Mapping[str, Any], console: Console | None = None) -> None:
-    """Who gets the cache (Quiver §5.3): per dataset its mode, bytes and why; per job the
-    measured mini-batch times, ``b = t_miss / t_hit`` and ``g = b × GPUs``."""
+    """Who gets the cache (Quiver §5.3): the policy in force (benefit-aware, budget-only or
+    manual); per dataset its mode, bytes and why; per job the measured mini-batch times,
+    ``b = t_miss / t_hit`` and ``g = b × GPUs`` (a job not measured yet shows the ``b`` the
+    allocation counts for it in parentheses)."""
     console = console or _console()
-    policy = "benefit-aware" if allocation.get("benefit_aware") else "fixed by --dataset-mode"
+    policy = allocation.get("policy") or (  # mountds before the policy was named
+        "benefit-aware" if allocation.get("benefit_aware") else "manual")
     table = Table(title=f"mountd: cache allocation ({policy}, budget "
                         f"{human_bytes(allocation.get('budget'))})", title_justify="left")
     for column in ("dataset", "mode", "bytes", "G", "job", "GPUs", "t_hit", "t_miss", "b", "g"):
@@ -226,7 +229,9 @@ def print_allocation(allocation: Mapping[str, Any], console: Console | None = No
                 _float(row.get("benefit")) if first else "",
                 (job.get("job") or "-") + probing, str(job.get("gpus", "-")),
                 _seconds(job.get("t_hit")), _seconds(job.get("t_miss")),
-                _float(job.get("b")), _float(job.get("g")),
+                _float(job.get("b")) if job.get("b") is not None or job.get("b_counted") is None
+                else f"({_float(job.get('b_counted'))})",
+                _float(job.get("g")),
             )
         reasons.append(f"  {name[:16]}: {row.get('reason')}")
     console.print(table)

@@ -120,7 +120,13 @@ class QuiverBatchSampler(Sampler[list[int]]):
     ``threshold × fetch_size`` claimed files are left (DELI's pre-fetch threshold; 0.5 is
     the 50/50 rule). ``report``: send each mini-batch's time (measured between two batches
     taken from this sampler, so it includes data wait and compute) and each epoch's time to
-    mountd. With ``world_size > 1`` every rank yields exactly ``len(self)`` batches (padding
+    mountd. A batch report also says how many files that batch had and how many of them its
+    claim gave as misses (``fetch``), so mountd sorts it exactly into a hit or a miss sample
+    and scales a short batch to a full one (the benefit-aware policy, docs/substitutable-reads.md).
+    ``report_lag``: batches the loader takes from this sampler ahead of the training step that
+    ends the measured interval — 0 with ``num_workers=0``, ``num_workers × prefetch_factor``
+    with worker processes (a DataLoader with 8 workers: 16): the report then names the batch
+    that interval trained on. With ``world_size > 1`` every rank yields exactly ``len(self)`` batches (padding
     with repeats or dropping the excess), as DDP needs equal step counts.
 
     Off a quiverfs mount (or on a mount without a control channel) it warns once and behaves
@@ -150,6 +156,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         lookahead: int = 10,
         report: bool = True,
+        report_lag: int = 0,
         order: str = "claims",
         hold_until: float | None = None,
     ) -> None:
@@ -159,6 +166,8 @@ class QuiverBatchSampler(Sampler[list[int]]):
             raise ValueError("batch_size must be at least 1")
         if not 0 <= threshold <= 1:
             raise ValueError("threshold must be in [0, 1]")
+        if report_lag < 0:
+            raise ValueError("report_lag must be >= 0")
         self.paths = _dataset_paths(dataset, paths)
         if not self.paths:
             raise ValueError("the dataset is empty")
@@ -174,6 +183,10 @@ class QuiverBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.lookahead = lookahead
         self.report = report
+        self.report_lag = report_lag
+        #: False once the mount refused a batch report's files/misses (a mount older than
+        #: them: EINVAL); later reports carry the time alone
+        self._send_reads = True
         self.order = order
         self.hold_until = hold_until
         self.job = job or _shared_job_id()
@@ -261,19 +274,28 @@ class QuiverBatchSampler(Sampler[list[int]]):
                 time.sleep(min(left, 1.0))
         yield from self._timed(batches, epoch)
 
-    def _timed(self, batches: Iterator[list[int]], epoch: int) -> Iterator[list[int]]:
+    def _timed(self, batches: Iterator[tuple[list[int], int | None]], epoch: int) -> Iterator[list[int]]:
+        """Yield the batches; at each request for the next one, report the interval since the
+        previous request with what the batch it trained on read (``report_lag`` batches
+        back): the loader asks for batch ``k+1`` when step ``k - lag`` is done."""
         started = time.monotonic()
         last: float | None = None
-        for batch in batches:
+        reads: deque[tuple[int, int | None]] = deque(maxlen=self.report_lag + 1)
+        for batch, misses in batches:
+            reads.append((len(batch), misses))
             yield batch
             now = time.monotonic()
             if last is not None and self.report:
-                self.report_batch(now - last)
+                files, missed = reads[0] if len(reads) > self.report_lag else (0, None)
+                if missed is None:
+                    self.report_batch(now - last)
+                else:
+                    self.report_batch(now - last, files=files, misses=missed)
             last = now
         if self.report:
             self.report_epoch(epoch, time.monotonic() - started)
 
-    def _shuffled(self, epoch: int) -> Iterator[list[int]]:
+    def _shuffled(self, epoch: int) -> Iterator[tuple[list[int], int | None]]:
         order = epoch_order(len(self.paths), self.seed, epoch)
         if self.world_size > 1:
             total = self._samples_per_rank() * self.world_size
@@ -283,37 +305,40 @@ class QuiverBatchSampler(Sampler[list[int]]):
             batch = order[start : start + self.batch_size]
             if len(batch) < self.batch_size and self.drop_last:
                 return
-            yield batch
+            yield batch, None  # read through the mount, or off it: nothing known of hits
 
-    def _claimed(self, epoch: int) -> Iterator[list[int]]:
+    def _claimed(self, epoch: int) -> Iterator[tuple[list[int], int | None]]:
+        """Batches of claimed indices, each with how many of them the claim gave as misses
+        (None for DDP padding: repeats, read again whatever the claim said)."""
         target = len(self) if self.world_size > 1 else None
         low = max(self.batch_size, int(self.threshold * self.fetch_size))
-        buffer: deque[int] = deque()
+        buffer: deque[tuple[int, bool]] = deque()  # (dataset index, given as a miss)
         recent: list[int] = []
         produced = 0
         end = False
         while True:
             while not end and len(buffer) < low:
-                ids = self._claim(epoch)
-                if ids is None:
+                claimed = self._claim(epoch)
+                if claimed is None:
                     end = True
-                else:
-                    buffer.extend(i for i in (self._cid_to_index[c] for c in ids) if i >= 0)
+                    continue
+                for cids, miss in ((claimed[0], False), (claimed[1], True)):
+                    buffer.extend((i, miss) for i in (self._cid_to_index[c] for c in cids) if i >= 0)
             if not buffer or (len(buffer) < self.batch_size and self.drop_last):
                 break
-            batch = [buffer.popleft() for _ in range(min(self.batch_size, len(buffer)))]
-            recent = batch
-            yield batch
+            taken = [buffer.popleft() for _ in range(min(self.batch_size, len(buffer)))]
+            recent = [i for i, _ in taken]
+            yield recent, sum(1 for _, miss in taken if miss)
             produced += 1
             if target is not None and produced >= target:
                 return  # DDP: the same step count on every rank (the rest stays unread)
         rng = random.Random(f"pad:{self.seed}:{epoch}:{self.rank}")
         while target is not None and produced < target and recent:
-            yield [rng.choice(recent) for _ in range(self.batch_size)]
+            yield [rng.choice(recent) for _ in range(self.batch_size)], None
             produced += 1
 
-    def _claim(self, epoch: int) -> list[int] | None:
-        """The next claim's compact ids (hits first); None at the end of the epoch."""
+    def _claim(self, epoch: int) -> tuple[list[int], list[int]] | None:
+        """The next claim's compact ids, ``(hits, fetch)``; None at the end of the epoch."""
         assert self.control is not None
         for _attempt in range(3):
             try:
@@ -327,15 +352,33 @@ class QuiverBatchSampler(Sampler[list[int]]):
                 if exc.errno == errno.ESTALE:  # this epoch is over for the job
                     return None
                 raise
-            ids = answer["hits"] + answer["fetch"]
-            return ids or None
+            if not answer["hits"] and not answer["fetch"]:
+                return None
+            return answer["hits"], answer["fetch"]
         raise OSError(errno.ENOENT, "the session keeps disappearing; is mountd restarting?")
 
     # -- timing reports and closing -----------------------------------------------------------
 
-    def report_batch(self, seconds: float) -> None:
-        """Report one mini-batch's time (data wait + compute); best effort."""
-        self._report("batch", s=f"{max(0.0, seconds):.6f}")
+    def report_batch(self, seconds: float, *, files: int | None = None,
+                     misses: int | None = None) -> None:
+        """Report one mini-batch's time (data wait + compute); best effort. ``files`` and
+        ``misses`` (together): the batch's files and how many of them its claim gave as
+        misses (mountd then classifies the report exactly, docs/control-protocol.md)."""
+        seconds_text = f"{max(0.0, seconds):.6f}"
+        if files is None or not self._send_reads:
+            self._report("batch", s=seconds_text)
+            return
+        if self.control is None:
+            return
+        try:
+            self.control.request("batch", job=self.job, rank=self.rank, s=seconds_text,
+                                 files=files, misses=misses)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                return  # timings are advisory: never fail training on them
+            # A mount older than files/misses refuses them: send the time alone from now on.
+            self._send_reads = False
+            self._report("batch", s=seconds_text)
 
     def report_epoch(self, epoch: int, seconds: float) -> None:
         """Report one epoch's time; best effort."""

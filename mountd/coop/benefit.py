@@ -21,8 +21,17 @@ best ratio first (they are cheap and turn the dataset's misses co-operative), th
 budget upgrades datasets to ``full`` in the order of ``G_D`` per extra byte, and what is still
 left goes to the best dataset that got nothing, as smaller chunks (each at least
 ``min_chunk_bytes``, the 1% below which a chunk is too small to be random). A job not measured
-yet counts with :data:`ASSUMED_BENEFIT` (so a new dataset is cached, its hits measured, then
-its job probed), and so does a dataset that no shim job reads (plain readers report nothing).
+yet counts with the median ``b`` of its dataset's measured jobs (jobs of one dataset tend to
+gain alike; a third job of an insensitive dataset must not keep it cached until it is
+measured), or with :data:`ASSUMED_BENEFIT` when none is measured (so a new dataset is cached,
+its hits measured, then its job probed), and so does a dataset that no shim job reads (plain
+readers report nothing).
+
+:func:`allocate_in_order` is the allocation of the two other policies, *budget-only* (no
+benefit: each dataset's mode from the budget alone) and *manual* (``--dataset-mode``): one
+budget shared by every dataset, taken in registration order, each getting its mode only if it
+fits what the earlier ones left. Each dataset sized against the whole budget on its own would
+let three datasets each "fit" two chunks and together pin more than the cache.
 """
 
 from __future__ import annotations
@@ -35,14 +44,26 @@ from mountd.coop.chunks import Mode
 
 __all__ = [
     "ASSUMED_BENEFIT",
+    "BENEFIT_AWARE",
+    "BUDGET_ONLY",
+    "MANUAL",
     "Allocation",
     "DatasetDemand",
     "JobBenefit",
     "MIN_BENEFIT",
     "allocate",
+    "allocate_in_order",
     "benefit_moved",
+    "counted_benefits",
     "median",
 ]
+
+#: The allocation policies, as ``quiverfs stats`` names them: by measured benefit (the
+#: default), by the budget alone (each dataset in registration order takes its mode if it fits
+#: what is left), or every mode fixed by ``--dataset-mode`` (charged in the same order).
+BENEFIT_AWARE = "benefit-aware"
+BUDGET_ONLY = "budget-only"
+MANUAL = "manual"
 
 #: Below this ``b`` a job gains nothing worth cache space (Quiver: times "don't differ by much").
 MIN_BENEFIT = 1.1
@@ -153,20 +174,33 @@ class Allocation:
     reason: str
 
 
+def counted_benefits(demand: DatasetDemand, *, assumed: float = ASSUMED_BENEFIT) -> list[float]:
+    """The ``b`` each of the dataset's jobs counts with, in ``demand.jobs`` order: its own when
+    measured, else the median of the dataset's measured jobs, else ``assumed``."""
+    measured = [j.b for j in demand.jobs if j.b is not None]
+    stand_in = statistics.median(measured) if measured else assumed
+    return [j.b if j.b is not None else stand_in for j in demand.jobs]
+
+
 def dataset_benefit(demand: DatasetDemand, *, assumed: float = ASSUMED_BENEFIT) -> float:
-    """``G_D``: Σ ``b × GPUs`` over the dataset's jobs, :data:`ASSUMED_BENEFIT` for a job not
-    measured yet; a dataset no job reports on counts as one unmeasured job of one GPU."""
+    """``G_D``: Σ ``b × GPUs`` over the dataset's jobs (:func:`counted_benefits`: a job not
+    measured yet counts with the median of the measured ones, or ``assumed``); a dataset no
+    job reports on counts as one unmeasured job of one GPU."""
     if not demand.jobs:
         return assumed
-    return sum((j.b if j.b is not None else assumed) * j.gpus for j in demand.jobs)
+    bs = counted_benefits(demand, assumed=assumed)
+    return sum(b * j.gpus for b, j in zip(bs, demand.jobs, strict=True))
 
 
-def _insensitive(demand: DatasetDemand, min_benefit: float) -> float | None:
-    """The largest ``b`` when every job is measured and below ``min_benefit``, else None."""
-    if not demand.jobs or not all(j.measured for j in demand.jobs):
+def _insensitive(demand: DatasetDemand, min_benefit: float) -> tuple[float, int] | None:
+    """``(largest b, jobs not measured)`` when at least one job is measured and every job
+    counts (:func:`counted_benefits`) below ``min_benefit``; else None."""
+    if not any(j.measured for j in demand.jobs):
         return None
-    top = max(j.b for j in demand.jobs if j.b is not None)
-    return top if top < min_benefit else None
+    top = max(counted_benefits(demand))
+    if top >= min_benefit:
+        return None
+    return top, sum(1 for j in demand.jobs if not j.measured)
 
 
 def _mb(n: float) -> str:
@@ -201,10 +235,13 @@ def allocate(
         if d.fixed is not None:
             continue
         g = dataset_benefit(d, assumed=assumed)
-        top = _insensitive(d, min_benefit)
-        if top is not None:
+        insensitive = _insensitive(d, min_benefit)
+        if insensitive is not None:
+            top, unmeasured = insensitive
+            note = (f" ({unmeasured} not measured yet: counted at the median of the measured)"
+                    if unmeasured else "")
             out[d.dataset] = Allocation(d.dataset, Mode.OFF, 0, g,
-                                        f"insensitive: every job has b <= {top:.2f} < {min_benefit:.2f}")
+                                        f"insensitive: every job has b <= {top:.2f} < {min_benefit:.2f}{note}")
             continue
         candidates.append((d, g))
 
@@ -245,4 +282,51 @@ def allocate(
                                         f"G={g:.2f}, #{rank} by G per byte: smaller chunks in "
                                         f"what was left ({_mb(left)})")
             left = 0
+    return out
+
+
+def allocate_in_order(
+    demands: Iterable[DatasetDemand],
+    budget: int,
+    *,
+    slots: int = 2,
+    policy: str = BUDGET_ONLY,
+) -> dict[str, Allocation]:
+    """Each dataset's mode and budget under one shared ``budget``, in the order given
+    (registration order, so that a dataset that arrives never takes what an earlier one holds):
+    the budget-only and manual policies (see the module docstring).
+
+    A dataset without a manual mode is ``full`` when it fits what is left, else ``chunked``
+    with chunks of ``min(chunk_bytes, left / slots)`` when those are still at least
+    ``min_chunk_bytes``, else ``off`` (:func:`mountd.coop.chunks.choose_mode` with what is
+    left for a budget). A manual ``chunked`` dataset is sized the same way and is ``off``
+    when no chunk fits; a manual ``full`` one is charged up to what is left (nothing of it is
+    pinned: the cache's policy keeps what fits); ``off`` and ``lru`` cost nothing.
+    """
+    out: dict[str, Allocation] = {}
+    left = budget
+    for d in demands:
+        g = dataset_benefit(d)
+        head = "fixed by --dataset-mode" if d.fixed is not None else policy
+        if d.fixed in (Mode.OFF, Mode.LRU):
+            out[d.dataset] = Allocation(d.dataset, d.fixed, 0, g, "fixed by --dataset-mode")
+            continue
+        if d.fixed is Mode.FULL or (d.fixed is None and d.total_bytes <= left):
+            cost = min(d.total_bytes, left)
+            over = "" if cost == d.total_bytes else f", more than the {_mb(left)} left: not all of it stays"
+            out[d.dataset] = Allocation(d.dataset, Mode.FULL, cost, g,
+                                        f"{head}: whole ({_mb(d.total_bytes)}){over}")
+            left -= cost
+            continue
+        chunk = min(d.chunk_bytes, left // slots)
+        if chunk > 0 and chunk >= d.min_chunk_bytes:
+            cost = slots * chunk
+            out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, cost, g,
+                                        f"{head}: {slots} chunks of {_mb(chunk)} "
+                                        f"({_mb(left)} of {_mb(budget)} left)")
+            left -= cost
+            continue
+        out[d.dataset] = Allocation(d.dataset, Mode.OFF, 0, g,
+                                    f"{head}: no room ({_mb(max(0, left))} of {_mb(budget)} left; "
+                                    f"a chunk must be >= {_mb(max(1, d.min_chunk_bytes))})")
     return out

@@ -16,6 +16,9 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   the changes: the chunks an old chunked mode held are unpinned, a dataset the allocation
   makes ``full`` has its files pinned (as they land, too) so that other datasets' misses
   cannot evict it, and one that stops being ``full`` is unpinned. Unpins come before pins.
+  The other policies (budget-only: ``registry.benefit_aware = False``; manual:
+  ``--dataset-mode``) deal one budget among the datasets in registration order, again at the
+  tick after a dataset came or went (:meth:`CoopService.policy` names the one in force).
 * **Notifications.** As a :class:`~mountd.store.cache.CacheListener` it forwards every fill,
   removal and failed fill to ``on_cached`` / ``on_evicted`` / ``on_fetch_failed`` for every
   compact id of that hash in every dataset. Events that arrive while a view loads are kept
@@ -54,6 +57,7 @@ from typing import Any
 
 import trio
 
+from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDemand, counted_benefits
 from mountd.coop.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
 from mountd.coop.datasets import DatasetView, load_view
 from mountd.coop.sessions import SessionInfo, SessionRegistry
@@ -428,8 +432,16 @@ class CoopService:
             for owner in self.registry.take_closed(name):
                 self.cache.release_protection(owner)
 
+    @property
+    def policy(self) -> str:
+        """The allocation policy in force: ``benefit-aware``, ``budget-only`` or ``manual``."""
+        if self.mode is not None:
+            return MANUAL
+        return BENEFIT_AWARE if self.registry.benefit_aware else BUDGET_ONLY
+
     def reallocate(self, now: float | None = None) -> None:
-        """Let the registry choose every dataset's mode by benefit and perform the changes
+        """Let the registry choose every dataset's mode (by benefit, or by the shared budget
+        for the other policies) and perform the changes
         (see the module docstring): unpin the chunks old modes held.
 
         A dataset made full is not pinned whole: pins are chunk management's, and pinning a
@@ -451,16 +463,20 @@ class CoopService:
             self._unpin([h for h in unpin if not self._pinned_for(h)])
 
     def allocation_json(self) -> dict[str, Any]:
-        """Per dataset: mode, bytes allocated, ``G_D`` and why; per open job: ``t_hit``,
-        ``t_miss``, ``b``, ``g``, whether it is being probed (``quiverfs stats``, metrics)."""
+        """The policy in force; per dataset: mode, bytes allocated, ``G_D`` and why; per open
+        job: ``t_hit``, ``t_miss``, ``b``, ``g`` (None until measured), ``b_counted`` (what
+        the allocation counts: its ``b``, else the median of the dataset's measured jobs, else
+        the assumed value) and whether it is being probed (``quiverfs stats``, metrics)."""
         reg = self.registry
         allocation = reg.allocation()
         out: dict[str, Any] = {}
         for name in sorted(self.views):
             a = allocation.get(name)
+            benefits = reg.benefits(name)
+            counted = counted_benefits(DatasetDemand(name, 0, 0, jobs=tuple(j for j, _ in benefits)))
             jobs = [{"job": j.job, "gpus": j.gpus, "t_hit": j.t_hit, "t_miss": j.t_miss,
-                     "b": j.b, "g": j.g, "probing": j.probing, "probes": probes}
-                    for j, probes in reg.benefits(name)]
+                     "b": j.b, "g": j.g, "b_counted": b, "probing": j.probing, "probes": probes}
+                    for (j, probes), b in zip(benefits, counted, strict=True)]
             out[name] = {
                 "mode": str(reg.mode(name)),
                 "bytes": a.budget if a is not None else None,
@@ -469,7 +485,8 @@ class CoopService:
                     "fixed by --dataset-mode" if self.mode is not None else "not allocated yet"),
                 "jobs": jobs,
             }
-        return {"benefit_aware": reg.benefit_aware, "budget": self.budget, "datasets": out}
+        return {"policy": self.policy, "benefit_aware": reg.benefit_aware, "budget": self.budget,
+                "datasets": out}
 
     def _pinned_for(self, content_hash: bytes) -> bool:
         """Whether some dataset holds ``content_hash`` pinned: in a loading or resident chunk."""

@@ -34,6 +34,7 @@ from mountd.coop.benefit import (
     DatasetDemand,
     JobBenefit,
     allocate,
+    allocate_in_order,
     benefit_moved,
 )
 from mountd.coop.chunks import (
@@ -43,7 +44,6 @@ from mountd.coop.chunks import (
     ChunkPlan,
     Evict,
     Mode,
-    choose_mode,
     plan_chunks,
     plan_packed_chunks,
 )
@@ -158,6 +158,16 @@ class _Registration:
     packing: Packing | None
     fixed: bool  # mode given explicitly: the allocator leaves it
     budget: int | None
+    #: the mode given explicitly (None: chosen); kept apart from the mode in force, which a
+    #: shared budget may turn ``off`` (a manual ``chunked`` with no room left)
+    asked: Mode | None = None
+
+    def chunk_bytes(self) -> int:
+        """One chunk as the dataset wants it: ``min(fraction × total, max_chunk_bytes)``."""
+        chunk = self.fraction * self.total
+        if self.max_chunk_bytes is not None:
+            chunk = min(chunk, self.max_chunk_bytes)
+        return int(chunk)
 
 
 class SessionRegistry:
@@ -215,7 +225,8 @@ class SessionRegistry:
         self._timings: OrderedDict[tuple[str, str], JobTimings] = OrderedDict()
         self._registrations: dict[str, _Registration] = {}
         #: Benefit-aware allocation (Quiver §5.3): probe jobs and let :meth:`allocate` choose
-        #: the modes of datasets registered without one. Off: modes come from the budget.
+        #: the modes of datasets registered without one. Off: modes come from one budget
+        #: shared in registration order (:func:`mountd.coop.benefit.allocate_in_order`).
         self.benefit_aware = False
         self.probe_period = PROBE_PERIOD
         self.reallocate_interval = REALLOCATE_INTERVAL
@@ -240,9 +251,12 @@ class SessionRegistry:
     ) -> Mode:
         """Register ``dataset`` (``sizes[i]`` = bytes of compact id ``i``); returns its mode.
 
-        ``mode`` None picks :func:`mountd.coop.chunks.choose_mode` from ``budget`` (required then;
-        also required for ``chunked``). ``cached`` are the ids in the cache now. Registering
-        the same dataset again with the same file count is a no-op.
+        ``mode`` None picks the mode from ``budget`` (required then; also required for
+        ``chunked``): ``budget`` is the whole cache budget, and the dataset gets what the
+        datasets registered before it leave of it (:meth:`_share`: full if it fits, else two
+        chunks if they can still be ``MIN_FRACTION`` of it, else off; a manual ``chunked``
+        gets chunks of what is left, or ``off`` when none fit). ``cached`` are the ids in the
+        cache now. Registering the same dataset again with the same file count is a no-op.
 
         ``packing``: the packed chunks of a packed dataset (None: loose). Its chunks are
         then unions of whole packed chunks (:func:`~mountd.coop.chunks.plan_packed_chunks`)
@@ -266,28 +280,25 @@ class SessionRegistry:
             chosen = Mode(mode) if mode is not None else None
         except ValueError:
             raise InvalidRequest(f"unknown mode {mode!r}") from None
-        if chosen is None or chosen is Mode.CHUNKED:
-            if budget is None:
-                raise InvalidRequest("a budget is needed to choose a mode or plan chunks")
-            chosen = chosen or choose_mode(
-                sum(sizes),
-                budget,
-                fraction=fraction,
-                max_chunk_bytes=max_chunk_bytes,
-                slots=self.chunk_slots,
-            )
-        if chosen is Mode.CHUNKED and (
-            len(sizes) < 3
-            or (packing is not None and packing.chunks + packing.chunk_of.count(-1) < 3)
-        ):
-            chosen = Mode.FULL  # nothing to chunk
+        if (chosen is None or chosen is Mode.CHUNKED) and budget is None:
+            raise InvalidRequest("a budget is needed to choose a mode or plan chunks")
+        nothing_to_chunk = len(sizes) < 3 or (
+            packing is not None and packing.chunks + packing.chunk_of.count(-1) < 3)
+        if chosen is Mode.CHUNKED and nothing_to_chunk:
+            chosen = Mode.FULL
         existing = self._datasets.get(dataset)
         if existing is not None:
             if existing.count != len(sizes):
                 raise SessionConflict(f"dataset {dataset} is registered with another file count")
             return self._modes[dataset]
         registration = _Registration(sizes, sum(sizes), fraction, max_chunk_bytes, seed, packing,
-                                     fixed=mode is not None, budget=budget)
+                                     fixed=mode is not None, budget=budget, asked=chosen)
+        if chosen is None or chosen is Mode.CHUNKED:
+            assert budget is not None
+            chosen, budget = self._share(dataset, registration, budget)
+            registration.budget = budget
+            if chosen is Mode.CHUNKED and nothing_to_chunk:
+                chosen = Mode.FULL
         chosen, plan = self._plan(dataset, registration, chosen, budget)
         state = DatasetState(
             dataset,
@@ -312,6 +323,30 @@ class SessionRegistry:
         self._registrations[dataset] = registration
         self._allocate_due = True
         return chosen
+
+    def _charge(self, dataset: str) -> int:
+        """Cache bytes a registered dataset holds in its mode now: the whole dataset when
+        ``full``, its chunk slots when ``chunked``, nothing otherwise."""
+        reg = self._registrations[dataset]
+        mode = self._modes[dataset]
+        if mode is Mode.FULL:
+            return reg.total
+        if mode is Mode.CHUNKED:
+            return min(reg.budget or 0, self.chunk_slots * reg.chunk_bytes())
+        return 0
+
+    def _share(self, dataset: str, reg: _Registration, budget: int) -> tuple[Mode, int]:
+        """The mode and budget of a dataset being registered: what the registered datasets
+        leave of ``budget`` (:func:`mountd.coop.benefit.allocate_in_order` with it last), so
+        that datasets registered one after the other never hold more than ``budget`` together
+        (each sized against the whole budget, three datasets each fitting two chunks pinned
+        more than the cache: ``CacheFull``). The benefit-aware allocation that follows may
+        move it (it runs at the next tick, before any chunk preloads)."""
+        left = max(0, budget - sum(self._charge(name) for name in self._registrations))
+        demand = DatasetDemand(dataset, reg.total, reg.chunk_bytes(), int(MIN_FRACTION * reg.total),
+                               fixed=reg.asked)
+        decision = allocate_in_order([demand], left, slots=self.chunk_slots)[dataset]
+        return decision.mode, decision.budget
 
     def _plan(self, dataset: str, reg: _Registration, chosen: Mode,
               budget: int | None) -> tuple[Mode, ChunkPlan]:
@@ -414,38 +449,44 @@ class SessionRegistry:
         for dataset, job in self._jobs:
             jobs[dataset].append(self._timings_of((dataset, job), touch=False).benefit(job))
         out = []
-        for name, reg in self._registrations.items():
-            chunk = reg.fraction * reg.total
-            if reg.max_chunk_bytes is not None:
-                chunk = min(chunk, reg.max_chunk_bytes)
+        for name, reg in self._registrations.items():  # registration order
             out.append(DatasetDemand(
-                name, reg.total, int(chunk), int(MIN_FRACTION * reg.total),
+                name, reg.total, reg.chunk_bytes(), int(MIN_FRACTION * reg.total),
                 tuple(sorted(jobs[name], key=lambda j: j.job)),
-                self._modes[name] if reg.fixed else None,
+                (reg.asked or self._modes[name]) if reg.fixed else None,
             ))
         return out
 
     def allocation_due(self, now: float | None = None) -> bool:
         """Whether :meth:`allocate` should run: a job arrived or left, a probe ended, a
-        dataset came or went, or :attr:`reallocate_interval` passed."""
+        dataset came or went, or :attr:`reallocate_interval` passed. Without
+        :attr:`benefit_aware` only a dataset that came or went matters (and the first time):
+        the shared budget is then dealt again, so one that left frees its share."""
         if not self.benefit_aware:
-            return False
+            return self._allocate_due or self._allocated_at is None
         now = self.clock() if now is None else now
         return (self._allocate_due or self._allocated_at is None
                 or now - self._allocated_at >= self.reallocate_interval)
 
     def allocate(self, budget: int, now: float | None = None) -> list[ModeChange]:
-        """Choose every dataset's mode by benefit (:func:`mountd.coop.benefit.allocate`) and
-        apply the changes (:meth:`set_mode`); datasets with a manual mode keep it."""
+        """Choose every dataset's mode and apply the changes (:meth:`set_mode`).
+
+        :attr:`benefit_aware`: by benefit (:func:`mountd.coop.benefit.allocate`); datasets
+        with a manual mode keep it. Otherwise (budget-only, or manual modes): one budget dealt
+        in registration order (:func:`mountd.coop.benefit.allocate_in_order`), which sizes
+        manual ``chunked`` datasets too (or turns them ``off`` when no chunk fits)."""
         self._allocate_due = False
         self._allocated_at = self.clock() if now is None else now
-        decided = allocate(self.demands(), budget, slots=self.chunk_slots)
+        if self.benefit_aware:
+            decided = allocate(self.demands(), budget, slots=self.chunk_slots)
+        else:
+            decided = allocate_in_order(self.demands(), budget, slots=self.chunk_slots)
         for key in self._jobs:
             timings = self._timings_of(key, touch=False)
             timings.allocated_b = timings.benefit(key[1]).b
         changes = []
         for name, decision in decided.items():
-            if not self._registrations[name].fixed:
+            if not self.benefit_aware or not self._registrations[name].fixed:
                 change = self.set_mode(name, decision.mode, decision.budget)
                 if change is not None:
                     changes.append(change)
@@ -456,7 +497,7 @@ class SessionRegistry:
         return changes
 
     def allocation(self) -> dict[str, Allocation]:
-        """The last allocation per dataset (empty before the first, or when not benefit-aware)."""
+        """The last allocation per dataset (empty before the first)."""
         return dict(self._allocation)
 
     def benefits(self, dataset: str) -> list[tuple[JobBenefit, int]]:

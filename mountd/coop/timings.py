@@ -103,6 +103,9 @@ class JobTimings:
     miss_measured: float | None = None
     #: ``b`` as the last allocation saw it (None: not measured then).
     allocated_b: float | None = None
+    #: The most files a report said its batch had: the job's batch size, to which a shorter
+    #: batch's time is scaled (an epoch's last batch is not a fast full one).
+    batch_files: int = 0
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.ring)
@@ -134,11 +137,17 @@ class JobTimings:
         first time, so that the allocation can use its ``b`` at once.
 
         ``read``: ``(files, misses)`` of this very batch when the reporter knows them (exact:
-        :func:`classify_batch`); else the job's last claims decide (:meth:`classify`).
+        :func:`classify_batch`); else the job's last claims decide (:meth:`classify`). A
+        batch of fewer files than the job's largest reported one counts as a full batch at
+        the same time per file, so that hit and miss samples compare per file.
         """
         kind = self.classify() if read is None else classify_batch(*read)
+        if read is not None:
+            self.batch_files = max(self.batch_files, read[0])
         if kind is None:
             return False
+        if read is not None and 0 < read[0] < self.batch_files:
+            seconds = seconds * self.batch_files / read[0]
         was = len(self.hit_times) >= HIT_SAMPLES and len(self.miss_times) >= MISS_SAMPLES
         if kind == "hit":
             self.hit_times.append(seconds)

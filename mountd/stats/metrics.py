@@ -167,7 +167,12 @@ def render(stats: dict[str, Any], usage: dict[str, Any] | None = None) -> str:
 
 
 def _allocation(out: _Writer, allocation: dict[str, Any]) -> None:
-    """Benefit-aware allocation (Quiver §5.3): per dataset mode, bytes and G_D; per job b, g."""
+    """Cache allocation (Quiver §5.3): the policy in force; per dataset mode, bytes and G_D;
+    per job b, g."""
+    if allocation.get("policy"):
+        out.sample("quiverfs_allocation_policy", "gauge",
+                   "1 for the allocation policy in force (benefit-aware, budget-only, manual).", 1,
+                   {"policy": allocation["policy"]})
     for dataset, row in (allocation.get("datasets") or {}).items():
         labels = {"dataset": dataset}
         out.sample("quiverfs_dataset_mode", "gauge", "1 for the dataset's residency mode.", 1,

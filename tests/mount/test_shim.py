@@ -193,3 +193,41 @@ def test_an_imagefolder_over_a_subdirectory_claims_only_its_files(split_mount) -
         claimed += claim["hits"] + claim["fetch"]
     assert sorted(claimed) == sorted(train_ids)
     sampler.close()
+
+
+def test_batch_reports_say_what_the_batch_read(mounted) -> None:
+    # The sampler's reports carry each batch's files and misses through the control channel
+    # (op `batch`, args files/misses) to mountd, which sorts them exactly: the dataset is all
+    # cached by now, so every full report is a hit sample and the job gets a t_hit.
+    import subprocess
+
+    from tests.mount.conftest import quiverfs_cmd
+
+    mnt, _, dataset_id = mounted
+    control = ControlClient(mnt)
+    control.request("open", job="bad-report", rank=0, world=1)
+    with pytest.raises(OSError) as info:  # more misses than files: refused, nothing recorded
+        control.request("batch", job="bad-report", rank=0, s="0.1", files=8, misses=9)
+    assert info.value.errno == errno.EINVAL
+    control.request("close", job="bad-report", rank=0)
+    dataset = Indexed(mnt / "train")
+    sampler = QuiverBatchSampler(dataset, batch_size=8, job="exact", seed=4)
+    sent = []
+    report = sampler.report_batch
+    sampler.report_batch = lambda s, **kw: (sent.append(kw), report(s, **kw))  # type: ignore[method-assign]
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
+    seen = [int(i) for indices, _ in loader for i in indices]
+    assert Counter(seen) == Counter(range(FILES))
+    assert len(sent) == FILES // 8 - 1 and all(kw == {"files": 8, "misses": 0} for kw in sent)
+    out = subprocess.run(quiverfs_cmd("stats", "--cache-dir", str(mounted_cache(mnt)), "--json"),
+                         capture_output=True, text=True, check=True)
+    allocation = json.loads(out.stdout)["allocation"]
+    assert allocation["policy"] == "benefit-aware"
+    (job,) = [j for j in allocation["datasets"][dataset_id]["jobs"] if j["job"] == "exact"]
+    assert job["t_hit"] is not None and job["t_miss"] is None
+    sampler.close()
+
+
+def mounted_cache(mnt: Path) -> Path:
+    """The cache directory of the module's mount (beside the mount point)."""
+    return mnt.parent / "cache"

@@ -4,16 +4,22 @@ break exactly once, pins follow the mode, and ``stats`` says who got the cache a
 from __future__ import annotations
 
 import errno
+import os
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
+from digests.build import build
 from mountd.coop.benefit import HIT_SAMPLES, MISS_SAMPLES
 from mountd.coop.chunks import ChunkState, Mode
+from mountd.daemon import DaemonConfig, serve
 from mountd.errors import InvalidRequest
+from mountd.rpc.client import open_client
 from mountd.stats.metrics import render
 from mountd.store import layout
+from mountd.store.cache import CacheConfig
 from quiverfs.mountd_views import print_allocation
 
 from .test_coop import mountd_env
@@ -146,8 +152,10 @@ async def test_batch_reports_with_their_misses_measure_the_job(tmp_path: Path) -
         assert coop is not None
         await env.client.session_open(env.dataset, "job")
         with pytest.raises(InvalidRequest) as info:
-            await env.client.call("report_batch", {"dataset": env.dataset, "job": "job", "rank": 0,
-                                                   "seconds": 0.1, "files": 4})
+            await env.client.call(
+                "report_batch",
+                {"dataset": env.dataset, "job": "job", "rank": 0, "seconds": 0.1, "files": 4},
+            )
         assert info.value.errno == errno.EINVAL
         for _ in range(HIT_SAMPLES):
             await env.client.report_batch(env.dataset, "job", 0, 0.1, files=4, misses=0)
@@ -156,3 +164,97 @@ async def test_batch_reports_with_their_misses_measure_the_job(tmp_path: Path) -
         (job,) = coop.allocation_json()["datasets"][env.dataset]["jobs"]
         assert job["t_hit"] == pytest.approx(0.1) and job["t_miss"] == pytest.approx(0.3)
         assert job["b"] == pytest.approx(3.0)
+
+
+async def _build_datasets(
+    tmp_path: Path, count: int, files: int, size: int
+) -> list[tuple[str, Path, list[bytes]]]:
+    """``count`` file:// datasets of ``files`` × ``size`` bytes (distinct contents), their
+    digests built: ``(dataset id, digest, bodies in digest order)``."""
+    out = []
+    for k in range(count):
+        source = tmp_path / f"remote{k}"
+        source.mkdir()
+        for i in range(files):
+            body = bytes([k]) + i.to_bytes(4, "big") + os.urandom(size - 5)
+            (source / f"f{i:05d}.bin").write_bytes(body)
+        digest = tmp_path / f"ds{k}.qd"
+        result = await build("file://" + str(source), digest)
+        bodies = [(source / f"f{i:05d}.bin").read_bytes() for i in range(files)]
+        out.append((result.dataset_id, digest, bodies))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["budget-only", "manual"])
+async def test_budget_only_shares_one_small_cache_among_three_datasets(
+    tmp_path: Path, policy: str
+) -> None:
+    # Three datasets of 300 kB; a 100 kB cache (budget 80 kB). Each alone would take two
+    # chunks of 30 kB; sized against the whole budget each, the three pinned 180 kB and fills
+    # failed with CacheFull. Dealt in registration order: 60 kB, the 20 kB left, nothing.
+    datasets = await _build_datasets(tmp_path, 3, files=300, size=1000)
+    cache_dir = tmp_path / "cache"
+    config = DaemonConfig(
+        CacheConfig(cache_dir=cache_dir, cache_size=100_000),
+        dataset_mode="chunked" if policy == "manual" else None,
+        chunk_grace=0.0,
+    )
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(partial(serve, config, handle_signals=False))
+        coop = running.server.coop
+        assert coop is not None
+        coop.registry.benefit_aware = False
+        assert coop.policy == policy
+        async with open_client(cache_dir) as client:
+            for name, digest, _ in datasets:  # one after the other: registration order is known
+                await client.register(name, digest=str(digest))
+                await client.session_open(name, "job", rank=0, world_size=2, seed=5)
+                await client.session_open(name, "job", rank=1, world_size=2, seed=5)
+            coop.tick()
+            names = [name for name, _, _ in datasets]
+            allocation = coop.registry.allocation()
+            assert [allocation[n].mode for n in names] == [Mode.CHUNKED, Mode.CHUNKED, Mode.OFF]
+            assert [allocation[n].budget for n in names] == [60_000, 20_000, 0]
+            held = [2 * coop.registry.dataset(n).plan.target_bytes for n in names[:2]]
+            assert held == [60_000, 20_000] and sum(held) <= coop.budget
+            stats = await client.stats()
+            assert stats["allocation"]["policy"] == policy
+            assert all(
+                policy in stats["allocation"]["datasets"][n]["reason"]
+                or "fixed by --dataset-mode" in stats["allocation"]["datasets"][n]["reason"]
+                for n in names
+            )
+            # Two epochs of two ranks on every dataset at once: every read returns its bytes.
+            for epoch in range(2):
+                given = {n: [] for n in names}
+                done = {(n, r): False for n in names for r in (0, 1)}
+                while not all(done.values()):
+                    for (name, _digest, bodies), view in zip(
+                        datasets, [coop.views[n] for n in names], strict=True
+                    ):
+                        for rank in (0, 1):
+                            if done[name, rank]:
+                                continue
+                            claim = await client.claim(name, "job", rank, 10, epoch=epoch)
+                            ids = claim["hits"] + claim["fetch"]
+                            done[name, rank] = not ids
+                            given[name].extend(ids)
+                            for cid in ids:
+                                h, s, loc = view.item(cid)
+                                path = layout.store_path(cache_dir, h)
+                                try:
+                                    data = path.read_bytes()
+                                except FileNotFoundError:
+                                    await client.ensure(h, s, loc, name)
+                                    data = path.read_bytes() if path.exists() else None
+                                if data is not None:
+                                    assert data == bodies[int(loc.key[1:6])]
+                            pinned = coop.cache.index.pinned_of(
+                                [h for v in coop.views.values() for h in v.hashes_of(range(300))]
+                            )
+                            assert len(pinned) * 1000 <= coop.budget
+                    await trio.sleep(0)
+                assert all(sorted(ids) == list(range(300)) for ids in given.values())
+            stats = await client.stats()
+            assert stats["counters"]["total"]["fill_errors"] == 0
+        running.server.shutdown.set()

@@ -14,7 +14,9 @@ from mountd.coop.benefit import (
     DatasetDemand,
     JobBenefit,
     allocate,
+    allocate_in_order,
     benefit_moved,
+    counted_benefits,
 )
 from mountd.coop.chunks import Mode
 from mountd.coop.sessions import SessionRegistry
@@ -358,3 +360,49 @@ def test_a_b_that_moves_makes_an_allocation_due() -> None:
     assert reports <= MISS_SAMPLES
     reg.allocate(200_000)
     assert reg.mode("d") is not Mode.OFF
+
+
+def test_a_short_batch_counts_as_a_full_one_per_file() -> None:
+    t = JobTimings(ring=16)
+    for _ in range(HIT_SAMPLES - 1):
+        t.on_batch(0.8, 0.0, (8, 0))
+    t.on_batch(0.2, 0.0, (2, 0))  # the epoch's last batch: 2 files at the same 0.1 s a file
+    assert t.t_hit == pytest.approx(0.8)
+    assert list(t.hit_times) == pytest.approx([0.8] * HIT_SAMPLES)
+
+
+def test_an_unmeasured_job_counts_at_the_median_b_of_its_datasets_measured_jobs() -> None:
+    # Two of three insensitive jobs measured (b 1.0, 1.05): the third counts at their median,
+    # so the dataset is off even with room (Quiver: such a dataset never enters the cache).
+    d = demand("insens", 100 * MB, job("i0", 1.0), job("i1", 1.05), job("new", None))
+    out = allocate([d], 1000 * MB)
+    assert out["insens"].mode is Mode.OFF
+    assert "1 not measured yet" in out["insens"].reason
+    assert out["insens"].benefit == pytest.approx(1.0 + 1.05 + 1.025)
+    assert counted_benefits(d) == pytest.approx([1.0, 1.05, 1.025])
+    # Next to a sensitive measured job, the new one counts at the median (3.0), not 2.
+    d = demand("sens", 100 * MB, job("s", 3.0, gpus=2), job("new", None, gpus=2))
+    assert allocate([d], 1000 * MB)["sens"].benefit == pytest.approx(12.0)
+    # None measured: the assumed value, and never "insensitive".
+    d = demand("fresh", 100 * MB, job("a", None), job("b", None))
+    out = allocate([d], 1000 * MB)
+    assert out["fresh"].mode is Mode.FULL
+    assert out["fresh"].benefit == pytest.approx(2 * ASSUMED_BENEFIT)
+
+
+def test_budget_only_deals_one_budget_in_registration_order() -> None:
+    ds = [demand(n, 100 * MB) for n in ("c", "a", "b")]  # given order, not name order
+    out = allocate_in_order(ds, 50 * MB)
+    assert [out[n].mode for n in "cab"] == [Mode.CHUNKED, Mode.CHUNKED, Mode.CHUNKED]
+    assert [out[n].budget for n in "cab"] == [20 * MB, 20 * MB, 10 * MB]
+    out = allocate_in_order(ds, 30 * MB)
+    assert [out[n].budget for n in "cab"] == [20 * MB, 10 * MB, 0]
+    assert out["b"].mode is Mode.OFF and "no room" in out["b"].reason
+    assert sum(a.budget for a in out.values()) <= 30 * MB
+    out = allocate_in_order([demand("small", 10 * MB), *ds], 45 * MB)
+    assert out["small"].mode is Mode.FULL and out["small"].budget == 10 * MB
+    assert [out[n].budget for n in "cab"] == [20 * MB, 15 * MB, 0]
+    # manual: a fixed lru costs nothing, a fixed chunked is sized by what is left
+    out = allocate_in_order([demand("l", 100 * MB, fixed=Mode.LRU),
+                             demand("k", 100 * MB, fixed=Mode.CHUNKED)], 12 * MB)
+    assert out["l"].budget == 0 and out["k"].mode is Mode.CHUNKED and out["k"].budget == 12 * MB

@@ -275,14 +275,58 @@ def test_close_session_and_remove_dataset():
 
 def test_add_dataset_chooses_the_mode_and_is_idempotent():
     registry = SessionRegistry()
-    assert registry.add_dataset("small", [10] * 100, budget=10_000) is Mode.FULL
     assert registry.add_dataset("big", [10] * 100, budget=200) is Mode.CHUNKED
     assert registry.add_dataset("huge", [10] * 10_000, budget=200) is Mode.OFF
+    assert registry.add_dataset("small", [10] * 100, budget=10_000) is Mode.FULL
     assert registry.add_dataset("cmp", [10] * 100, mode="lru") is Mode.LRU
     assert registry.add_dataset("big", [10] * 100, budget=1) is Mode.CHUNKED  # no-op
     assert registry.dataset("big").manager is not None
     assert registry.dataset("huge").manager is None and registry.dataset("cmp").manager is None
     assert registry.mode("cmp") is Mode.LRU
+
+
+def test_datasets_registered_one_after_another_share_one_budget():
+    # `budget` is the whole cache budget: each dataset gets what the earlier ones left, so
+    # three datasets that would each fit two chunks alone never hold more than it together.
+    registry = SessionRegistry()
+    sizes = [100] * 100  # 10 kB each; two chunks = 2 kB
+    assert registry.add_dataset("a", sizes, budget=5_000) is Mode.CHUNKED
+    assert registry.add_dataset("b", sizes, budget=5_000) is Mode.CHUNKED
+    # 1 kB left: chunks of 500 B are still >= 1% of the dataset
+    assert registry.add_dataset("c", sizes, budget=5_000) is Mode.CHUNKED
+    assert registry.add_dataset("d", sizes, budget=5_000) is Mode.OFF  # nothing left
+    held = {name: 2 * registry.dataset(name).plan.target_bytes for name in "abc"}
+    assert held == {"a": 2_000, "b": 2_000, "c": 1_000}
+    # b goes: the next allocation deals its share again, to c (and d), in registration order
+    registry.remove_dataset("b")
+    assert registry.allocation_due()
+    registry.allocate(5_000)
+    assert [registry.mode(n) for n in "acd"] == [Mode.CHUNKED, Mode.CHUNKED, Mode.CHUNKED]
+    assert {n: 2 * registry.dataset(n).plan.target_bytes for n in "acd"} == {
+        "a": 2_000,
+        "c": 2_000,
+        "d": 1_000,
+    }
+    assert sum(a.budget for a in registry.allocation().values()) <= 5_000
+    assert "budget-only" in registry.allocation()["d"].reason
+
+
+def test_manual_chunked_datasets_share_the_budget_too():
+    registry = SessionRegistry()
+    sizes = [100] * 100
+    modes = [registry.add_dataset(n, sizes, budget=3_000, mode="chunked") for n in "abc"]
+    assert modes == [Mode.CHUNKED, Mode.CHUNKED, Mode.OFF]  # 2 kB, then the 1 kB left, then none
+    registry.allocate(3_000)
+    held = sum(
+        2 * registry.dataset(n).plan.target_bytes for n in "abc" if registry.mode(n) is Mode.CHUNKED
+    )
+    assert held <= 3_000
+    assert [registry.mode(n) for n in "abc"] == [Mode.CHUNKED, Mode.CHUNKED, Mode.OFF]
+    assert registry.allocation()["c"].reason.startswith("fixed by --dataset-mode: no room")
+    # the room comes back: c is chunked again (its asked mode is kept)
+    registry.remove_dataset("a")
+    registry.allocate(3_000)
+    assert registry.mode("c") is Mode.CHUNKED
 
 
 # -- timing reports -------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import socket
 import warnings
 from pathlib import Path
@@ -74,3 +75,32 @@ def test_rank_and_job_come_from_torch_distributed(paths, monkeypatch) -> None:
         assert sampler.job.startswith("job-")
     finally:
         torch.distributed.destroy_process_group()
+
+
+class _OldMount:
+    """A control channel from before batch reports carried files/misses: it refuses them with
+    EINVAL (unknown argument), as quiverfs.control.parse_name did then."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict]] = []
+
+    def request(self, op: str, **args):
+        self.requests.append((op, args))
+        if op == "batch" and "files" in args:
+            raise OSError(errno.EINVAL, "unknown argument 'files' of batch")
+        return {"recorded": 1}
+
+
+def test_a_mount_that_refuses_files_and_misses_gets_the_time_alone(paths, monkeypatch) -> None:
+    monkeypatch.setattr(shim, "_warned_off_mount", True)
+    sampler = QuiverBatchSampler(paths=paths, batch_size=5, job="j")
+    old = _OldMount()
+    sampler.control = old  # type: ignore[assignment]
+    sampler.report_batch(0.25, files=5, misses=1)
+    sampler.report_batch(0.5, files=5, misses=0)
+    assert old.requests == [
+        ("batch", {"job": "j", "rank": 0, "s": "0.250000", "files": 5, "misses": 1}),
+        ("batch", {"job": "j", "rank": 0, "s": "0.250000"}),  # the same report, time alone
+        ("batch", {"job": "j", "rank": 0, "s": "0.500000"}),  # and from then on
+    ]
+    sampler.control = None
