@@ -78,7 +78,7 @@ HIT_SAMPLES = 4
 #: Batch reports classified as misses a job needs before ``t_miss`` is known.
 MISS_SAMPLES = 4
 #: Miss-classified batches a probe collects before it ends.
-PROBE_BATCHES = 8
+PROBE_BATCHES = 4
 #: A probe ends after this many of the job's claims, or :data:`PROBE_MAX_S` seconds, even if
 #: it could not collect its batches (e.g. nothing uncached was left to give).
 PROBE_MAX_CLAIMS = 32
@@ -93,6 +93,15 @@ MOVED_FACTOR = 1.25
 #: ... and so does one that crossed :data:`MIN_BENEFIT` by more than this (hysteresis: a job
 #: sitting on the threshold does not flip its dataset on and off at every report).
 MOVED_MARGIN = 0.05
+
+
+#: A dataset that holds cache now keeps its place in the greedy order unless another's G per
+#: byte beats its own by this factor: noisy ``b`` samples otherwise swap two datasets' budgets
+#: back and forth, and every swap reloads chunks of both (benefit_aware.py at a 15% cache:
+#: four swaps in 15 s between the sensitive and the medium dataset, 2026-11-27). Each place
+#: ahead counts once more: of the datasets holding cache, the one with the most counts
+#: ``KEEP_FACTOR ** n``, the next ``KEEP_FACTOR ** (n - 1)``, ..., one holding none 1.
+KEEP_FACTOR = 1.5
 
 
 def benefit_moved(old: float | None, new: float | None) -> bool:
@@ -214,9 +223,12 @@ def allocate(
     slots: int = 2,
     min_benefit: float = MIN_BENEFIT,
     assumed: float = ASSUMED_BENEFIT,
+    holding: Sequence[str] = (),
 ) -> dict[str, Allocation]:
     """Each dataset's mode and budget under ``budget`` bytes (see the module docstring).
 
+    ``holding``: the datasets that hold cache now, the most bytes first; their G per byte
+    counts more in the greedy order, by their place (:data:`KEEP_FACTOR`: hysteresis).
     Deterministic: ties in the ratio are broken by dataset name.
     """
     demands = sorted(demands, key=lambda d: d.dataset)
@@ -248,8 +260,14 @@ def allocate(
     def two_chunks(d: DatasetDemand) -> int:
         return min(d.total_bytes, slots * d.chunk_bytes)
 
+    places = {name: len(holding) - i for i, name in enumerate(holding)}
+
+    def kept(d: DatasetDemand) -> float:
+        return KEEP_FACTOR ** places.get(d.dataset, 0)
+
     # Pass 1: two chunks each (or the whole dataset when that is no bigger), best G per byte first.
-    order = sorted(candidates, key=lambda c: (-c[1] / max(1, two_chunks(c[0])), c[0].dataset))
+    order = sorted(candidates, key=lambda c: (-c[1] * kept(c[0]) / max(1, two_chunks(c[0])),
+                                              c[0].dataset))
     for rank, (d, g) in enumerate(order, 1):
         cost = two_chunks(d)
         why = f"G={g:.2f}, #{rank} by G per byte"
@@ -266,7 +284,8 @@ def allocate(
         left -= out[d.dataset].budget
     # Pass 2: upgrade to full, best G per extra byte first, while the rest of the budget allows.
     chunked = [(d, g) for d, g in candidates if out[d.dataset].mode is Mode.CHUNKED]
-    chunked.sort(key=lambda c: (-c[1] / max(1, c[0].total_bytes - out[c[0].dataset].budget), c[0].dataset))
+    chunked.sort(key=lambda c: (-c[1] * kept(c[0]) / max(1, c[0].total_bytes - out[c[0].dataset].budget),
+                                c[0].dataset))
     for d, g in chunked:
         extra = d.total_bytes - out[d.dataset].budget
         if extra <= left:

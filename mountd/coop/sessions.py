@@ -478,7 +478,10 @@ class SessionRegistry:
         self._allocate_due = False
         self._allocated_at = self.clock() if now is None else now
         if self.benefit_aware:
-            decided = allocate(self.demands(), budget, slots=self.chunk_slots)
+            held = {name: self._allocation[name].budget for name, mode in self._modes.items()
+                    if mode in (Mode.FULL, Mode.CHUNKED) and name in self._allocation}
+            holding = sorted(held, key=lambda name: (-held[name], name))
+            decided = allocate(self.demands(), budget, slots=self.chunk_slots, holding=holding)
         else:
             decided = allocate_in_order(self.demands(), budget, slots=self.chunk_slots)
         for key in self._jobs:

@@ -14,7 +14,9 @@ uncached dataset here — the right ``t_miss`` for deciding whether to cache it.
 uncached unread files (:meth:`mountd.coop.claims.EpochPool.claim_uncached`; still files
 of its epoch not given yet, so exactly once holds), and its miss samples are collected apart
 until :data:`~mountd.coop.benefit.PROBE_BATCHES` are in (or the probe times out); they then
-replace the job's miss samples.
+replace the job's miss samples, and from then on only probes refresh them (natural misses
+of a cached dataset are prefetched or co-operative, nearly as fast as hits: they measure
+the cache working, not what the job would get without it).
 """
 
 from __future__ import annotations
@@ -101,6 +103,8 @@ class JobTimings:
     probes: int = 0
     #: Clock when ``t_miss`` was last measured (by a probe, or first from natural misses).
     miss_measured: float | None = None
+    #: True once a probe measured ``t_miss``: from then on only probes refresh it.
+    probed: bool = False
     #: ``b`` as the last allocation saw it (None: not measured then).
     allocated_b: float | None = None
     #: The most files a report said its batch had: the job's batch size, to which a shorter
@@ -153,7 +157,12 @@ class JobTimings:
             self.hit_times.append(seconds)
         elif self.probe is not None:
             self.probe.samples.append(seconds)
-        else:
+        elif not self.probed:
+            # Natural misses stand in until a probe measures t_miss. After that they are a
+            # different regime (a cached dataset's claims prefetch their misses, a job's
+            # co-operative misses ride on others' fills: nearly hit-fast), and letting
+            # them in drifted b towards 1 and turned a sensitive dataset off mid-run
+            # (benefit_aware.py at 15%, 2026-11-27); Quiver measures t_miss by probing.
             self.miss_times.append(seconds)
             if self.miss_measured is None and len(self.miss_times) >= MISS_SAMPLES:
                 self.miss_measured = now
@@ -186,6 +195,7 @@ class JobTimings:
         self.probe = None
         if len(probe.samples) >= MISS_SAMPLES:
             self.miss_times = deque(probe.samples, maxlen=SAMPLES)
+            self.probed = True
         self.miss_measured = now
         return True
 

@@ -9,6 +9,7 @@ import pytest
 from mountd.coop.benefit import (
     ASSUMED_BENEFIT,
     HIT_SAMPLES,
+    KEEP_FACTOR,
     MISS_SAMPLES,
     PROBE_BATCHES,
     DatasetDemand,
@@ -102,6 +103,38 @@ def test_unmeasured_jobs_count_with_the_assumed_benefit() -> None:
     out = allocate([d], 1000 * MB)
     assert out["d"].mode is Mode.FULL
     assert out["d"].benefit == pytest.approx(ASSUMED_BENEFIT * 2)
+
+
+def test_a_dataset_holding_cache_keeps_its_place_until_another_clearly_beats_it() -> None:
+    # Two datasets, room for one's two chunks plus smaller chunks for the other: whichever
+    # is first by G per byte gets the two chunks. Noise in b must not swap them.
+    def ds(b_a: float, b_b: float) -> list[DatasetDemand]:
+        return [demand("a", 100 * MB, job("a", b_a)), demand("b", 100 * MB, job("b", b_b))]
+
+    assert allocate(ds(3.0, 3.3), 30 * MB)["b"].budget == 20 * MB  # b first, held by nobody
+    for holding in (["a", "b"], ["a"]):  # a holds the most: b's 1.1x lead does not move it
+        kept = allocate(ds(3.0, 3.3), 30 * MB, holding=holding)
+        assert kept["a"].budget == 20 * MB and kept["b"].budget == 10 * MB
+    # A clear lead (beyond KEEP_FACTOR) still wins the place.
+    moved = allocate(ds(3.0, 3.0 * KEEP_FACTOR * 1.1), 30 * MB, holding=["a", "b"])
+    assert moved["b"].budget == 20 * MB and moved["a"].budget == 10 * MB
+
+
+def test_after_a_probe_only_probes_refresh_t_miss() -> None:
+    t = JobTimings(16)
+    for _ in range(HIT_SAMPLES):
+        t.on_batch(0.1, 0.0, (8, 0))
+    for _ in range(MISS_SAMPLES):  # natural misses stand in before any probe
+        t.on_batch(0.2, 0.0, (8, 8))
+    assert t.t_miss == pytest.approx(0.2)
+    t.start_probe(1.0)
+    for _ in range(PROBE_BATCHES):
+        t.on_batch(0.5, 1.0, (8, 8))
+    assert t.finish_probe(2.0) and t.t_miss == pytest.approx(0.5)
+    for _ in range(20):  # a cached dataset's prefetched misses: nearly hit-fast, ignored
+        t.on_batch(0.11, 3.0, (8, 8))
+    assert t.t_miss == pytest.approx(0.5)
+    assert t.benefit("j").b == pytest.approx(5.0)
 
 
 def test_fixed_modes_are_kept_and_charged() -> None:
