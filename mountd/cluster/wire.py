@@ -1,6 +1,7 @@
 """The peer protocol's bytes: the cluster-secret handshake and the request/answer frames.
 
-Over one TCP connection (trio stream), all integers big-endian:
+Over one TCP connection (trio stream; with peer TLS, inside the TLS session:
+:mod:`mountd.cluster.tls`), all integers big-endian:
 
 Handshake (HMAC-SHA256 challenge-response; the secret never crosses the wire, and a
 recorded exchange cannot be replayed because both sides add a fresh nonce)::
@@ -19,7 +20,8 @@ Then any number of requests, one at a time::
 
 The receiver of content checks its blake3 against the hash before using or storing it (no
 peer is trusted with content; the secret only keeps strangers from using a node's disk and
-bandwidth). Sizes above the receiver's limit end the connection.
+bandwidth). Sizes above the receiver's limit end the connection. Content of any size travels
+in one frame; the ends stream large ones (:mod:`mountd.cluster.peer`).
 """
 
 from __future__ import annotations
