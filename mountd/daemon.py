@@ -164,7 +164,7 @@ def make_server(cache: Cache, config: DaemonConfig, cluster: Cluster | None = No
     registry = SessionRegistry(chunk_slots=config.chunk_slots)
     # Before any dataset registers: each dataset's chunk manager takes it from here.
     registry.chunk_grace = config.chunk_grace
-    coop = CoopService(cache, mode=config.dataset_mode, registry=registry)
+    coop = CoopService(cache, mode=config.dataset_mode, registry=registry, cluster=cluster)
     return Server(cache, config.cache.cache_dir, coop=coop, socket_mode=config.socket.mode,
                   socket_group=config.socket.group, cluster=cluster)
 

@@ -25,7 +25,7 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 import blake3
@@ -121,6 +121,22 @@ async def send_file(stream: trio.abc.SendStream, fd: int, size: int) -> None:
         offset += len(chunk)
 
 
+def pack_bits(flags: Iterable[bool]) -> bytes:
+    """``flags`` as a bitmap, bit ``i`` (least significant first) of byte ``i // 8``."""
+    out = bytearray()
+    for i, flag in enumerate(flags):
+        if i % 8 == 0:
+            out.append(0)
+        if flag:
+            out[-1] |= 1 << (i % 8)
+    return bytes(out)
+
+
+def unpack_bits(data: bytes, count: int) -> list[bool]:
+    """The first ``count`` flags of a :func:`pack_bits` bitmap."""
+    return [bool(data[i // 8] >> (i % 8) & 1) for i in range(count)]
+
+
 class PeerServer:
     """Serves ``cache`` to authenticated peers (see the module docstring)."""
 
@@ -176,6 +192,8 @@ class PeerServer:
                         await self._get(stream)
                     elif op == wire.OP_PUT:
                         await self._put(stream, remote)
+                    elif op == wire.OP_HAS:
+                        await self._has(stream)
                     else:
                         raise PeerError(f"unknown peer request {op!r}")
         except (PeerError, trio.TooSlowError, trio.BrokenResourceError, OSError) as exc:
@@ -204,6 +222,17 @@ class PeerServer:
             os.close(fd)
         self.counters.served_hits += 1
         self.counters.served_bytes += size
+
+    async def _has(self, stream: trio.abc.Stream) -> None:
+        """Which of the asked hashes this node stores (claims prefer peers' hits to misses)."""
+        with trio.fail_after(self.timeout):
+            (count,) = wire.COUNT.unpack(await wire.receive_exactly(stream, wire.COUNT.size))
+            if count > wire.MAX_HAS:
+                raise PeerError(f"a peer asked about {count} hashes, over {wire.MAX_HAS}")
+            hashes = await wire.receive_exactly(stream, wire.HASH * count)
+            await stream.send_all(wire.OK + pack_bits(
+                self.cache.contains(hashes[i:i + wire.HASH])
+                for i in range(0, len(hashes), wire.HASH)))
 
     async def _put(self, stream: trio.abc.Stream, remote: str) -> None:
         with trio.fail_after(self.timeout):
@@ -274,6 +303,19 @@ class PeerClient:
             return await wire.receive_exactly(stream, 1) == wire.OK
 
         return await self._call(address, push, size)
+
+    async def has(self, address: str, hashes: list[bytes]) -> list[bool]:
+        """Which of ``hashes`` (at most :data:`wire.MAX_HAS`) the peer at ``address``
+        stores now. :class:`PeerError` when it failed."""
+
+        async def ask(stream: trio.abc.Stream) -> list[bool]:
+            await stream.send_all(wire.OP_HAS + wire.COUNT.pack(len(hashes)) + b"".join(hashes))
+            if await wire.receive_exactly(stream, 1) != wire.OK:
+                raise PeerError(f"peer {address} refused a HAS request")
+            return unpack_bits(await wire.receive_exactly(stream, (len(hashes) + 7) // 8),
+                               len(hashes))
+
+        return await self._call(address, ask, wire.HASH * len(hashes))
 
     async def _call(self, address: str, request: Callable[[trio.abc.Stream], Awaitable[T]],
                     size: int) -> T:

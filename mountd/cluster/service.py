@@ -38,6 +38,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from mountd.cluster import wire
 from mountd.cluster.config import ClusterConfig
 from mountd.cluster.coordinator import DONE, REDIS_ERRORS, Coordinator, public_url
 from mountd.cluster.counters import ClusterCounters
@@ -297,6 +298,36 @@ class Cluster:
                     return value
                 holder = value
         return None
+
+    # -- what the peers hold (claims prefer peer hits to misses) -----------------------------
+
+    async def held_elsewhere(self, hashes: list[bytes]) -> list[bool]:
+        """For each of ``hashes``, whether its owner (another live member) stores it now:
+        one HAS request per owner and :data:`wire.MAX_HAS` hashes. A peer that fails or is
+        suspect answers "no" for its share (the claim then treats those as misses)."""
+        held = [False] * len(hashes)
+        members = self.membership.members
+        if len(members) < 2 or self._nursery is None:
+            return held
+        by_owner: dict[str, list[int]] = {}
+        for i, content in enumerate(hashes):
+            node = owner(content, members)
+            if node != self.node:
+                by_owner.setdefault(node, []).append(i)
+        for node, indexes in by_owner.items():
+            address = self.membership.addresses.get(node)
+            if address is None or self._suspects.get(node, 0.0) > trio.current_time():
+                continue
+            for start in range(0, len(indexes), wire.MAX_HAS):
+                part = indexes[start:start + wire.MAX_HAS]
+                try:
+                    answer = await self.client.has(address, [hashes[i] for i in part])
+                except PeerError as exc:
+                    self._failed(node, exc)
+                    break
+                for i, there in zip(part, answer, strict=True):
+                    held[i] = there
+        return held
 
     # -- what this node keeps (PeerSource) ---------------------------------------------------
 

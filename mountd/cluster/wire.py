@@ -17,6 +17,9 @@ Then any number of requests, one at a time::
                                           → 0x01                           (not here)
     PUT   b"P" ‖ hash[32] ‖ size[8] ‖ bytes[size]
                                           → 0x00 stored (or already held)  | 0x01 refused
+    HAS   b"H" ‖ count[4] ‖ hash[32] × count   (count ≤ MAX_HAS)
+                                          → 0x00 ‖ bitmap[(count + 7) // 8]
+                                            (bit i, LSB first: the i-th hash is stored here)
 
 The receiver of content checks its blake3 against the hash before using or storing it (no
 peer is trusted with content; the secret only keeps strangers from using a node's disk and
@@ -41,6 +44,10 @@ MAC = 32
 HASH = 32
 OP_GET = b"G"
 OP_PUT = b"P"
+OP_HAS = b"H"
+COUNT = struct.Struct(">I")
+#: Most hashes one HAS asks about (32 bytes each: 128 KiB).
+MAX_HAS = 4096
 OK = b"\x00"
 NO = b"\x01"
 SIZE = struct.Struct(">Q")

@@ -6,8 +6,10 @@ returns up to ``n`` files the job has not been given this epoch:
 
 1. **hits** — a uniform random sample of the *cached* unread files of the job's current chunk;
 2. **misses** (only when too few are cached) — random unread files of that chunk, preferring
-   files no other job is fetching already (:attr:`DatasetState.in_flight`); the caller must
-   start fetching them at once (claims are DELI's sampler-informed prefetch hint).
+   files no other job is fetching already (:attr:`DatasetState.in_flight`) and, in a cluster,
+   files another mountd holds (:attr:`DatasetState.peer_held`: a peer hit, not a bucket GET);
+   the caller must start fetching them at once (claims are DELI's sampler-informed prefetch
+   hint).
 
 A packed dataset (one with a :class:`~mountd.coop.packing.Packing`) draws its misses
 differently: whole packed chunks of the current chunk by fill rate, the members beyond ``n``
@@ -216,6 +218,21 @@ class DatasetState:
         self.manager_options = manager_options or {}
         if plan.chunks > 1:
             self.manager = self._new_manager(plan)
+        #: 1 for a file another mountd of the cluster stores (as last asked: it may have
+        #: gone since; then the miss goes to the bucket as any would). Misses prefer these:
+        #: a peer hit costs a LAN transfer, not a bucket GET (mountd/coop/service.py asks).
+        self.peer_held = bytearray(plan.count)
+        self.peer_held_total = 0
+
+    def set_peer_held(self, ids: Iterable[int], held: Iterable[bool]) -> None:
+        """Record what the cluster answered for ``ids`` (see :attr:`peer_held`)."""
+        peer_held = self.peer_held
+        total = self.peer_held_total
+        for i, there in zip(ids, held, strict=True):
+            if peer_held[i] != there:
+                peer_held[i] = there
+                total += 1 if there else -1
+        self.peer_held_total = total
 
     def replan(self, plan: ChunkPlan) -> list[int]:
         """Switch to ``plan`` (a mode change, :mod:`mountd.coop.benefit`); returns the ids of
@@ -539,15 +556,18 @@ class EpochPool:
         )
 
     def _misses(self, need: int, rng: random.Random, lookahead: int, now: float) -> list[int]:
-        """``need`` random unread (uncached) files, skipping in-flight ones within the budget
-        of ``lookahead × need`` draws."""
+        """``need`` random unread (uncached) files, skipping in-flight ones, and in a cluster
+        ones no peer holds (peer hits before misses), within the budget of
+        ``lookahead × need`` draws."""
         assert self.unread is not None
         dataset = self.dataset
         out: list[int] = []
         skips = lookahead * need
+        peer_held = dataset.peer_held if dataset.peer_held_total else None
         while len(out) < need and len(self.unread) > self.unread.cached:
             i = self.unread.sample_uncached(rng)
-            if skips > 0 and dataset.flying(i, now):
+            if skips > 0 and (dataset.flying(i, now)
+                              or (peer_held is not None and not peer_held[i])):
                 skips -= 1
                 continue
             out.append(self._give(i))

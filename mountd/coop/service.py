@@ -57,6 +57,7 @@ from typing import Any
 
 import trio
 
+from mountd.cluster.service import Cluster
 from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDemand, counted_benefits
 from mountd.coop.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
 from mountd.coop.datasets import DatasetView, load_view
@@ -86,6 +87,22 @@ PRELOAD_TTL = 120.0
 PACKED_CHUNK_WARN_SHARE = 0.05
 
 _HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
+#: In a cluster: seconds between two rounds of asking the peers what they hold, and the most
+#: uncached files of one dataset asked about per round (32 bytes each on the wire).
+PEER_ASK_SECONDS = 2.0
+PEER_ASK_FILES = 16384
+
+
+def _uncached_from(cached: bytearray, start: int, limit: int) -> list[int]:
+    """Up to ``limit`` ids whose ``cached`` byte is 0, from ``start`` on and round (a C-speed
+    search between them: a mostly cached dataset costs no Python step per cached file)."""
+    out: list[int] = []
+    for low, high in ((start, len(cached)), (0, start)):
+        position = cached.find(0, low, high)
+        while position >= 0 and len(out) < limit:
+            out.append(position)
+            position = cached.find(0, position + 1, high)
+    return out
 
 
 def info_json(info: SessionInfo) -> dict[str, Any]:
@@ -117,8 +134,11 @@ class CoopService:
         budget_fraction: float = BUDGET_FRACTION,
         preload_window: int | None = None,
         tick_interval: float = TICK_INTERVAL,
+        cluster: Cluster | None = None,
     ) -> None:
         self.cache = cache
+        #: The cluster this mountd is in (None: alone): claims prefer files peers hold.
+        self.cluster = cluster
         self.registry = registry or SessionRegistry()
         if self.registry.protect_room is None:
             self.registry.protect_room = cache.holds.room
@@ -153,6 +173,8 @@ class CoopService:
         """The tick loop and the home of background view loads; until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            if self.cluster is not None:
+                nursery.start_soon(self._ask_peers)
             try:
                 task_status.started()
                 while True:
@@ -165,6 +187,41 @@ class CoopService:
                         log.exception("tick failed")
             finally:
                 self._nursery = None
+
+    async def _ask_peers(self) -> None:
+        """Keep each read dataset's :attr:`~mountd.coop.claims.DatasetState.peer_held`
+        current: every :data:`PEER_ASK_SECONDS`, ask the cluster which of up to
+        :data:`PEER_ASK_FILES` uncached files (the next ones after those asked last time,
+        round the dataset) other mountds hold, so that claims give those misses first."""
+        offsets: dict[str, int] = {}
+        while True:
+            await trio.sleep(PEER_ASK_SECONDS)
+            for name, view in list(self.views.items()):
+                try:
+                    await self._ask_peers_about(name, view, offsets)
+                except Exception:  # a bug here must not stop mountd: claims just lose the hint
+                    log.exception("asking the peers about dataset %s failed", name)
+
+    async def _ask_peers_about(self, name: str, view: DatasetView, offsets: dict[str, int]) -> None:
+        assert self.cluster is not None
+        try:
+            state = self.registry.dataset(name)
+        except QuiverError:
+            return
+        if not state.pools:
+            return
+        start = offsets.get(name, 0) % max(1, state.count)
+        ids = _uncached_from(state.cached, start, PEER_ASK_FILES)
+        offsets[name] = (ids[-1] + 1) if ids else 0
+        if not ids:
+            return
+        held = await self.cluster.held_elsewhere(view.hashes_of(ids))
+        try:
+            current = self.registry.dataset(name)
+        except QuiverError:
+            return  # removed meanwhile
+        if self.views.get(name) is view and current is state:  # nor replaced
+            state.set_peer_held(ids, held)
 
     def _until_next_tick(self) -> float:
         """Seconds to the next tick: the tick interval, or less when a chunk's grace ends
