@@ -27,6 +27,10 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   prefetch queue, under the remote limits), protected until read for the claiming job's
   epoch pool (its owner key ``(dataset, job, epoch)``; mountd/store/holds.py); when the pool
   closes, the next tick releases them (:meth:`SessionRegistry.take_closed`).
+* **Peers** (a cluster, docs/cluster.md "Claims"). Every :data:`PEER_ASK_SECONDS` it asks
+  the cluster which uncached files of each dataset being read other mountds hold
+  (:meth:`mountd.cluster.service.Cluster.held_elsewhere`) and records the answer in the
+  dataset's ``peer_held`` bitmap, so that claims give those misses (peer hits) first.
 * **Chunk fills.** It names the members of a packed dataset's chunks to the cache
   (:meth:`CoopService.chunk_members`, :meth:`Cache.set_chunk_members`), so every fill mountd
   starts of a packed file (a miss, a claim's miss, a preload, a prefetch) fetches the wanted
