@@ -365,30 +365,27 @@ class QuiverBatchSampler(Sampler[list[int]]):
         ``misses`` (together): the batch's files and how many of them its claim gave as
         misses (mountd then classifies the report exactly, docs/control-protocol.md)."""
         seconds_text = f"{max(0.0, seconds):.6f}"
-        if files is None or not self._send_reads:
-            self._report("batch", s=seconds_text)
-            return
-        if self.control is None:
-            return
-        try:
-            self.control.request("batch", job=self.job, rank=self.rank, s=seconds_text,
-                                 files=files, misses=misses)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                return  # timings are advisory: never fail training on them
+        if files is not None and self._send_reads:
+            if self._report("batch", s=seconds_text, files=files, misses=misses) != errno.EINVAL:
+                return
             # A mount older than files/misses refuses them: send the time alone from now on.
             self._send_reads = False
-            self._report("batch", s=seconds_text)
+        self._report("batch", s=seconds_text)
 
     def report_epoch(self, epoch: int, seconds: float) -> None:
         """Report one epoch's time; best effort."""
         self._report("epoch", epoch=epoch, s=f"{max(0.0, seconds):.6f}")
 
-    def _report(self, op: str, **args: Any) -> None:
+    def _report(self, op: str, **args: Any) -> int | None:
+        """Send a report; the errno when the mount refused it, else None. Timings are
+        advisory: a failed report never fails training."""
         if self.control is None:
-            return
-        with contextlib.suppress(OSError):  # timings are advisory: never fail training on them
+            return None
+        try:
             self.control.request(op, job=self.job, rank=self.rank, **args)
+        except OSError as exc:
+            return exc.errno
+        return None
 
     def close(self) -> None:
         """Close this rank's session (with its run time). Also done at exit."""
