@@ -120,7 +120,7 @@ class Cluster:
     async def turn(self, hash: bytes, size: int) -> AsyncIterator[PeerContent | None]:
         """Content of ``hash`` from a peer, or None: fetch from the bucket now (the cluster-wide
         lock is ours while the turn lasts, when Redis answers). See the module docstring."""
-        if size > self.config.peer_max_bytes or self._nursery is None:
+        if not self._peers_take(size):
             yield None
             return
         tried: set[str] = set()
@@ -161,9 +161,14 @@ class Cluster:
     async def find(self, hash: bytes, size: int) -> PeerContent | None:
         """The owners' copy of ``hash`` for a miss whose client supplies its own bytes (no
         lock: its fetch is its own); None when they do not have it."""
-        if size > self.config.peer_max_bytes or self._nursery is None:
+        if not self._peers_take(size):
             return None
         return await self._ask_owners(hash, size, set())
+
+    def _peers_take(self, size: int) -> bool:
+        """Whether content of ``size`` bytes may move between peers now (running, and not
+        over ``peer_max_bytes``)."""
+        return size <= self.config.peer_max_bytes and self._nursery is not None
 
     def landed(self, hash: bytes) -> None:
         """A client's bytes for ``hash`` were stored here: push them to the owner."""
@@ -197,10 +202,10 @@ class Cluster:
     async def _push_to_owner(self, hash: bytes) -> None:
         """Send the file of ``hash`` stored here to its owner (unless that is this node), so
         the next miss anywhere finds it there."""
-        owner = next(iter(owners(hash, self.membership.members)), self.node)
-        if owner == self.node:
+        node = owner(hash, self.membership.members) or self.node
+        if node == self.node:
             return
-        address = self.membership.addresses.get(owner)
+        address = self.membership.addresses.get(node)
         opened = await self._open_stored(hash)
         if address is None or opened is None:
             return
@@ -208,7 +213,7 @@ class Cluster:
         try:
             stored = await self.client.put(address, hash, fd, size)
         except PeerError as exc:
-            self._failed(owner, exc)
+            self._failed(node, exc)
             self.counters.push_errors += 1
             return
         finally:
@@ -240,8 +245,8 @@ class Cluster:
 
     async def _ask(self, node: str, hash: bytes, size: int) -> PeerContent | None:
         """``hash`` from ``node`` (checked), or None: it lacks it, failed, or is suspect."""
-        address = self.membership.addresses.get(node)
-        if address is None or self._suspects.get(node, 0.0) > trio.current_time():
+        address = self._address_of(node)
+        if address is None:
             return None
         try:
             content = await self.client.get(address, hash, size)
@@ -258,6 +263,13 @@ class Cluster:
         self.counters.peer_hits += 1
         self.counters.peer_bytes += content.size
         return content
+
+    def _address_of(self, node: str) -> str | None:
+        """Where to reach ``node``; None when it is not a member or failed a transfer in
+        the last :data:`SUSPECT_SECONDS`."""
+        if self._suspects.get(node, 0.0) > trio.current_time():
+            return None
+        return self.membership.addresses.get(node)
 
     def _failed(self, node: str, exc: BaseException) -> None:
         self.counters.peer_errors[node] += 1
@@ -315,8 +327,8 @@ class Cluster:
             if node != self.node:
                 by_owner.setdefault(node, []).append(i)
         for node, indexes in by_owner.items():
-            address = self.membership.addresses.get(node)
-            if address is None or self._suspects.get(node, 0.0) > trio.current_time():
+            address = self._address_of(node)
+            if address is None:
                 continue
             for start in range(0, len(indexes), wire.MAX_HAS):
                 part = indexes[start:start + wire.MAX_HAS]
