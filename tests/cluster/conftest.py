@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +13,21 @@ from quiverfs.testing.redis import RedisServer, redis_binary, run_redis
 
 #: A cluster secret for tests (the real one comes from --cluster-secret-file).
 SECRET = b"test-cluster-secret-0123456789abcdef"
+
+
+def secret_file(tmp_path: Path, mode: int = 0o600) -> Path:
+    """``SECRET`` in a file of ``mode``, as ``--cluster-secret-file`` takes it."""
+    path = tmp_path / "cluster.secret"
+    path.write_bytes(SECRET + b"\n")
+    path.chmod(mode)
+    return path
+
+
+def mountd_once(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    """``quiverfs mountd OPTIONS`` run to its end (for options it refuses at start-up)."""
+    return subprocess.run(
+        [sys.executable, "-m", "quiverfs.cli", "mountd", "--cache-dir", str(tmp_path / "c"),
+         "--cache-size", "16M", *options], capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture

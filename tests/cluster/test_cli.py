@@ -16,20 +16,7 @@ from mountd.rpc.client import SyncClient
 from quiverfs.testing.emulators import free_port
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 from quiverfs.testing.redis import RedisServer
-from tests.cluster.conftest import SECRET
-
-
-def _secret_file(tmp_path: Path, mode: int = 0o600) -> Path:
-    path = tmp_path / "cluster.secret"
-    path.write_bytes(SECRET + b"\n")
-    path.chmod(mode)
-    return path
-
-
-def _mountd(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quiverfs.cli", "mountd", "--cache-dir", str(tmp_path / "c"),
-         "--cache-size", "16M", *options], capture_output=True, text=True, timeout=60)
+from tests.cluster.conftest import SECRET, mountd_once, secret_file
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -44,11 +31,11 @@ def _mountd(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
 ])
 def test_bad_cluster_options_are_one_line_errors(tmp_path: Path, options: list[str],
                                                  message: str) -> None:
-    good, open_file = _secret_file(tmp_path), tmp_path / "open.secret"
+    good, open_file = secret_file(tmp_path), tmp_path / "open.secret"
     open_file.write_bytes(SECRET)
     open_file.chmod(0o644)
     options = [str(good) if o == "S" else str(open_file) if o == "OPEN" else o for o in options]
-    done = _mountd(tmp_path, *options)
+    done = mountd_once(tmp_path, *options)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
@@ -58,7 +45,7 @@ def test_bad_cluster_options_are_one_line_errors(tmp_path: Path, options: list[s
 def test_two_processes_share_through_peers_and_one_killed_costs_nothing(
         tmp_path: Path, redis_server: RedisServer) -> None:
     url, files = make_dataset(tmp_path / "bucket", 12, size=3000)
-    secret = _secret_file(tmp_path)
+    secret = secret_file(tmp_path)
     ports = [free_port(), free_port()]
     metrics = free_port()
 
@@ -106,7 +93,7 @@ def test_two_processes_share_through_peers_and_one_killed_costs_nothing(
 
 
 def test_cluster_options_from_the_config_file(tmp_path: Path, redis_server: RedisServer) -> None:
-    secret, port = _secret_file(tmp_path), free_port()
+    secret, port = secret_file(tmp_path), free_port()
     config = tmp_path / "mountd.toml"
     config.write_text(f'cluster = "{redis_server.url}"\nadvertise = "127.0.0.1:{port}"\n'
                       f'cluster-secret-file = "{secret}"\ncluster-name = "fromfile"\n')
@@ -118,6 +105,6 @@ def test_cluster_options_from_the_config_file(tmp_path: Path, redis_server: Redi
                    "the node to see itself in Redis")
     # A file missing the secret is refused like the same options on the command line.
     config.write_text(f'cluster = "{redis_server.url}"\nadvertise = "127.0.0.1:{port}"\n')
-    done = _mountd(tmp_path, "--config", str(config))
+    done = mountd_once(tmp_path, "--config", str(config))
     assert done.returncode == 2 and "--cluster needs --advertise" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr

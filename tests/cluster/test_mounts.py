@@ -19,7 +19,7 @@ import pytest
 from mountd.rpc.client import SyncClient
 from quiverfs.testing.emulators import free_port
 from quiverfs.testing.redis import RedisServer
-from tests.cluster.conftest import SECRET
+from tests.cluster.conftest import secret_file
 from tests.mount.conftest import (
     MountdProcess,
     MountProcess,
@@ -53,9 +53,7 @@ def cluster(fuse: None, tmp_path: Path, redis_server: RedisServer) -> Iterator[d
     write_tree(tmp_path / "bucket", files)
     digest = tmp_path / "d.qd"
     build_digest(tmp_path / "bucket", digest)
-    secret = tmp_path / "cluster.secret"
-    secret.write_bytes(SECRET)
-    secret.chmod(0o600)
+    secret = secret_file(tmp_path)
     with ExitStack() as stack:
         mountds, mounts, caches = [], [], []
         for i in range(NODES):

@@ -4,8 +4,6 @@ refused; the options fail in one line at start-up."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -23,7 +21,7 @@ from quiverfs.testing.emulators import free_port
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 from quiverfs.testing.redis import RedisServer
 from quiverfs.testing.tls import NodeCert, TestCA
-from tests.cluster.conftest import SECRET
+from tests.cluster.conftest import SECRET, mountd_once, secret_file
 from tests.mountd.conftest import Source
 
 LIMITS = {"max_bytes": 16 << 20, "timeout": 5.0}
@@ -118,18 +116,10 @@ async def test_transfers_over_tls_are_encrypted_and_need_the_cluster_ca(tmp_path
         nursery.cancel_scope.cancel()
 
 
-def _mountd(tmp_path: Path, *options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "quiverfs.cli", "mountd", "--cache-dir", str(tmp_path / "c"),
-         "--cache-size", "16M", *options], capture_output=True, text=True, timeout=60)
-
-
 def test_bad_tls_options_are_one_line_errors(tmp_path: Path) -> None:
     ca = TestCA(tmp_path / "ca")
     node, other = ca.issue("a"), ca.issue("b")
-    secret = tmp_path / "s"
-    secret.write_bytes(SECRET)
-    secret.chmod(0o600)
+    secret = secret_file(tmp_path)
     cluster = ["--cluster", "redis://127.0.0.1:1/0", "--advertise", "127.0.0.1:7000",
                "--cluster-secret-file", str(secret)]
     cases = [
@@ -141,7 +131,7 @@ def test_bad_tls_options_are_one_line_errors(tmp_path: Path) -> None:
         (node.options(), "need --cluster"),
     ]
     for options, message in cases:
-        done = _mountd(tmp_path, *options)
+        done = mountd_once(tmp_path, *options)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
@@ -149,9 +139,7 @@ def test_bad_tls_options_are_one_line_errors(tmp_path: Path) -> None:
 def test_two_nodes_share_over_tls(tmp_path: Path, redis_server: RedisServer) -> None:
     ca = TestCA(tmp_path / "ca")
     url, files = make_dataset(tmp_path / "bucket", 12, size=5000)
-    secret = tmp_path / "s"
-    secret.write_bytes(SECRET)
-    secret.chmod(0o600)
+    secret = secret_file(tmp_path)
     ports = [free_port(), free_port()]
 
     def options(i: int) -> list[str]:
