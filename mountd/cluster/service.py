@@ -321,11 +321,8 @@ class Cluster:
         members = self.membership.members
         if len(members) < 2 or self._nursery is None:
             return held
-        by_owner: dict[str, list[int]] = {}
-        for i, content in enumerate(hashes):
-            node = owner(content, members)
-            if node != self.node:
-                by_owner.setdefault(node, []).append(i)
+        # ~2 µs a hash per member: off the trio thread (16,384 hashes × 4 members: ~40 ms)
+        by_owner = await trio.to_thread.run_sync(_by_owner, hashes, list(members), self.node)
         for node, indexes in by_owner.items():
             address = self._address_of(node)
             if address is None:
@@ -364,6 +361,16 @@ class Cluster:
             "members": sorted(self.membership.members),
             **self.counters.snapshot(),
         }
+
+
+def _by_owner(hashes: list[bytes], members: list[str], node: str) -> dict[str, list[int]]:
+    """The indexes of ``hashes`` by owner among ``members``, those ``node`` owns left out."""
+    out: dict[str, list[int]] = {}
+    for i, content in enumerate(hashes):
+        holder = owner(content, members)
+        if holder is not None and holder != node:
+            out.setdefault(holder, []).append(i)
+    return out
 
 
 def _open_file(path: str) -> tuple[int, int]:
