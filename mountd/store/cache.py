@@ -1074,8 +1074,10 @@ class Cache(ChunkFills):
         returns ``(files, bytes)`` removed.
 
         Skipped: hashes not indexed, pinned ones (unpin first), ones being filled right now,
-        and those for which ``keep(hash)`` is true (the caller's "still held by another
-        resident chunk or dataset"). Listeners hear ``removed`` for what went.
+        protected ones (given to a job that has not read them yet: they stay, unpinned, until
+        read, and the policy evicts them after), and those for which ``keep(hash)`` is true
+        (the caller's "still held by another resident chunk or dataset"). Listeners hear
+        ``removed`` for what went.
         """
         index = self._require_open()
         victims: list[tuple[bytes, int]] = []
@@ -1085,7 +1087,7 @@ class Cache(ChunkFills):
             if hash in seen or hash in self._flights:
                 continue
             seen.add(hash)
-            if keep is not None and keep(hash):
+            if self.holds.protected(hash) or (keep is not None and keep(hash)):
                 continue
             size = index.size_of(hash)
             if size is not None:
@@ -1167,6 +1169,23 @@ class Cache(ChunkFills):
             self._nursery.start_soon(self._fetch_now, hash, size, location, dataset)
             started.add(hash)
         return len(started)
+
+    def protect_cached(self, items: Iterable[tuple[bytes, int]], owner: Hashable = None) -> int:
+        """Protect files that are cached now for ``owner`` until read (a claim's hits: the job
+        reads them a few batches later, and a chunk's co-ordinated eviction or LRU pressure
+        must not take them in between); returns how many. Not gated by the protection share
+        (they are in the store already) but counted in it, so that new prefetches wait while
+        it is full instead of failing to find room among pinned and protected files (counted
+        apart, they did: benefit_aware.py at a 15% cache, 2026-11-27). Uncached hashes are
+        skipped: a claim's misses are protected by :meth:`fetch_now`."""
+        index = self._require_open()
+        holds = self.holds
+        protected = 0
+        for content_hash, size in items:
+            if index.size_of(content_hash) is not None:
+                holds.protect(content_hash, size, owner)
+                protected += 1
+        return protected
 
     def release_protection(self, owner: Hashable) -> int:
         """``owner`` (a job's epoch pool) is gone: its protections end unless another owner

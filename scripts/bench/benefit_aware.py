@@ -82,8 +82,9 @@ async def job(server: Any, ds: Any, name: str, compute_s: float, p: Params,
 async def run_job(client: Any, server: Any, ds: Any, name: str, compute_s: float, p: Params,
                   stop_at: float, marks: dict[str, Any]) -> None:
     """One emulated job, shaped like a DataLoader with one worker: a reader task claims (4
-    batches a claim), reads each batch (hits from the store, misses ``ensure``d; the claim
-    started their fills already) and hands it over up to ``p.prefetch`` batches ahead, while
+    batches a claim), reads each batch (hits from the store, reported to mountd as the direct
+    loader reports them, which ends their protection; misses ``ensure``d: the claim started
+    their fills already) and hands it over up to ``p.prefetch`` batches ahead, while
     the training loop takes a batch, computes ``compute_s`` and reports the step time (wait +
     compute) with how many of the batch's files its claim gave as misses. I/O and compute
     overlap as in real training, so a job whose reads keep up with its compute gains nothing
@@ -108,12 +109,18 @@ async def run_job(client: Any, server: Any, ds: Any, name: str, compute_s: float
                         continue
                     buffer.extend(ids)
                 batch, buffer = buffer[: p.batch_size], buffer[p.batch_size:]
+                read: list[bytes] = []  # from the store: reported as hits, as the direct loader does
+                nbytes = 0
                 for cid, _ in batch:
                     h, size, loc = view.item(cid)
                     try:
                         layout.store_path(cache_dir, h).read_bytes()
+                        read.append(h)
+                        nbytes += size
                     except FileNotFoundError:
                         await client.ensure(h, size, loc, ds.dataset_id)
+                if read:
+                    await client.hits(ds.dataset_id, read, nbytes)
                 await send.send((len(batch), sum(1 for _, miss in batch if miss)))
 
     async with trio.open_nursery() as nursery:

@@ -111,10 +111,15 @@ async def read_epoch(env: Env, job: str, ranks: int, n: int, epoch: int,
                 done[rank] = True
             given[rank].extend(ids)
             if read:
+                hits = []
                 for cid in ids:  # what a reader does: open, falling back to ensure on a miss
-                    if not env.in_store(cid):
+                    if env.in_store(cid):
+                        hits.append(env.view.hash_of(cid))
+                    else:
                         h, s, loc = env.view.item(cid)
                         await env.client.ensure(h, s, loc, env.dataset)
+                if hits:  # reported as the direct loader does: their protection ends
+                    await env.client.hits(env.dataset, hits, 0)
     return given
 
 
@@ -246,10 +251,15 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
                 ids = claim["hits"] + claim["fetch"]
                 if not ids:
                     break
+                read = []  # from the store: reported, as the direct loader reports them
                 for cid in ids:
-                    if not env.in_store(cid):
+                    if env.in_store(cid):
+                        read.append(env.view.hash_of(cid))
+                    else:
                         h, s, loc = env.view.item(cid)
                         await env.client.ensure(h, s, loc, env.dataset)
+                if read:  # read: their protection (a claim's hits) ends
+                    await env.client.hits(env.dataset, read, 1000 * len(read))
                 await trio.sleep(0.02)  # let the tick loop preload and evict
                 max_resident = max(max_resident, len(manager.resident()))
                 assert len(chunks_in_store()) <= 3  # two resident + the loading one
@@ -279,6 +289,31 @@ async def test_fills_reach_every_dataset_sharing_the_content(tmp_path: Path) -> 
         assert cache.evict_hashes([h, h]) == (1, s)
         assert not env.in_store(3)
         assert not env.server.coop.registry.dataset(env.dataset).is_cached(3)
+
+
+async def test_a_claims_hits_stay_until_read_even_when_their_chunk_is_evicted(tmp_path: Path) -> None:
+    # A job reads a claim's hits a batch or two after claiming them, and its chunk is
+    # evicted as soon as every job has been *given* its files: the hits must survive that
+    # (co-ordinated eviction passes over them) until the job reads them.
+    async with mountd_env(tmp_path, files=10) as env:
+        cache = env.server.cache
+        await env.client.session_open(env.dataset, "a", seed=0)
+        for cid in range(4):
+            h, s, loc = env.view.item(cid)
+            await env.client.ensure(h, s, loc, env.dataset)
+        await wait_until(lambda: all(env.server.coop.registry.dataset(env.dataset).is_cached(c)
+                                     for c in range(4)), what="the view sees the fills")
+        claim = await env.client.claim(env.dataset, "a", 0, 4)
+        assert sorted(claim["hits"]) == [0, 1, 2, 3] and claim["fetch"] == []
+        hashes = [env.view.hash_of(c) for c in claim["hits"]]
+        assert all(cache.holds.protected(h) for h in hashes)
+        assert cache.evict_hashes(hashes) == (0, 0)  # given, not read: kept
+        assert all(env.in_store(c) for c in claim["hits"])
+        await env.client.hits(env.dataset, hashes[:2], 2 * 1000)  # the job reads two
+        await wait_until(lambda: not cache.holds.protected(hashes[1]), what="the hit report")
+        assert cache.evict_hashes(hashes) == (2, 2000)
+        assert [env.in_store(c) for c in claim["hits"]] == [False, False, True, True]
+        assert cache.usage()["protection"]["ended"]["read"] == 2
 
 
 async def test_two_jobs_on_a_cold_cache_fetch_each_file_about_once(tmp_path: Path) -> None:
@@ -335,12 +370,20 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
         await wait_until(lambda: manager.newest == 1, what="chunk 1 loaded")
         assert manager.state(0) is ChunkState.MARKED
         pool = env.server.coop.registry.pool(env.dataset, "job", 0)
+        first = True
         while pool.chunk == 0:  # the job is given the rest of chunk 0 (and reads it)
-            claim = await env.client.claim(env.dataset, "job", 0, 10)
+            if not first:
+                claim = await env.client.claim(env.dataset, "job", 0, 10)
+            first = False
+            read = []
             for cid in claim["hits"] + claim["fetch"]:
-                if not env.in_store(cid):
+                if env.in_store(cid):
+                    read.append(env.view.hash_of(cid))
+                else:
                     h, s, loc = env.view.item(cid)
                     await env.client.ensure(h, s, loc, env.dataset)
+            if read:  # reported, as the direct loader does: hits unread are kept
+                await env.client.hits(env.dataset, read, 1000 * len(read))
         finished = trio.current_time()
         chunk0 = list(state.plan.ids_of(0))
         await trio.sleep(0.5)
