@@ -46,6 +46,12 @@ class CacheFull(CacheError):
     errno = _errno.ENOSPC
 
 
+class PrefetchNoRoom(CacheFull):
+    """A fill nobody waits for (a claim's miss fetched ahead, a prefetch) found the rest of
+    the cache pinned or protected: it is dropped, not an error (the reader that needs the
+    file fetches it on demand, which may end protections). Counted as ``prefetches_dropped``."""
+
+
 class QuotaExceeded(CacheFull):
     """An object cannot be cached for this user within its share of the cache
     (``--user-quota``): larger than the quota, or the rest of the user's content is pinned."""

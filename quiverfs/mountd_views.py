@@ -147,6 +147,12 @@ def print_cluster(cluster: Mapping[str, Any], console: Console | None = None) ->
         console.print(errors)
 
 
+def _prefetched(row: Mapping[str, Any]) -> str:
+    """Fills started ahead of readers, and those dropped for want of room: ``120 (3 dropped)``."""
+    dropped = row.get("prefetches_dropped", 0)  # absent from an older mountd
+    return f"{row['prefetches']} ({dropped} dropped)" if dropped else str(row["prefetches"])
+
+
 def _chunk_fills(row: Mapping[str, Any]) -> str:
     """Chunk fills and the files each stored on average (one GET each): ``12 (×63.5)``."""
     fills = row.get("chunk_fills", 0)  # absent from an older mountd
@@ -174,7 +180,7 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
         latency = row["fill_latency"]
         p95 = latency["p95_le_s"]
         health.add_row(
-            name, str(row["prefetches"]), _chunk_fills(row), str(row["verify_failures"]),
+            name, _prefetched(row), _chunk_fills(row), str(row["verify_failures"]),
             str(row["fill_errors"]),
             f"{row['evicted_files']} ({human_bytes(row['evicted_bytes'])})",
             _seconds(latency.get("p50_s")),

@@ -173,6 +173,7 @@ def _row(counters: Mapping, schemes: list[str], in_region: bool) -> dict:
         "hits": hits,
         "misses": misses,
         "prefetches": int(counters.get("prefetches", 0)),
+        "prefetches_dropped": int(counters.get("prefetches_dropped", 0)),
         "hit_ratio": hits / (hits + misses) if hits + misses else None,
         "bytes_from_cache": int(counters.get("bytes_from_cache", 0)),
         "bytes_from_remote": int(counters.get("bytes_from_remote", 0)),

@@ -76,6 +76,9 @@ class DatasetCounters:
     verify_failures: int = 0
     #: Fills that failed for any other reason (remote error, cache full, disk).
     fill_errors: int = 0
+    #: Fills nobody waited for, dropped because the rest of the cache was pinned or
+    #: protected (``PrefetchNoRoom``): not errors; their readers fetch them on demand.
+    prefetches_dropped: int = 0
     evicted_files: int = 0
     evicted_bytes: int = 0
     #: Chunk fills (mountd/store/span.py): ranged GETs that brought several members of one
@@ -98,6 +101,7 @@ class DatasetCounters:
             "remote_bytes": self.remote_bytes,
             "verify_failures": self.verify_failures,
             "fill_errors": self.fill_errors,
+            "prefetches_dropped": self.prefetches_dropped,
             "evicted_files": self.evicted_files,
             "evicted_bytes": self.evicted_bytes,
             "chunk_fills": self.chunk_fills,
@@ -170,6 +174,10 @@ class Counters:
     def add_fill_error(self, dataset: str | None) -> None:
         for c in self._targets(dataset):
             c.fill_errors += 1
+
+    def add_prefetch_dropped(self, dataset: str | None) -> None:
+        for c in self._targets(dataset):
+            c.prefetches_dropped += 1
 
     def add_eviction(self, datasets: list[str], files: int, nbytes: int) -> None:
         """``files``/``nbytes`` evicted; attributed to the total once and to each dataset."""

@@ -28,6 +28,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "remote_bytes": ("remote_received_bytes_total", "Bytes received from remotes."),
     "verify_failures": ("verify_failures_total", "Fills rejected: size or blake3 mismatch."),
     "fill_errors": ("fill_errors_total", "Fills that failed for other reasons."),
+    "prefetches_dropped": ("prefetches_dropped_total",
+                           "Fills nobody waited for, dropped: the rest of the cache was pinned or protected."),
     "evicted_files": ("evicted_files_total", "Files evicted from the cache."),
     "evicted_bytes": ("evicted_bytes_total", "Bytes evicted from the cache."),
     "chunk_fills": ("chunk_fills_total", "Ranged GETs that filled several members of one packed object."),

@@ -46,7 +46,7 @@ from functools import partial
 
 import trio
 
-from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked
+from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked, PrefetchNoRoom
 from mountd.stats.counters import Counters
 from mountd.store import disk, durability, layout
 from mountd.store.chunkfill import ChunkFills
@@ -823,6 +823,11 @@ class Cache(ChunkFills):
             counters.add_verify_failure(flight.dataset)
             log.warning("verify failure: %s", exc)  # once per event, with the location
             flight.error = exc
+        elif isinstance(exc, PrefetchNoRoom):
+            # Nobody waits for it: dropped, not an error (a reader fetches it on demand).
+            counters.add_prefetch_dropped(flight.dataset)
+            log.debug("prefetch of %s dropped: %s", flight.hash.hex(), exc)
+            flight.error = exc
         elif isinstance(exc, QuiverError):
             counters.add_fill_error(flight.dataset)
             log.warning("fill of %s failed: %s", flight.hash.hex(), exc)
@@ -922,7 +927,7 @@ class Cache(ChunkFills):
                 assert uid is not None
                 raise charges.pinned_error(uid, size)
             if self.holds.protected_bytes and demand is not None and not demand():
-                raise CacheFull(
+                raise PrefetchNoRoom(
                     f"no room to prefetch {size} bytes: the rest of the cache is pinned or "
                     f"protected ({self.holds.protected_bytes} bytes fetched ahead, not read yet)")
             raise CacheFull(

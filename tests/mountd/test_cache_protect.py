@@ -195,3 +195,35 @@ async def test_files_protected_where_they_are_survive_a_chunk_eviction_until_rea
         assert not cache.contains(given[0].hash) and cache.contains(given[1].hash)
         assert cache.release_protection(("ds", "job", 0)) == 1  # the job's epoch closed
         assert cache.evict_hashes([given[1].hash]) == (1, K)
+
+
+async def test_a_prefetch_that_finds_no_room_is_dropped_not_a_fill_error(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    pinned = source.many(3, K, "pinned")
+    ahead = source.many(2, K, "ahead")
+    late = source.many(1, K, "late")
+    async with running(config(tmp_path / "c", size=5 * K, protect_share=1.0), backends) as cache:
+        cache.holds.seconds = 0.01  # answer holds out of the way
+        for o in pinned:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+        cache.pin([o.hash for o in pinned])
+        cache.fetch_now(items(ahead), "ds", owner="job")
+        await landed(cache, ahead)
+        await trio.sleep(0.05)
+        assert cache.usage()["protection"]["bytes"] == 2 * K and cache.used == 5 * K
+        # The share has room for a third; the cache has none but pinned and protected files,
+        # and a prefetch nobody waits for may not end another job's protection: dropped.
+        assert cache.fetch_now(items(late), "ds", owner="job2") == 1
+        with trio.fail_after(5):
+            while cache.counters.total.prefetches_dropped == 0:
+                await trio.sleep(0.01)
+        snap = cache.counters.snapshot()
+        assert snap["total"]["prefetches_dropped"] == 1 and snap["total"]["fill_errors"] == 0
+        assert snap["datasets"]["ds"]["prefetches_dropped"] == 1
+        assert not cache.contains(late[0].hash)
+        assert all(cache.contains(o.hash) for o in pinned + ahead)
+        # the reader that comes for it fills it on demand (ending the oldest protection)
+        path = await cache.ensure(late[0].hash, late[0].size, late[0].location, "ds")
+        assert Path(path).read_bytes() == late[0].data
+        assert cache.usage()["protection"]["ended"]["demand"] == 1

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from rich.console import Console
 
 from mountd.stats import costs
 from mountd.stats.metrics import render
+from quiverfs.mountd_views import print_stats
 
 
 def test_every_cloud_has_a_dated_sourced_price_table():
@@ -103,3 +105,17 @@ def test_prometheus_text_has_totals_datasets_and_cumulative_buckets():
 def test_prometheus_label_values_are_escaped():
     stats = {"counters": {"total": {}, "datasets": {'we"ird\\name\n': {"hits": 1}}}}
     assert 'quiverfs_dataset_hits_total{dataset="we\\"ird\\\\name\\n"} 1' in render(stats)
+
+
+def test_dropped_prefetches_are_counted_apart_from_fill_errors() -> None:
+    total = {**_counters(30, 10, 10, 3 * costs.GB, costs.GB), "prefetches": 12,
+             "prefetches_dropped": 3}
+    stats = {**STATS, "counters": {**STATS["counters"], "total": total}}
+    report = costs.stats_report(stats)
+    assert report["total"]["prefetches_dropped"] == 3 and report["total"]["fill_errors"] == 0
+    assert report["datasets"]["imagenet"]["prefetches_dropped"] == 0  # an older mountd: absent
+    console = Console(record=True, width=200)
+    print_stats(report, console)
+    assert "12 (3 dropped)" in console.export_text()
+    lines = render(stats, {"used_bytes": 1, "cap_bytes": 10}).splitlines()
+    assert "quiverfs_prefetches_dropped_total 3" in lines
