@@ -180,6 +180,7 @@ WIRE_ERRORS: dict[str, type[QuiverError]] = {
         DigestError,
         CacheError,
         CacheFull,
+        PrefetchNoRoom,
         QuotaExceeded,
         CacheLocked,
         CacheClosed,

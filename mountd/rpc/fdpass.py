@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import trio
+
 from mountd.errors import ProtocolError
 from mountd.rpc.protocol import MAX_FDS
 
@@ -94,8 +96,14 @@ class DescriptorStream:
         self._max_queued = max_queued
 
     async def receive_some(self, max_bytes: int) -> bytes:
-        data, ancillary, flags, _ = await self.sock.recvmsg(
-            max_bytes, self._space, socket.MSG_CMSG_CLOEXEC)
+        """Up to ``max_bytes`` (b"" at EOF), their descriptors queued. A peer that vanished
+        with bytes unread (``ECONNRESET``) raises ``trio.BrokenResourceError``, as a
+        ``trio.SocketStream`` does: an ordinary disconnect, not a failure to log."""
+        try:
+            data, ancillary, flags, _ = await self.sock.recvmsg(
+                max_bytes, self._space, socket.MSG_CMSG_CLOEXEC)
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            raise trio.BrokenResourceError(f"peer gone: {exc}") from exc
         self.queue(_checked(ancillary, flags))
         return data
 

@@ -11,6 +11,7 @@ import socket
 import stat
 import struct
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
@@ -177,6 +178,23 @@ async def test_malformed_input_on_one_connection_does_not_disturb_another(daemon
         path = await good.ensure(f.hash, f.size, location(url, f))
         assert Path(path).read_bytes() == f.data
         assert (await good.stats())["server"]["protocol_errors"] >= 3
+    assert daemon.proc.poll() is None
+
+
+def test_a_client_that_vanishes_with_answers_unread_is_an_ordinary_disconnect(daemon, client):
+    # Closing a unix socket with bytes unread makes the peer's next read fail with
+    # ECONNRESET (a job killed mid-epoch, a DataLoader worker's exit): mountd forgets the
+    # connection like any other, with no traceback in its log.
+    before = daemon.log()
+    for _ in range(3):
+        sock = _raw_connect(daemon)
+        for i in range(20):
+            sock.sendall(protocol.encode_frame({"id": i, "op": "usage"}))
+        time.sleep(0.05)  # the answers arrive, unread
+        sock.close()
+    wait_until(lambda: client.stats()["server"]["connections"] == 1, 10, "the connections to go")
+    new = daemon.log()[len(before):]
+    assert "Traceback" not in new and "failed" not in new, new
     assert daemon.proc.poll() is None
 
 

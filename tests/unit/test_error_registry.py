@@ -38,6 +38,7 @@ EXPECTED = {
     "DigestError": (errno.EIO, 4),
     "CacheError": (errno.EIO, 5),
     "CacheFull": (errno.ENOSPC, 5),
+    "PrefetchNoRoom": (errno.ENOSPC, 5),
     "QuotaExceeded": (errno.EDQUOT, 5),
     "CacheLocked": (errno.EIO, 5),
     "CacheClosed": (errno.EIO, 5),
