@@ -179,7 +179,7 @@ async def one_run(datasets: list[Any], p: Params, policy: str, cache_size: int) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="30%% only, shorter runs (~3 min)")
+    parser.add_argument("--quick", action="store_true", help="30%% only, shorter runs (~4 min)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--fractions", type=float, nargs="+", help="cache sizes (share of the total)")
     parser.add_argument("--warm", type=float, help="warm-up seconds per run")
