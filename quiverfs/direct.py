@@ -438,10 +438,9 @@ class DirectReader:
     ``digests``: digest files this process may read, for mounts whose own copy it cannot
     (another user's mount: the copy is private to its owner); each is used for the mount of
     its dataset. ``flush_hits``/``flush_seconds``: a hit report is sent every so many hits or
-    seconds. ``report=False`` sends none: mountd's LRU then ages files read only this way,
-    ``quiverfs stats`` does not count them, and a sampler's claimed hits stay protected
-    until ``--protect-seconds`` pass (for a user who cannot reach mountd's socket, or to
-    measure what the reports cost). ``handoff``: ask mountd for the descriptors of
+    seconds. ``report=False`` sends none: mountd's LRU then ages files read only this way
+    and ``quiverfs stats`` does not count them (for a user who cannot reach mountd's socket,
+    or to measure what the reports cost). ``handoff``: ask mountd for the descriptors of
     cached files (:meth:`open_many`; mountd counts them as hits) instead of opening the
     store files: None (default) where this process may not open the store, True always,
     False never (the mount then reads them). Safe to share between threads; picklable (only

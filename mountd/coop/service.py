@@ -25,12 +25,8 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   and replayed after it is added (the cached set is a snapshot taken before loading).
 * **Claims.** A claim's misses start filling at once (:meth:`Cache.fetch_now`: ahead of the
   prefetch queue, under the remote limits), protected until read for the claiming job's
-  epoch pool (its owner key ``(dataset, job, epoch)``; mountd/store/holds.py); so are its
-  hits (:meth:`Cache.protect_cached`): a job reads them a claim or two later, and a chunk
-  every job has been *given* is evicted at once, which took hits from under readers (2–8
-  of a batch's 8 files at a 15% cache: each one fetched again, benefit_aware.py,
-  2026-11-27). When the pool closes, the next tick releases them
-  (:meth:`SessionRegistry.take_closed`).
+  epoch pool (its owner key ``(dataset, job, epoch)``; mountd/store/holds.py); when the pool
+  closes, the next tick releases them (:meth:`SessionRegistry.take_closed`).
 * **Peers** (a cluster, docs/cluster.md "Claims"). Every :data:`PEER_ASK_SECONDS` it asks
   the cluster which uncached files of each dataset being read other mountds hold
   (:meth:`mountd.cluster.service.Cluster.held_elsewhere`) and records the answer in the
@@ -46,9 +42,7 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   ``preload_window`` files, the next one pulled when half of the previous is in), files of a
   loading or resident chunk are pinned as they land (so LRU pressure from other datasets
   cannot evict them), and ``Evict`` unpins the chunk and removes exactly its files with
-  :meth:`Cache.evict_hashes`, except those another resident chunk or dataset still holds
-  and those given to a job that has not read them (protected: the policy evicts them once
-  read).
+  :meth:`Cache.evict_hashes`, except those another resident chunk or dataset still holds.
 * **Packed datasets (Brand).** A claim's misses come a packed chunk at a time; the other
   wanted members of those packed chunks (``Claim.brought``) are fetched with them and
   protected like the misses, as many as the protection share has room for (the registry
@@ -453,13 +447,10 @@ class CoopService:
     def claim(self, dataset: str, job: str, rank: int, n: int, epoch: int | None) -> dict[str, Any]:
         """``claim``: the registry's claim; its misses start filling now."""
         claim = self.registry.claim(dataset, job, rank, n, epoch=epoch)
-        owner = (dataset, job, claim.epoch)
-        if claim.hits:
-            view = self.views[dataset]
-            self.cache.protect_cached(((view.hash_of(i), view.sizes[i]) for i in claim.hits), owner)
         if claim.fetch and dataset in self.mountd_fills:
             view = self.views[dataset]
-            self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset, owner=owner)
+            self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,
+                                 owner=(dataset, job, claim.epoch))
         self.wake()
         return {
             "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),

@@ -805,10 +805,14 @@ class Cache(ChunkFills):
         assert self._policy is not None
         self._policy.on_insert(flight.hash, flight.size)
         self._tell("filled", lambda listener: listener.filled(flight.hash))
-        if flight.awaited:
+        if flight.awaited and self.peers is not None:
             # Readers wait for it and answer its path in a moment: hold it until they do.
-            # Most recent, LRU would not evict it anyway; an order that puts other files
-            # first (a cluster's keep_last) could.
+            # Most recent, LRU would not evict it; an order that puts other files first (a
+            # cluster's keep_last) could. Only there: alone, a hold from landing made a
+            # small cache's fills wait for holds to age out (HOLD_SECONDS each), and
+            # shim_vs_lru.py at 600 files went from 1.33 to 2.3-3.1 remote datasets per
+            # epoch and from 1.03x to 1.7-2.2x the all-hit mini-batch time (bisected to
+            # 5ee11d2, 2026-11-27).
             self.holds.hold(flight.hash, flight.size)
         if self._nursery is None or self.index.pending >= GROUP_COMMIT_ROWS:
             self._flush_index()
@@ -1079,10 +1083,8 @@ class Cache(ChunkFills):
         returns ``(files, bytes)`` removed.
 
         Skipped: hashes not indexed, pinned ones (unpin first), ones being filled right now,
-        protected ones (given to a job that has not read them yet: they stay, unpinned, until
-        read, and the policy evicts them after), and those for which ``keep(hash)`` is true
-        (the caller's "still held by another resident chunk or dataset"). Listeners hear
-        ``removed`` for what went.
+        and those for which ``keep(hash)`` is true (the caller's "still held by another
+        resident chunk or dataset"). Listeners hear ``removed`` for what went.
         """
         index = self._require_open()
         victims: list[tuple[bytes, int]] = []
@@ -1092,7 +1094,7 @@ class Cache(ChunkFills):
             if hash in seen or hash in self._flights:
                 continue
             seen.add(hash)
-            if self.holds.protected(hash) or (keep is not None and keep(hash)):
+            if keep is not None and keep(hash):
                 continue
             size = index.size_of(hash)
             if size is not None:
@@ -1174,23 +1176,6 @@ class Cache(ChunkFills):
             self._nursery.start_soon(self._fetch_now, hash, size, location, dataset)
             started.add(hash)
         return len(started)
-
-    def protect_cached(self, items: Iterable[tuple[bytes, int]], owner: Hashable = None) -> int:
-        """Protect files that are cached now for ``owner`` until read (a claim's hits: the job
-        reads them a few batches later, and a chunk's co-ordinated eviction or LRU pressure
-        must not take them in between); returns how many. Not gated by the protection share
-        (they are in the store already) but counted in it, so that new prefetches wait while
-        it is full instead of failing to find room among pinned and protected files (counted
-        apart, they did: benefit_aware.py at a 15% cache, 2026-11-27). Uncached hashes are
-        skipped: a claim's misses are protected by :meth:`fetch_now`."""
-        index = self._require_open()
-        holds = self.holds
-        protected = 0
-        for content_hash, size in items:
-            if index.size_of(content_hash) is not None:
-                holds.protect(content_hash, size, owner)
-                protected += 1
-        return protected
 
     def release_protection(self, owner: Hashable) -> int:
         """``owner`` (a job's epoch pool) is gone: its protections end unless another owner

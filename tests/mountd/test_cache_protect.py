@@ -177,26 +177,6 @@ async def test_every_answer_holds_and_counts_as_a_read(
         assert not cache.holds.protected(b.hash) and b.hash in cache.holds
 
 
-async def test_files_protected_where_they_are_survive_a_chunk_eviction_until_read(
-    tmp_path: Path, source: Source, backends: Backends
-) -> None:
-    given = source.many(3, K, "given")
-    async with running(config(tmp_path / "c", size=5 * K), backends) as cache:
-        for o in given[:2]:
-            await cache.ensure(o.hash, o.size, o.location, "ds")
-        # a claim's hits: only what is cached is protected (the third is a miss: fetch_now's)
-        assert cache.protect_cached([(o.hash, o.size) for o in given], ("ds", "job", 0)) == 2
-        assert not cache.holds.protected(given[2].hash)
-        assert cache.usage()["protection"]["bytes"] == 2 * K  # counted in the share
-        assert cache.evict_hashes([o.hash for o in given]) == (0, 0)
-        assert [stored(tmp_path, o) for o in given[:2]] == [o.data for o in given[:2]]
-        cache.record_hits("ds", [given[0].hash], K)
-        assert cache.evict_hashes([o.hash for o in given]) == (1, K)
-        assert not cache.contains(given[0].hash) and cache.contains(given[1].hash)
-        assert cache.release_protection(("ds", "job", 0)) == 1  # the job's epoch closed
-        assert cache.evict_hashes([given[1].hash]) == (1, K)
-
-
 async def test_a_prefetch_that_finds_no_room_is_dropped_not_a_fill_error(
     tmp_path: Path, source: Source, backends: Backends
 ) -> None:

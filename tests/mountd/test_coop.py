@@ -291,31 +291,6 @@ async def test_fills_reach_every_dataset_sharing_the_content(tmp_path: Path) -> 
         assert not env.server.coop.registry.dataset(env.dataset).is_cached(3)
 
 
-async def test_a_claims_hits_stay_until_read_even_when_their_chunk_is_evicted(tmp_path: Path) -> None:
-    # A job reads a claim's hits a batch or two after claiming them, and its chunk is
-    # evicted as soon as every job has been *given* its files: the hits must survive that
-    # (co-ordinated eviction passes over them) until the job reads them.
-    async with mountd_env(tmp_path, files=10) as env:
-        cache = env.server.cache
-        await env.client.session_open(env.dataset, "a", seed=0)
-        for cid in range(4):
-            h, s, loc = env.view.item(cid)
-            await env.client.ensure(h, s, loc, env.dataset)
-        await wait_until(lambda: all(env.server.coop.registry.dataset(env.dataset).is_cached(c)
-                                     for c in range(4)), what="the view sees the fills")
-        claim = await env.client.claim(env.dataset, "a", 0, 4)
-        assert sorted(claim["hits"]) == [0, 1, 2, 3] and claim["fetch"] == []
-        hashes = [env.view.hash_of(c) for c in claim["hits"]]
-        assert all(cache.holds.protected(h) for h in hashes)
-        assert cache.evict_hashes(hashes) == (0, 0)  # given, not read: kept
-        assert all(env.in_store(c) for c in claim["hits"])
-        await env.client.hits(env.dataset, hashes[:2], 2 * 1000)  # the job reads two
-        await wait_until(lambda: not cache.holds.protected(hashes[1]), what="the hit report")
-        assert cache.evict_hashes(hashes) == (2, 2000)
-        assert [env.in_store(c) for c in claim["hits"]] == [False, False, True, True]
-        assert cache.usage()["protection"]["ended"]["read"] == 2
-
-
 async def test_two_jobs_on_a_cold_cache_fetch_each_file_about_once(tmp_path: Path) -> None:
     async with mountd_env(tmp_path, files=300) as env:
         for job in ("a", "b"):
