@@ -158,6 +158,10 @@ class CoopService:
         self.mountd_fills: set[str] = set()
         self.digests: dict[str, str] = {}
         self._loading: dict[str, trio.Event] = {}
+        #: dataset being loaded → when its load started: loads overlap, but datasets enter
+        #: the registry in this order (:meth:`_load`)
+        self._load_order: dict[str, int] = {}
+        self._loads_started = 0
         self._load_errors: dict[str, QuiverError] = {}
         self._pending: dict[str, list[tuple[str, Any]]] = {}
         #: dataset → hash → clock when its preload was started
@@ -283,6 +287,8 @@ class CoopService:
 
     def _start_load(self, dataset: str) -> trio.Event:
         event = self._loading[dataset] = trio.Event()
+        self._loads_started += 1
+        self._load_order[dataset] = self._loads_started
         self._pending[dataset] = []
         assert self._nursery is not None
         self._nursery.start_soon(self._load, dataset, event)
@@ -295,6 +301,7 @@ class CoopService:
             view = await load_view(dataset, self.digests[dataset])
             try:
                 cached = await trio.to_thread.run_sync(lambda: list(view.cached_ids(present)))
+                await self._earlier_loads(dataset)
                 mode = self.registry.add_dataset(
                     dataset, view.sizes, budget=self.budget, mode=self.mode, cached=cached,
                     packing=view.packing,
@@ -317,7 +324,22 @@ class CoopService:
         finally:
             self._pending.pop(dataset, None)
             self._loading.pop(dataset, None)
+            self._load_order.pop(dataset, None)
             event.set()
+
+    async def _earlier_loads(self, dataset: str) -> None:
+        """Wait for the loads started before ``dataset``'s to end (added or failed): datasets
+        enter the registry in the order they were registered, whichever view loads faster,
+        as the budget-only and manual policies deal the budget in registration order (a small
+        dataset registered second loaded first and took the first share:
+        benefit_aware.py's budget-only runs changed modes from one run to the next)."""
+        mine = self._load_order.get(dataset)
+        if mine is None:
+            return
+        for other, order in list(self._load_order.items()):
+            event = self._loading.get(other)
+            if order < mine and event is not None:
+                await event.wait()
 
     def _check_packing(self, dataset: str, view: DatasetView) -> None:
         """Warn (log and ``stats``) when ``dataset``'s largest packed chunk is more than

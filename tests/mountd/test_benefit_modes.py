@@ -262,3 +262,29 @@ async def test_budget_only_shares_one_small_cache_among_three_datasets(
             stats = await client.stats()
             assert stats["counters"]["total"]["fill_errors"] == 0
         running.server.shutdown.set()
+
+
+async def test_datasets_enter_the_registry_in_registration_order_whichever_loads_first(
+    tmp_path: Path,
+) -> None:
+    # A large dataset registered first loads slower than a small one registered after it;
+    # budget-only deals the budget in registration order, so the large one must come first.
+    for part in ("big", "small"):
+        (tmp_path / part).mkdir()
+    (big, big_digest, _), = await _build_datasets(tmp_path / "big", 1, files=4000, size=100)
+    (small, small_digest, _), = await _build_datasets(tmp_path / "small", 1, files=5, size=100)
+    cache_dir = tmp_path / "cache"
+    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=100_000))
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(partial(serve, config, handle_signals=False))
+        coop = running.server.coop
+        assert coop is not None
+        coop.registry.benefit_aware = False
+        async with open_client(cache_dir) as client:
+            await client.register(big, digest=str(big_digest))
+            await client.register(small, digest=str(small_digest))
+            with trio.fail_after(20):
+                while len(coop.views) < 2:
+                    await trio.sleep(0.01)
+            assert [d.dataset for d in coop.registry.demands()] == [big, small]
+        running.server.shutdown.set()
