@@ -157,11 +157,9 @@ class CoopService:
         #: sources itself (claims' misses, preloads). Other users' mounts supply their bytes.
         self.mountd_fills: set[str] = set()
         self.digests: dict[str, str] = {}
+        #: dataset being loaded → set when its load ended; in the order the loads started,
+        #: which is the order datasets enter the registry (:meth:`_earlier_loads`)
         self._loading: dict[str, trio.Event] = {}
-        #: dataset being loaded → when its load started: loads overlap, but datasets enter
-        #: the registry in this order (:meth:`_load`)
-        self._load_order: dict[str, int] = {}
-        self._loads_started = 0
         self._load_errors: dict[str, QuiverError] = {}
         self._pending: dict[str, list[tuple[str, Any]]] = {}
         #: dataset → hash → clock when its preload was started
@@ -287,8 +285,6 @@ class CoopService:
 
     def _start_load(self, dataset: str) -> trio.Event:
         event = self._loading[dataset] = trio.Event()
-        self._loads_started += 1
-        self._load_order[dataset] = self._loads_started
         self._pending[dataset] = []
         assert self._nursery is not None
         self._nursery.start_soon(self._load, dataset, event)
@@ -324,7 +320,6 @@ class CoopService:
         finally:
             self._pending.pop(dataset, None)
             self._loading.pop(dataset, None)
-            self._load_order.pop(dataset, None)
             event.set()
 
     async def _earlier_loads(self, dataset: str) -> None:
@@ -333,13 +328,10 @@ class CoopService:
         as the budget-only and manual policies deal the budget in registration order (a small
         dataset registered second loaded first and took the first share:
         benefit_aware.py's budget-only runs changed modes from one run to the next)."""
-        mine = self._load_order.get(dataset)
-        if mine is None:
-            return
-        for other, order in list(self._load_order.items()):
-            event = self._loading.get(other)
-            if order < mine and event is not None:
-                await event.wait()
+        for other, event in list(self._loading.items()):
+            if other == dataset:
+                return
+            await event.wait()
 
     def _check_packing(self, dataset: str, view: DatasetView) -> None:
         """Warn (log and ``stats``) when ``dataset``'s largest packed chunk is more than

@@ -89,7 +89,7 @@ async def run_job(client: Any, server: Any, ds: Any, name: str, compute_s: float
                   stop_at: float, marks: dict[str, Any]) -> None:
     """One emulated job, shaped like a DataLoader with one worker: a reader task claims (4
     batches a claim), reads each batch (hits from the store, reported to mountd as the direct
-    loader reports them, which ends their protection; misses ``ensure``d: the claim started
+    loader reports them, so LRU sees those reads; misses ``ensure``d: the claim started
     their fills already) and hands it over up to ``p.prefetch`` batches ahead, while
     the training loop takes a batch, computes ``compute_s`` and reports the step time (wait +
     compute) with how many of the batch's files its claim gave as misses. I/O and compute

@@ -118,7 +118,7 @@ async def read_epoch(env: Env, job: str, ranks: int, n: int, epoch: int,
                     else:
                         h, s, loc = env.view.item(cid)
                         await env.client.ensure(h, s, loc, env.dataset)
-                if hits:  # reported as the direct loader does: their protection ends
+                if hits:  # reported as the direct loader does (recency, hit counts)
                     await env.client.hits(env.dataset, hits, 0)
     return given
 
@@ -258,7 +258,7 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
                     else:
                         h, s, loc = env.view.item(cid)
                         await env.client.ensure(h, s, loc, env.dataset)
-                if read:  # read: their protection (a claim's hits) ends
+                if read:
                     await env.client.hits(env.dataset, read, 1000 * len(read))
                 await trio.sleep(0.02)  # let the tick loop preload and evict
                 max_resident = max(max_resident, len(manager.resident()))
@@ -357,7 +357,7 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
                 else:
                     h, s, loc = env.view.item(cid)
                     await env.client.ensure(h, s, loc, env.dataset)
-            if read:  # reported, as the direct loader does: hits unread are kept
+            if read:  # reported, as the direct loader does (recency, hit counts)
                 await env.client.hits(env.dataset, read, 1000 * len(read))
         finished = trio.current_time()
         chunk0 = list(state.plan.ids_of(0))
