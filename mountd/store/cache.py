@@ -132,6 +132,8 @@ class Cache(ChunkFills):
         self.holds = Holds(int(config.cache_size * HOLD_SHARE),
                            protect_bytes=int(config.cache_size * config.protect_share),
                            protect_seconds=config.protect_seconds)
+        #: The pinned bytes the protection cap was last sized for (:meth:`_cap_protection`).
+        self._protect_cap_pinned = 0
         #: Prefetches waiting for protection room (:meth:`fetch_now`), oldest first:
         #: hash -> (size, location, dataset, owner, trio time queued).
         self._waiting: OrderedDict[bytes, tuple[int, Location, str | None, Hashable, float]] = \
@@ -196,6 +198,7 @@ class Cache(ChunkFills):
         self._policy = make_policy(self.config.policy, self._index)
         self.charges.load(self._index.charged())
         self.entries, self.used = self.recovery.entries, self.recovery.bytes
+        self._cap_protection()  # pins survive restarts
         if self.used > self.config.cache_size:
             # The cap was lowered since the last run: shrink now.
             self._evict_until(self.used - self.config.cache_size)
@@ -1054,6 +1057,7 @@ class Cache(ChunkFills):
             # open repairs state C; the FUSE client then falls back to ensure()).
             log.exception("could not drop %d evicted rows from the index", len(hashes))
             self._dirty = True
+        self._cap_protection()
         return files, nbytes
 
     def _drop_entries(self, hashes: Sequence[bytes], reason: str) -> None:
@@ -1106,13 +1110,33 @@ class Cache(ChunkFills):
 
     def pin(self, hashes: Sequence[bytes]) -> int:
         """Never evict these (indexed) hashes until :meth:`unpin`; returns entries pinned."""
-        return self._require_open().set_pinned([layout.check_hash(h) for h in hashes], True)
+        pinned = self._require_open().set_pinned([layout.check_hash(h) for h in hashes], True)
+        self._cap_protection()
+        return pinned
 
     def unpin(self, hashes: Sequence[bytes]) -> int:
         """Make pinned hashes evictable again; returns entries changed."""
         changed = self._require_open().set_pinned([layout.check_hash(h) for h in hashes], False)
+        self._cap_protection()
         self._notify_space()
         return changed
+
+    def _cap_protection(self) -> None:
+        """Let protections take ``protect_share`` of the room that pinned files leave, not of
+        the whole cache. With chunks pinned (80% of a small cache) a share of the whole
+        cache let prefetches protect all of the rest: every read on demand then had to end
+        a protection, the file it took was read on demand in turn, and so on (at 600 files,
+        20% cache, four jobs: 530 of ~3,100 fills in three epochs, scripts/bench/shim_vs_lru.py;
+        docs/benchmarks.md). Called whenever the pinned bytes may have changed."""
+        pinned = self._require_open().pinned_bytes
+        if pinned == self._protect_cap_pinned:
+            return
+        grew = pinned < self._protect_cap_pinned
+        self._protect_cap_pinned = pinned
+        room = max(0, self.config.cache_size - pinned)
+        self.holds.protect_bytes = int(room * self.config.protect_share)
+        if grew:
+            self._notify_protect()  # more room: waiting prefetches may start
 
     # -- listeners ------------------------------------------------------------------------------
 

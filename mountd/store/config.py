@@ -65,8 +65,8 @@ class CacheConfig:
     #: protected from policy eviction when nobody reads it (``--protect-seconds``;
     #: mountd/store/holds.py). 0 turns protection off.
     protect_seconds: float = 30.0
-    #: Share of the cache that protected files may take (``--protect-share``); past it new
-    #: prefetches wait.
+    #: Share of the cache's unpinned room that protected files may take (``--protect-share``);
+    #: past it new prefetches wait.
     protect_share: float = 0.5
 
     @property

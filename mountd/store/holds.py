@@ -29,7 +29,8 @@ LRU evicts exactly those first once the cache is a little smaller than what is f
 * its last owner **releases** it (:meth:`Holds.release`: the job's epoch pool closed), or
 * :attr:`Holds.protect_seconds` **pass** (a job that died, a file nobody reads).
 
-Protected bytes are bounded by :attr:`Holds.protect_bytes` (``--protect-share`` of the cache):
+Protected bytes are bounded by :attr:`Holds.protect_bytes` (``--protect-share`` of the room
+that pinned files leave: the cache sets it as pins come and go, ``Cache._cap_protection``):
 :meth:`Holds.fits` is the gate that *new* prefetches ask before they start, and they wait
 when it says no (Brand: load a chunk only into a free slot) instead of evicting protected
 files. On-demand misses never wait for protection: a reader's fill evicts unprotected

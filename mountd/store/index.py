@@ -162,6 +162,10 @@ class Index:
         self._touched: dict[bytes, tuple[int, str | None]] = {}
         #: ``(dataset, hash)`` references added by hits and not written yet.
         self._touched_refs: set[tuple[str, bytes]] = set()
+        #: Bytes of the pinned rows, kept up to date by :meth:`set_pinned` and :meth:`delete`
+        #: (the cache sizes protection by the room pins leave: mountd/store/holds.py).
+        self.pinned_bytes: int = conn.execute(
+            "SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned=1").fetchone()[0]
 
     @property
     def pending(self) -> int:
@@ -497,14 +501,18 @@ class Index:
 
     def set_pinned(self, hashes: Sequence[bytes], pinned: bool) -> int:
         """Pin or unpin indexed hashes; returns rows changed."""
-        changed = 0
+        changed = moved = 0
         c = self.conn
         with self.transaction():
             for part in batched(hashes):
                 marks = ",".join("?" * len(part))
+                moved += c.execute(
+                    f"SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned!=? AND hash IN ({marks})",
+                    (int(pinned), *part)).fetchone()[0]
                 changed += c.execute(
                     f"UPDATE entries SET pinned=? WHERE hash IN ({marks})", (int(pinned), *part)
                 ).rowcount
+        self.pinned_bytes += moved if pinned else -moved
         return changed
 
     def pinned_of(self, hashes: Sequence[bytes]) -> set[bytes]:
@@ -525,12 +533,17 @@ class Index:
         c = self.conn
         for h in hashes:
             self._touched.pop(h, None)
+        unpinned = 0
         with self.transaction():
             for part in batched(hashes):
                 marks = ",".join("?" * len(part))
+                unpinned += c.execute(
+                    f"SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned=1 AND hash IN ({marks})",
+                    tuple(part)).fetchone()[0]
                 c.execute(f"DELETE FROM entries WHERE hash IN ({marks})", tuple(part))
                 c.execute(f"DELETE FROM refs WHERE hash IN ({marks})", tuple(part))
                 c.execute(f"DELETE FROM owners WHERE hash IN ({marks})", tuple(part))
+        self.pinned_bytes -= unpinned
 
     def lru(self, limit: int, after: tuple[int, bytes] = (-1, b"")) -> list[tuple[bytes, int, int]]:
         """Up to ``limit`` evictable ``(hash, size, last_use)`` after the ``(last_use, hash)``

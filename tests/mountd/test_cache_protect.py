@@ -187,14 +187,15 @@ async def test_a_prefetch_that_finds_no_room_is_dropped_not_a_fill_error(
         cache.holds.seconds = 0.01  # answer holds out of the way
         for o in pinned:
             await cache.ensure(o.hash, o.size, o.location, "ds")
-        cache.pin([o.hash for o in pinned])
         cache.fetch_now(items(ahead), "ds", owner="job")
         await landed(cache, ahead)
         await trio.sleep(0.05)
         assert cache.usage()["protection"]["bytes"] == 2 * K and cache.used == 5 * K
-        # The share has room for a third; the cache has none but pinned and protected files,
-        # and a prefetch nobody waits for may not end another job's protection: dropped.
+        # The share has room for a third when it starts; pins taken before its fill runs
+        # leave the cache nothing but pinned and protected files, and a prefetch nobody waits
+        # for may not end another job's protection: dropped.
         assert cache.fetch_now(items(late), "ds", owner="job2") == 1
+        cache.pin([o.hash for o in pinned])
         with trio.fail_after(5):
             while cache.counters.total.prefetches_dropped == 0:
                 await trio.sleep(0.01)
@@ -207,3 +208,41 @@ async def test_a_prefetch_that_finds_no_room_is_dropped_not_a_fill_error(
         path = await cache.ensure(late[0].hash, late[0].size, late[0].location, "ds")
         assert Path(path).read_bytes() == late[0].data
         assert cache.usage()["protection"]["ended"]["demand"] == 1
+
+
+async def test_protection_takes_its_share_of_the_room_pins_leave(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    """With chunks pinned, a share of the whole cache let prefetches protect all of the rest,
+    and every read on demand then ended a protection (docs/store-layout.md "Budget")."""
+    pinned = source.many(6, K, "pinned")
+    ahead = source.many(3, K, "ahead")
+    async with running(config(tmp_path / "c", size=10 * K, protect_share=0.5), backends) as cache:
+        assert cache.holds.protect_bytes == 5 * K
+        for o in pinned:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+        assert cache.pin([o.hash for o in pinned]) == 6
+        assert cache.index.pinned_bytes == 6 * K
+        assert cache.holds.protect_bytes == 2 * K  # half of the 4 K left
+        assert cache.pin([pinned[0].hash]) == 1 and cache.index.pinned_bytes == 6 * K  # no change
+        assert cache.fetch_now(items(ahead), "ds", owner="job") == 2
+        await landed(cache, ahead[:2])
+        await trio.sleep(0.1)
+        assert not cache.contains(ahead[2].hash) and cache.usage()["protection"]["waiting"] == 1
+        cache.unpin([o.hash for o in pinned[:2]])  # more room: the waiting one starts
+        assert cache.index.pinned_bytes == 4 * K and cache.holds.protect_bytes == 3 * K
+        await landed(cache, ahead)
+        assert [stored(tmp_path, o) for o in ahead] == [o.data for o in ahead]
+        # A pinned row that goes (an admin's evict unpins first; scrub drops bad rows) leaves
+        # the count: the index and the cap agree with the table.
+        cache.unpin([o.hash for o in pinned[2:]])
+        assert cache.index.pinned_bytes == 0 and cache.holds.protect_bytes == 5 * K
+        cache.pin([pinned[5].hash])
+        cache._drop_entries([pinned[5].hash], reason="missing")
+        assert cache.index.pinned_bytes == 0 and cache.holds.protect_bytes == 5 * K
+    # Pins are durable: a restart sizes the cap from the table.
+    async with running(config(tmp_path / "c", size=10 * K, protect_share=0.5), backends) as cache:
+        cache.pin([o.hash for o in pinned[2:5]])
+        assert cache.index.pinned_bytes == 3 * K
+    async with running(config(tmp_path / "c", size=10 * K, protect_share=0.5), backends) as cache:
+        assert cache.index.pinned_bytes == 3 * K and cache.holds.protect_bytes == 3500
