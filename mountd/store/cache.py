@@ -1126,7 +1126,7 @@ class Cache(ChunkFills):
         the whole cache. With chunks pinned (80% of a small cache) a share of the whole
         cache let prefetches protect all of the rest: every read on demand then had to end
         a protection, the file it took was read on demand in turn, and so on (at 600 files,
-        20% cache, four jobs: 530 of ~3,100 fills in three epochs, scripts/bench/shim_vs_lru.py;
+        20% cache, four jobs: 531 of 3,104 fills in three epochs, scripts/bench/shim_vs_lru.py;
         docs/benchmarks.md). Called whenever the pinned bytes may have changed."""
         pinned = self._require_open().pinned_bytes
         if pinned == self._protect_cap_pinned:

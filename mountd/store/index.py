@@ -537,9 +537,10 @@ class Index:
         with self.transaction():
             for part in batched(hashes):
                 marks = ",".join("?" * len(part))
-                unpinned += c.execute(
-                    f"SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned=1 AND hash IN ({marks})",
-                    tuple(part)).fetchone()[0]
+                if self.pinned_bytes:  # evictions delete unpinned rows: no query then
+                    unpinned += c.execute(
+                        f"SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned=1 "
+                        f"AND hash IN ({marks})", tuple(part)).fetchone()[0]
                 c.execute(f"DELETE FROM entries WHERE hash IN ({marks})", tuple(part))
                 c.execute(f"DELETE FROM refs WHERE hash IN ({marks})", tuple(part))
                 c.execute(f"DELETE FROM owners WHERE hash IN ({marks})", tuple(part))

@@ -95,6 +95,22 @@ async def wait_until(predicate, timeout: float = 20.0, what: str = "") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+async def read_claimed(env: Env, ids: list[int]) -> None:
+    """What a reader does with a claim's ids: open each from the store, falling back to
+    ``ensure`` on a miss, and report the store reads as hits, as the direct loader does
+    (LRU recency, hit counts, protections ended)."""
+    hits, nbytes = [], 0
+    for cid in ids:
+        h, s, loc = env.view.item(cid)
+        if env.in_store(cid):
+            hits.append(h)
+            nbytes += s
+        else:
+            await env.client.ensure(h, s, loc, env.dataset)
+    if hits:
+        await env.client.hits(env.dataset, hits, nbytes)
+
+
 async def read_epoch(env: Env, job: str, ranks: int, n: int, epoch: int,
                      read: bool = False) -> list[list[int]]:
     """Claim round-robin over ``ranks`` until every rank is at the end; per-rank ids."""
@@ -111,15 +127,7 @@ async def read_epoch(env: Env, job: str, ranks: int, n: int, epoch: int,
                 done[rank] = True
             given[rank].extend(ids)
             if read:
-                hits = []
-                for cid in ids:  # what a reader does: open, falling back to ensure on a miss
-                    if env.in_store(cid):
-                        hits.append(env.view.hash_of(cid))
-                    else:
-                        h, s, loc = env.view.item(cid)
-                        await env.client.ensure(h, s, loc, env.dataset)
-                if hits:  # reported as the direct loader does (recency, hit counts)
-                    await env.client.hits(env.dataset, hits, 0)
+                await read_claimed(env, ids)
     return given
 
 
@@ -251,15 +259,7 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
                 ids = claim["hits"] + claim["fetch"]
                 if not ids:
                     break
-                read = []  # from the store: reported, as the direct loader reports them
-                for cid in ids:
-                    if env.in_store(cid):
-                        read.append(env.view.hash_of(cid))
-                    else:
-                        h, s, loc = env.view.item(cid)
-                        await env.client.ensure(h, s, loc, env.dataset)
-                if read:
-                    await env.client.hits(env.dataset, read, 1000 * len(read))
+                await read_claimed(env, ids)
                 await trio.sleep(0.02)  # let the tick loop preload and evict
                 max_resident = max(max_resident, len(manager.resident()))
                 assert len(chunks_in_store()) <= 3  # two resident + the loading one
@@ -345,20 +345,10 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
         await wait_until(lambda: manager.newest == 1, what="chunk 1 loaded")
         assert manager.state(0) is ChunkState.MARKED
         pool = env.server.coop.registry.pool(env.dataset, "job", 0)
-        first = True
+        await read_claimed(env, claim["hits"] + claim["fetch"])
         while pool.chunk == 0:  # the job is given the rest of chunk 0 (and reads it)
-            if not first:
-                claim = await env.client.claim(env.dataset, "job", 0, 10)
-            first = False
-            read = []
-            for cid in claim["hits"] + claim["fetch"]:
-                if env.in_store(cid):
-                    read.append(env.view.hash_of(cid))
-                else:
-                    h, s, loc = env.view.item(cid)
-                    await env.client.ensure(h, s, loc, env.dataset)
-            if read:  # reported, as the direct loader does (recency, hit counts)
-                await env.client.hits(env.dataset, read, 1000 * len(read))
+            claim = await env.client.claim(env.dataset, "job", 0, 10)
+            await read_claimed(env, claim["hits"] + claim["fetch"])
         finished = trio.current_time()
         chunk0 = list(state.plan.ids_of(0))
         await trio.sleep(0.5)
