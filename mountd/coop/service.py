@@ -491,6 +491,7 @@ class CoopService:
                 state = self.registry.dataset(action.dataset)
                 ids = state.plan.ids_of(action.chunk)
                 self.cache.pin(view.hashes_of(i for i in ids if state.is_cached(i)))
+                self.cache.expect_pins((h, size) for h, size, _ in view.items(action.ids))
                 log.info("dataset %s: loading chunk %d (%d files to fetch)",
                          action.dataset, action.chunk, len(action.ids))
             elif isinstance(action, ChunkReady):

@@ -134,6 +134,10 @@ class Cache(ChunkFills):
                            protect_seconds=config.protect_seconds)
         #: The pinned bytes the protection cap was last sized for (:meth:`_cap_protection`).
         self._protect_cap_pinned = 0
+        #: Files that will be pinned once they land (a loading chunk's: :meth:`expect_pins`),
+        #: hash -> size, and their bytes: the protection cap counts them as pinned already.
+        self._expected_pins: dict[bytes, int] = {}
+        self._expected_bytes = 0
         #: Prefetches waiting for protection room (:meth:`fetch_now`), oldest first:
         #: hash -> (size, location, dataset, owner, trio time queued).
         self._waiting: OrderedDict[bytes, tuple[int, Location, str | None, Hashable, float]] = \
@@ -141,6 +145,9 @@ class Cache(ChunkFills):
         #: Set and replaced whenever protections end (waiting prefetches may start).
         self._protect_changed = trio.Event()
         self._first_held: bytes | None = None  # the first held victim the last eviction met
+        #: Files a fill just landed whose waiting readers have not had their path yet
+        #: (:meth:`_wait_flight`): never evicted, and no fill waits for them beyond a step.
+        self._landing: dict[bytes, Flight] = {}
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
         self._io_limiter = trio.CapacityLimiter(config.io_threads)
         self._chunk_members: ChunkMembers | None = None
@@ -604,7 +611,7 @@ class Cache(ChunkFills):
             if flight.lease is holder and not flight.started:
                 return None  # asked again before supplying: still ours
             flight.awaited = True
-            await flight.done.wait()
+            await self._wait_flight(flight)
             if flight.path is not None and flight.error is None and not flight.cancelled:
                 if dataset is not None and dataset != flight.dataset:
                     self.index.touch([hash], dataset)
@@ -692,7 +699,7 @@ class Cache(ChunkFills):
                 await self._launch(flight)
             if not prefetch:
                 flight.awaited = True  # a reader waits: its fill may end protections for room
-            await flight.done.wait()
+            await self._wait_flight(flight)
             if flight.cancelled:
                 if source is not None and flight.source is source:
                     raise CacheClosed("the fill of the supplied bytes was cancelled")
@@ -707,6 +714,21 @@ class Cache(ChunkFills):
             if dataset is not None and dataset != flight.dataset:
                 self.index.touch([hash], dataset)
             return flight.path
+
+    async def _wait_flight(self, flight: Flight) -> None:
+        """Wait for ``flight`` to end. A file it landed stays in :attr:`_landing` until the
+        last of its waiters is back here: they answer its path (and hold it) in the same
+        trio step, so a fill running between the landing and that step cannot evict it.
+        Without this, a small cache whose older files were all held or protected evicted
+        the newest file before its reader got the path, and that reader filled it again."""
+        flight.waiting += 1
+        try:
+            await flight.done.wait()
+        finally:
+            flight.waiting -= 1
+            if not flight.waiting and self._landing.get(flight.hash) is flight:
+                del self._landing[flight.hash]
+                self._notify_space()
 
     def _size_mismatch(self, hash: bytes, stored: int, size: int, dataset: str | None) -> CorruptObject:
         """The error for asking ``size`` bytes of ``hash`` when its verified content has
@@ -807,6 +829,8 @@ class Cache(ChunkFills):
         self.charges.charge(flight.uid, flight.size)
         assert self._policy is not None
         self._policy.on_insert(flight.hash, flight.size)
+        if flight.awaited and flight.waiting:
+            self._landing[flight.hash] = flight  # until its readers have the path
         self._tell("filled", lambda listener: listener.filled(flight.hash))
         if flight.awaited and self.peers is not None:
             # Readers wait for it and answer its path in a moment: hold it until they do.
@@ -918,8 +942,10 @@ class Cache(ChunkFills):
                 self.reserved += size
                 charges.reserve(uid, size)
                 return
-            if (charges.reserved.get(uid, 0) > 0) if own > 0 else (self.reserved > 0):
-                # Fills in flight hold the space; once they finish their files are evictable.
+            if (charges.reserved.get(uid, 0) > 0) if own > 0 else \
+                    (self.reserved > 0 or self._landing):
+                # Fills in flight hold the space, or files landed a moment ago wait for their
+                # readers' answers; once those are done the files are evictable.
                 await self._space_changed.wait()
                 continue
             if self._first_held is not None:
@@ -973,6 +999,8 @@ class Cache(ChunkFills):
                 break
             if hash in self._flights:
                 continue  # being refilled right now (cannot happen for indexed rows; be safe)
+            if holds and hash in self._landing:
+                continue  # landed for readers who have not had its path yet
             if hash in held:
                 if self._first_held is None:
                     self._first_held = hash
@@ -987,14 +1015,16 @@ class Cache(ChunkFills):
     def _evict_protected(self, need: int) -> tuple[int, int]:
         """A reader's fill finds only protected files in its way: end the oldest
         protections (counted as ``ended["demand"]``) and evict those files, never a pinned
-        one, one in flight, or one just answered. A reader never waits for a prefetch's
-        reader, and never gets ``CacheFull`` for protection's sake."""
+        one, one in flight, one landed for readers not answered yet, or one just answered.
+        A reader never waits for a prefetch's reader, and never gets ``CacheFull`` for
+        protection's sake."""
         if not self.holds.protected_bytes:
             return 0, 0
         index = self._require_open()
         candidates: list[tuple[bytes, int]] = []
         for hash, size in self.holds.oldest_protected():
-            if hash in self._flights or hash in self.holds or index.size_of(hash) is None:
+            if hash in self._flights or hash in self.holds or hash in self._landing \
+                    or index.size_of(hash) is None:
                 continue  # not stored yet (its fill is queued or running), or just answered
             candidates.append((hash, size))
         pinned = index.pinned_of([h for h, _ in candidates]) if candidates else set()
@@ -1110,16 +1140,40 @@ class Cache(ChunkFills):
 
     def pin(self, hashes: Sequence[bytes]) -> int:
         """Never evict these (indexed) hashes until :meth:`unpin`; returns entries pinned."""
-        pinned = self._require_open().set_pinned([layout.check_hash(h) for h in hashes], True)
+        hashes = [layout.check_hash(h) for h in hashes]
+        pinned = self._require_open().set_pinned(hashes, True)
+        self._unexpect(hashes)
         self._cap_protection()
         return pinned
 
     def unpin(self, hashes: Sequence[bytes]) -> int:
-        """Make pinned hashes evictable again; returns entries changed."""
-        changed = self._require_open().set_pinned([layout.check_hash(h) for h in hashes], False)
+        """Make pinned hashes evictable again (and drop them from the pins expected);
+        returns entries changed."""
+        hashes = [layout.check_hash(h) for h in hashes]
+        changed = self._require_open().set_pinned(hashes, False)
+        self._unexpect(hashes)
         self._cap_protection()
         self._notify_space()
         return changed
+
+    def expect_pins(self, items: Iterable[tuple[bytes, int]]) -> None:
+        """These files, not stored yet, will be pinned as they land (a chunk starts loading):
+        the protection cap counts them as pinned from now on, until :meth:`pin` or
+        :meth:`unpin` names them. Otherwise the cap grew while a chunk's slot was empty
+        (the old chunk evicted, the new one not in yet), prefetches for claims filled the
+        slot's room, and the chunk's own fills waited behind them: at 600 files a chunk
+        then took 3 s to load instead of 0.2 s, and readers ran out of cached files."""
+        for hash, size in items:
+            hash = layout.check_hash(hash)
+            if hash not in self._expected_pins:
+                self._expected_pins[hash] = size
+                self._expected_bytes += size
+        self._cap_protection()
+
+    def _unexpect(self, hashes: Iterable[bytes]) -> None:
+        if self._expected_pins:
+            for hash in hashes:
+                self._expected_bytes -= self._expected_pins.pop(hash, 0)
 
     def _cap_protection(self) -> None:
         """Let protections take ``protect_share`` of the room that pinned files leave, not of
@@ -1128,7 +1182,7 @@ class Cache(ChunkFills):
         a protection, the file it took was read on demand in turn, and so on (at 600 files,
         20% cache, four jobs: 531 of 3,104 fills in three epochs, scripts/bench/shim_vs_lru.py;
         docs/benchmarks.md). Called whenever the pinned bytes may have changed."""
-        pinned = self._require_open().pinned_bytes
+        pinned = self._require_open().pinned_bytes + self._expected_bytes
         if pinned == self._protect_cap_pinned:
             return
         grew = pinned < self._protect_cap_pinned

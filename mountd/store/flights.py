@@ -65,6 +65,9 @@ class Flight:
     #: A reader waits for it (``ensure``, ``ensure_supplied``, ``lease``), or it was started
     #: for one: its fill may end protections to make room (mountd/store/holds.py).
     awaited: bool = False
+    #: Callers waiting on ``done`` right now: a landed file is kept from eviction until the
+    #: last of them has its path (``Cache._landing``).
+    waiting: int = 0
 
     def demanded(self) -> bool:
         """Whether a reader waits for this fill (not a prefetch nobody waits for yet)."""

@@ -246,3 +246,27 @@ async def test_protection_takes_its_share_of_the_room_pins_leave(
         assert cache.index.pinned_bytes == 3 * K
     async with running(config(tmp_path / "c", size=10 * K, protect_share=0.5), backends) as cache:
         assert cache.index.pinned_bytes == 3 * K and cache.holds.protect_bytes == 3500
+
+
+async def test_pins_expected_for_a_loading_chunk_count_before_their_files_land(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    """While a chunk loads, its slot's room is taken already: the cap must not grow into it
+    (prefetches filled it and the chunk's own fills waited; docs/store-layout.md "Budget")."""
+    chunk = source.many(4, K, "chunk")
+    ahead = source.many(4, K, "ahead")
+    async with running(config(tmp_path / "c", size=10 * K, protect_share=0.5), backends) as cache:
+        cache.expect_pins([(o.hash, o.size) for o in chunk])
+        cache.expect_pins([(chunk[0].hash, K)])  # named twice: counted once
+        assert cache.holds.protect_bytes == 3 * K  # half of the 6 K the chunk leaves
+        await cache.ensure(chunk[0].hash, K, chunk[0].location, "ds")
+        assert cache.pin([chunk[0].hash]) == 1  # landed and pinned: expected no longer
+        assert cache.index.pinned_bytes == K and cache.holds.protect_bytes == 3 * K
+        assert cache.fetch_now(items(ahead), "ds", owner="job") == 3
+        await landed(cache, ahead[:3])
+        await trio.sleep(0.1)
+        assert not cache.contains(ahead[3].hash) and cache.usage()["protection"]["waiting"] == 1
+        cache.unpin([o.hash for o in chunk])  # the chunk went: its expected pins with it
+        assert cache.index.pinned_bytes == 0 and cache.holds.protect_bytes == 5 * K
+        await landed(cache, ahead)
+        assert [stored(tmp_path, o) for o in ahead] == [o.data for o in ahead]

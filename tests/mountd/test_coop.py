@@ -246,6 +246,7 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
         manager = state.manager
         assert manager is not None
         plan = state.plan
+        cache = env.server.cache
         max_resident = 0
 
         def chunks_in_store() -> list[int]:
@@ -263,6 +264,13 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
                 await trio.sleep(0.02)  # let the tick loop preload and evict
                 max_resident = max(max_resident, len(manager.resident()))
                 assert len(chunks_in_store()) <= 3  # two resident + the loading one
+                # The protection cap leaves out every chunk that holds a slot, landed or
+                # not: a loading chunk's room is not prefetches' to take.
+                held = [c for c in range(len(manager.states())) if manager.state(c) in (
+                    ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)]
+                held_bytes = sum(plan.size_of(c) for c in held) * 1000
+                assert cache.index.pinned_bytes + cache._expected_bytes == held_bytes
+                assert cache.holds.protect_bytes == int((100_000 - held_bytes) * 0.5)
         assert max_resident <= 2
         evictions = [e for e in env.server.coop.evictions if e[0] == env.dataset]
         assert len({chunk for _, chunk, _, _ in evictions}) >= 3
