@@ -112,6 +112,25 @@ class _OnLanding:
         pass
 
 
+async def read_with_a_task_woken_at_landing(cache, objs, task, results: list,
+                                            after=None) -> None:
+    """Read each of ``objs`` through ``ensure`` (checking its bytes) while ``task`` starts in
+    the step its fill lands, so that trio wakes it in the same batch as the reader, in either
+    order; wait for the task's result each round, then call ``after(obj)``."""
+    for n, obj in enumerate(objs):
+        listener = _OnLanding(obj.hash, lambda: cache._nursery.start_soon(task))
+        cache.add_listener(listener)
+        path = await cache.ensure(obj.hash, obj.size, obj.location)
+        with open(path, "rb") as f:
+            assert f.read() == obj.data
+        with trio.fail_after(10):
+            while len(results) < n + 1:
+                await trio.sleep(0.005)
+        cache.remove_listener(listener)
+        if after is not None:
+            after(obj)
+
+
 async def test_a_landed_file_stays_until_its_waiting_reader_has_the_path(
     tmp_path: Path, source: Source, backends: Backends
 ) -> None:
@@ -131,22 +150,11 @@ async def test_a_landed_file_stays_until_its_waiting_reader_has_the_path(
         async def evict_everything() -> None:  # woken with the reader
             freed.append(cache._evict_until(3000))
 
-        def on_landing() -> None:
-            assert cache._nursery is not None
-            cache._nursery.start_soon(evict_everything)
-
-        for x in rounds:
-            listener = _OnLanding(x.hash, on_landing)
-            cache.add_listener(listener)
-            path = await cache.ensure(x.hash, x.size, x.location)
-            with open(path, "rb") as f:
-                assert f.read() == x.data
-            with trio.fail_after(10):
-                while len(freed) < rounds.index(x) + 1:
-                    await trio.sleep(0)
-            cache.remove_listener(listener)
+        def answered(x) -> None:
             assert cache._landing == {} and x.hash in cache.holds  # answered: held now
             cache.holds._drop(x.hash)  # let the next round's fill evict it
+
+        await read_with_a_task_woken_at_landing(cache, rounds, evict_everything, freed, answered)
         assert freed == [(0, 0)] * len(rounds)
 
         # A prefetch no reader waits for is not kept: evictable the moment it lands.
@@ -177,18 +185,5 @@ async def test_a_fill_waits_for_files_landed_for_readers_instead_of_failing(
             cache.reserved -= 1000  # a fill that gave up: the room is free again
             cache._notify_space()
 
-        def on_landing() -> None:
-            assert cache._nursery is not None
-            cache._nursery.start_soon(reserve)
-
-        for n, x in enumerate(rounds):
-            listener = _OnLanding(x.hash, on_landing)
-            cache.add_listener(listener)
-            path = await cache.ensure(x.hash, x.size, x.location)
-            with open(path, "rb") as f:
-                assert f.read() == x.data
-            with trio.fail_after(10):
-                while len(reserved) < n + 1:
-                    await trio.sleep(0.005)
-            cache.remove_listener(listener)
+        await read_with_a_task_woken_at_landing(cache, rounds, reserve, reserved)
         assert reserved == [True] * len(rounds)  # each one evicted x after its answer
