@@ -162,6 +162,31 @@ def test_deli_threshold_mapping_and_reduction() -> None:
     assert "75% at 3F" in md and "(clamped)" in md
 
 
+def test_deli_miss_rate_counts_from_the_first_fetch_and_the_sweep_verdict() -> None:
+    # 80 misses in all, 75 of them while the first fetch (F = 128) was in flight: the cold
+    # start's race; 5 afterwards over the 672 files read after the first F.
+    run = {"before": {"gets": 10, "misses": 3}, "summary": {"files": 800},
+           "remote": {"misses": 80},
+           "samples": [{"t": 0.0, "gets": 10, "misses": 3}, {"t": 0.05, "gets": 100, "misses": 60},
+                       {"t": 0.10, "gets": 138, "misses": 78}, {"t": 0.15, "gets": 200, "misses": 80}]}
+    assert papers_deli.steady_miss_rate(run, 128) == pytest.approx(5 / 672)
+    assert papers_deli.steady_miss_rate({**run, "samples": []}, 128) is None
+    assert papers_deli.steady_miss_rate({**run, "samples": run["samples"][:2]}, 128) is None
+
+    def row(multiple: float, t: float, rate: float) -> dict:
+        return {"cache_multiple": multiple, "shim_threshold": t, "miss_rate": rate}
+
+    # F = 128, W = 64: at 2F, t = 1 holds 320 fetched-unread > 256, left out of the verdict
+    shim = [row(2.0, 0.0, 0.013), row(2.0, 0.5, 0.004), row(2.0, 1.0, 0.2),
+            row(3.0, 0.0, 0.015), row(3.0, 0.25, 0.018), row(3.0, 1.0, 0.003)]
+    assert papers_deli.monotone(shim, 64, 128) == {2.0: True, 3.0: True}  # 0.018: within 0.005
+    shim[4] = row(3.0, 0.25, 0.05)
+    assert papers_deli.monotone(shim, 64, 128) == {2.0: True, 3.0: False}
+    assert papers_deli.monotone([row(2.0, 0.0, 0.1)], 64, 128) == {}
+    md = papers_report.render(fake_results(), META)  # no samples: the rates over all reads
+    assert "miss rate non-increasing in the threshold" in md and "2F yes" in md
+
+
 def test_insert_section_touches_nothing_outside_the_markers() -> None:
     doc = "# Benchmarks\n\nintro\n\n## Notes on the machine\n\nnotes\n"
     section = papers_report.BEGIN + "\nfirst\n" + papers_report.END + "\n"
