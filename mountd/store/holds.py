@@ -30,7 +30,8 @@ LRU evicts exactly those first once the cache is a little smaller than what is f
 * :attr:`Holds.protect_seconds` **pass** (a job that died, a file nobody reads).
 
 Protected bytes are bounded by :attr:`Holds.protect_bytes` (``--protect-share`` of the room
-that pinned files leave: the cache sets it as pins come and go, ``Cache._cap_protection``):
+that pinned files leave, a loading chunk's files counted from its start: the cache sets it
+as pins come and go, ``Cache._cap_protection``):
 :meth:`Holds.fits` is the gate that *new* prefetches ask before they start, and they wait
 when it says no (Brand: load a chunk only into a free slot) instead of evicting protected
 files. On-demand misses never wait for protection: a reader's fill evicts unprotected
