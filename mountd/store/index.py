@@ -537,11 +537,10 @@ class Index:
         with self.transaction():
             for part in batched(hashes):
                 marks = ",".join("?" * len(part))
-                if self.pinned_bytes:  # evictions delete unpinned rows: no query then
-                    unpinned += c.execute(
-                        f"SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned=1 "
-                        f"AND hash IN ({marks})", tuple(part)).fetchone()[0]
-                c.execute(f"DELETE FROM entries WHERE hash IN ({marks})", tuple(part))
+                # The deleted rows' pinned bytes come back with the delete (pinned is 0 or 1).
+                unpinned += sum(size for (size,) in c.execute(
+                    f"DELETE FROM entries WHERE hash IN ({marks}) RETURNING size * pinned",
+                    tuple(part)))
                 c.execute(f"DELETE FROM refs WHERE hash IN ({marks})", tuple(part))
                 c.execute(f"DELETE FROM owners WHERE hash IN ({marks})", tuple(part))
         self.pinned_bytes -= unpinned
