@@ -11,8 +11,9 @@ mount (harness/world.py's ``World``). Each round measures, in one run:
   - *plain*: the store files themselves (``layout.store_path``, paths computed beforehand):
     the ceiling, what a process that already knew every hash would get;
   - *direct*: ``DirectReader.open(mount path)``: the path mapped to its hash with the
-    mount's digest, the store file opened, the hit queued and reported to mountd (the
-    readers' last reports are sent, and answered, inside the timed span). Target: direct ÷
+    mount's digest, the store file opened, the hit queued and reported to mountd (each
+    reader maps the directories it reads before the timed span, as ``DirectDataset`` does
+    where it is built; its last reports are sent, and answered, inside it). Target: direct ÷
     plain **>= 0.8**;
   - *direct, hits not reported*: the same with ``DirectReader(report=False)``: what the
     reads cost without mountd's share (mountd spends ~1–2 µs of CPU on each reported hit, on
@@ -101,7 +102,10 @@ def _reader(kind: str, paths: list[str], repeat: int, barrier, results) -> None:
 
     reader = DirectReader(report=kind != "unreported", handoff=kind == "handoff")
     if kind != "plain":
-        reader.prepare(os.path.dirname(paths[0]))  # find the mount, open the digest: untimed
+        # Find the mount, open its digest and map the directories read, untimed, as
+        # DirectDataset does in the process that builds it (its forked workers reuse that).
+        for directory in dict.fromkeys(os.path.dirname(path) for path in paths):
+            reader.prepare(directory)
     barrier.wait()
     start = time.perf_counter()
     if kind != "plain":
