@@ -16,11 +16,14 @@ over two chunks, given substitutable hits):
   ``max_chunk_bytes``): co-operative misses and substitutable hits;
 * ``full`` — cost the whole dataset.
 
-Greedy by ``G_D`` per byte, in three passes: first every beneficial dataset gets its two chunks,
+Greedy by ``G_D`` per byte, in four passes: first every beneficial dataset gets its two chunks,
 best ratio first (they are cheap and turn the dataset's misses co-operative), then the leftover
-budget upgrades datasets to ``full`` in the order of ``G_D`` per extra byte, and what is still
+budget upgrades datasets to ``full`` in the order of ``G_D`` per extra byte, then what is still
 left goes to the best dataset that got nothing, as smaller chunks (each at least
-``min_chunk_bytes``, the 1% below which a chunk is too small to be random). A job not measured
+``min_chunk_bytes``, the 1% below which a chunk is too small to be random), and what remains
+after that is *kept* by the chunked datasets across epochs (:attr:`Allocation.retain`, best
+ratio first: files of evicted chunks stay cached, so an epoch fetches less than the whole
+dataset; docs/substitutable-reads.md, "Deviations"). A job not measured
 yet counts with the median ``b`` of its dataset's measured jobs (jobs of one dataset tend to
 gain alike; a third job of an insensitive dataset must not keep it cached until it is
 measured), or with :data:`ASSUMED_BENEFIT` when none is measured (so a new dataset is cached,
@@ -181,6 +184,9 @@ class Allocation:
     budget: int  # bytes allocated: the dataset's budget for its chunks (0 when off)
     benefit: float  # G_D as used for the order (assumed values included)
     reason: str
+    #: ``chunked`` only: bytes of the dataset's files kept cached across epochs beyond its
+    #: chunks (pass 4 of :func:`allocate`; mountd.coop.service keeps them at chunk eviction)
+    retain: int = 0
 
 
 def counted_benefits(demand: DatasetDemand, *, assumed: float = ASSUMED_BENEFIT) -> list[float]:
@@ -301,6 +307,20 @@ def allocate(
                                         f"G={g:.2f}, #{rank} by G per byte: smaller chunks in "
                                         f"what was left ({_mb(left)})")
             left = 0
+    # Pass 4: what is still left is kept by the chunked datasets across epochs (retained
+    # files), best G per byte first, each up to what its chunks do not hold.
+    for d, g in order:
+        a = out[d.dataset]
+        if left <= 0:
+            break
+        if a.mode is not Mode.CHUNKED:
+            continue
+        retain = min(left, d.total_bytes - a.budget)
+        if retain > 0:
+            left -= retain
+            out[d.dataset] = Allocation(d.dataset, a.mode, a.budget, g,
+                                        f"{a.reason}; keeps {_mb(retain)} of its files across "
+                                        f"epochs in the budget left", retain)
     return out
 
 

@@ -42,7 +42,9 @@ docs/substitutable-reads.md ("What the caller must do") asks of mountd:
   ``preload_window`` files, the next one pulled when half of the previous is in), files of a
   loading or resident chunk are pinned as they land (so LRU pressure from other datasets
   cannot evict them), and ``Evict`` unpins the chunk and removes exactly its files with
-  :meth:`Cache.evict_hashes`, except those another resident chunk or dataset still holds.
+  :meth:`Cache.evict_hashes`, except those another resident chunk or dataset still holds
+  and those the dataset keeps across epochs (the allocation's ``retain`` bytes, chosen at
+  random among an evicted chunk's files, unpinned: :meth:`CoopService._retain`).
 * **Packed datasets (Brand).** A claim's misses come a packed chunk at a time; the other
   wanted members of those packed chunks (``Claim.brought``) are fetched with them and
   protected like the misses, as many as the protection share has room for (the registry
@@ -55,6 +57,7 @@ Everything runs in mountd's trio thread; each method is atomic between awaits.
 from __future__ import annotations
 
 import logging
+import random
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -170,6 +173,11 @@ class CoopService:
         self.evictions: deque[tuple[str, int, int, bool]] = deque(maxlen=1000)
         #: dataset -> a warning about its layout for this cache (``stats``' ``warnings``)
         self.warnings: dict[str, str] = {}
+        #: dataset -> hash -> size of the files a chunked dataset keeps across epochs (chosen
+        #: at chunk evictions up to the allocation's ``retain`` bytes, :meth:`_retain`; not
+        #: pinned: the cache's LRU may still take them, and then they are forgotten here)
+        self.retained: dict[str, dict[bytes, int]] = {}
+        self._retain_rng = random.Random()
         cache.add_listener(self)
         cache.set_chunk_members(self.chunk_members)
 
@@ -280,6 +288,7 @@ class CoopService:
             return  # sessions still read it: keep it until they are done
         del self.views[dataset]
         self._preloading.pop(dataset, None)
+        self.retained.pop(dataset, None)
         self._unpin(view.hashes)
         view.close()
 
@@ -418,6 +427,9 @@ class CoopService:
         self._forward("filled", hash)
 
     def removed(self, hashes: Sequence[bytes]) -> None:
+        for kept in self.retained.values():  # a scrub, say: kept no more
+            for h in hashes:
+                kept.pop(h, None)
         self._forward("removed", list(hashes))
 
     def fill_failed(self, hash: bytes) -> None:
@@ -537,6 +549,16 @@ class CoopService:
                      change.new, change.budget, allocation[change.dataset].reason)
         if unpin:
             self._unpin([h for h in unpin if not self._pinned_for(h)])
+        self._trim_retained()
+
+    def _trim_retained(self) -> None:
+        """Forget kept files beyond each dataset's ``retain`` bytes now (all of them for a
+        dataset no longer chunked): a later chunk eviction removes them, or LRU does."""
+        for name, kept in self.retained.items():
+            target = self.registry.retain_bytes(name) if name in self.views else 0
+            total = sum(kept.values())
+            while kept and total > target:
+                total -= kept.popitem()[1]
 
     def allocation_json(self) -> dict[str, Any]:
         """The policy in force; per dataset: mode, bytes allocated, ``G_D`` and why; per open
@@ -555,7 +577,8 @@ class CoopService:
                     for (j, probes), b in zip(benefits, counted, strict=True)]
             out[name] = {
                 "mode": str(reg.mode(name)),
-                "bytes": a.budget if a is not None else None,
+                "bytes": a.budget + a.retain if a is not None else None,
+                "retained_bytes": sum(self.retained.get(name, {}).values()),
                 "benefit": a.benefit if a is not None else None,
                 "reason": a.reason if a is not None else (
                     "fixed by --dataset-mode" if self.mode is not None else "not allocated yet"),
@@ -577,9 +600,10 @@ class CoopService:
         return False
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
+        self._retain(action.dataset, view, action.ids)
         self._unpin(view.hashes_of(action.members))
 
-        def keep(content_hash: bytes) -> bool:
+        def keep(content_hash: bytes) -> bool:  # the files kept across epochs too
             return self._held_elsewhere(content_hash, action.dataset, action.chunk)
 
         files, nbytes = self.cache.evict_hashes(view.hashes_of(action.ids), keep=keep)
@@ -587,9 +611,41 @@ class CoopService:
         log.info("dataset %s: evicted chunk %d (%d files, %d bytes%s)", action.dataset,
                  action.chunk, files, nbytes, ", forced" if action.forced else "")
 
+    def _retain(self, dataset: str, view: DatasetView, ids: Sequence[int]) -> dict[bytes, int]:
+        """The files ``dataset`` keeps across epochs, topped up from ``ids`` (the cached files
+        of a chunk being evicted) to the allocation's ``retain`` bytes.
+
+        Why: a chunked dataset otherwise fetches all of itself every epoch, whatever the
+        budget beyond its two chunks (benefit_aware.py at a 30% cache: a third of the budget
+        held nothing its jobs could hit, and plain LRU beat it). Kept files are not removed
+        with their chunk; each epoch's chunk draws place them at random like any file, so
+        they are hits wherever they fall and the order stays random. They are *not pinned*:
+        pinned, they took the unpinned room that claims' prefetches are protected in, and the
+        other chunked dataset's jobs lost what this one gained (benefit_aware.py, 2026-11-27:
+        sensitive +15–20%, medium −3 to −33%); unpinned, the cache's LRU takes them back when
+        that room is needed. Picked at random among ``ids``: the ids come in digest order."""
+        kept = self.retained.setdefault(dataset, {})
+        room = self.registry.retain_bytes(dataset) - sum(kept.values())
+        if room <= 0:
+            return kept
+        candidates = list(ids)
+        self._retain_rng.shuffle(candidates)
+        for i in candidates:
+            size = view.sizes[i]
+            content_hash = view.hash_of(i)
+            if 0 < size <= room and content_hash not in kept:
+                kept[content_hash] = size
+                room -= size
+        return kept
+
+    def _is_retained(self, content_hash: bytes) -> bool:
+        return any(content_hash in kept for kept in self.retained.values())
+
     def _held_elsewhere(self, content_hash: bytes, dataset: str, chunk: int) -> bool:
-        """Whether another resident (or loading) chunk, or another managed-whole dataset,
-        holds ``content_hash``."""
+        """Whether another resident (or loading) chunk, another managed-whole dataset, or a
+        dataset's retained files hold ``content_hash``."""
+        if self._is_retained(content_hash):
+            return True
         for name, view in self.views.items():
             ids = view.ids_of(content_hash)
             if not ids:

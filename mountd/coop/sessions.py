@@ -409,6 +409,14 @@ class SessionRegistry:
         self._dataset(dataset)
         return self._modes[dataset]
 
+    def retain_bytes(self, dataset: str) -> int:
+        """Bytes of ``dataset``'s files the allocation keeps cached across epochs beyond its
+        chunks (:attr:`mountd.coop.benefit.Allocation.retain`; 0 unless ``chunked``)."""
+        decision = self._allocation.get(dataset)
+        if decision is None or self._modes.get(dataset) is not Mode.CHUNKED:
+            return 0
+        return decision.retain
+
     # -- benefit-aware allocation (Quiver §5.3, mountd.coop.benefit) ----------------------------
 
     def set_mode(self, dataset: str, mode: Mode | str, budget: int) -> ModeChange | None:

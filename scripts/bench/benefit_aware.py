@@ -172,7 +172,11 @@ async def one_run(datasets: list[Any], p: Params, policy: str, cache_size: int) 
         modes = {n: alloc["datasets"][ds.dataset_id]["mode"] for n, ds in zip(p.names, datasets, strict=True)}
         bs = {n: [j["b"] for j in alloc["datasets"][ds.dataset_id]["jobs"]]
               for n, ds in zip(p.names, datasets, strict=True)}
-        return {"policy": policy, "cache_size": cache_size, "rates": rates, "modes": modes, "b": bs}
+        kept = {n: alloc["datasets"][ds.dataset_id].get("retained_bytes", 0)
+                for n, ds in zip(p.names, datasets, strict=True)}
+        reasons = {n: alloc["datasets"][ds.dataset_id]["reason"] for n, ds in zip(p.names, datasets, strict=True)}
+        return {"policy": policy, "cache_size": cache_size, "rates": rates, "modes": modes, "b": bs,
+                "retained_bytes": kept, "reasons": reasons}
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
 
@@ -213,6 +217,7 @@ def main() -> None:
             results.append(r)
             print(f"[benefit] {f:.0%} {policy:8s} throughput x{r['norm']:.2f}  modes {r['modes']}  "
                   f"b {({k: [round(x, 2) if x else None for x in v] for k, v in r['b'].items()})}  "
+                  f"kept across epochs {({k: f'{v / 1e6:.2f} MB' for k, v in r['retained_bytes'].items() if v})}  "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
     print("\n| cache | benefit-aware | budget-only (sens first) | budget-only (insens first) | "
           "budget-only, mean | LRU | benefit-aware modes (sens/med/insens) | budget-only modes "

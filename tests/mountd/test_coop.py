@@ -269,6 +269,7 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
                 held = [c for c in range(len(manager.states())) if manager.state(c) in (
                     ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)]
                 held_bytes = sum(plan.size_of(c) for c in held) * 1000
+                # (files kept across epochs are not pinned: the cap does not count them)
                 assert cache.index.pinned_bytes + cache._expected_bytes == held_bytes
                 assert cache.holds.protect_bytes == int((100_000 - held_bytes) * 0.5)
         assert max_resident <= 2
@@ -280,6 +281,53 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
         assert usage["used_bytes"] <= 100_000
         await wait_until(lambda: len(chunks_in_store()) <= 2 or manager.loading is not None,
                          what="at most two chunks resident")
+
+
+async def test_a_chunked_dataset_keeps_the_budget_its_chunks_leave_across_epochs(tmp_path: Path) -> None:
+    """300 files of 1000 B, budget 80 kB, two chunks of 30 kB: the other 20 kB keep files
+    across epochs (Allocation.retain). Files kept are not removed with their chunk, nor
+    pinned (the cache's LRU may take them back), and the next epoch gives them as hits;
+    every file still comes exactly once."""
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=100_000) as env:
+        await env.client.session_open(env.dataset, "job", seed=1)
+        coop = env.server.coop
+        assert coop is not None
+        await wait_until(lambda: coop.registry.retain_bytes(env.dataset) > 0, what="an allocation")
+        assert coop.registry.retain_bytes(env.dataset) == 20_000
+        cache = env.server.cache
+        kept_before: set[bytes] = set()
+        for epoch in range(3):
+            given, hits = [], set()
+            while True:
+                claim = await env.client.claim(env.dataset, "job", 0, 10, epoch=epoch)
+                ids = claim["hits"] + claim["fetch"]
+                if not ids:
+                    break
+                given.extend(ids)
+                hits.update(env.view.hash_of(i) for i in claim["hits"])
+                await read_claimed(env, ids)
+                await trio.sleep(0.01)  # let the tick loop preload and evict
+            assert sorted(given) == list(range(300))  # exactly once, retention or not
+            # What was kept came as hits (all but what LRU took back meanwhile, if any).
+            assert len(kept_before & hits) >= len(kept_before) // 2
+            kept = coop.retained[env.dataset]
+            assert 0 < sum(kept.values()) <= 20_000
+            assert all(env.in_store(env.view.ids_of(h)[0]) for h in kept)  # forgotten when taken
+            manager, plan = coop.registry.dataset(env.dataset).manager, coop.registry.dataset(env.dataset).plan
+            outside = [h for h in kept if manager.state(plan.chunk_of(env.view.ids_of(h)[0])) not in (
+                ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)]
+            assert not cache.index.pinned_of(outside)
+            kept_before = set(kept)
+        assert len(kept_before) >= 10
+        stats = coop.allocation_json()["datasets"][env.dataset]
+        assert stats["bytes"] == 80_000 and stats["retained_bytes"] == 20_000
+        # A smaller budget that only holds the two chunks keeps nothing more: the kept files
+        # are forgotten (left to LRU), not removed.
+        kept = list(coop.retained[env.dataset])
+        coop.budget = 60_000
+        coop.reallocate()
+        assert coop.registry.retain_bytes(env.dataset) == 0 and not coop.retained[env.dataset]
+        assert all(env.in_store(env.view.ids_of(h)[0]) for h in kept)
 
 
 async def test_fills_reach_every_dataset_sharing_the_content(tmp_path: Path) -> None:
@@ -365,8 +413,12 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
             assert all(env.in_store(c) for c in chunk0)
         await wait_until(lambda: manager.state(0) is ChunkState.IDLE, what="chunk 0 evicted")
         assert trio.current_time() - finished >= 1.9
-        assert not any(env.in_store(c) for c in chunk0)
-        assert [e[1:] for e in env.server.coop.evictions] == [(0, len(chunk0), False)]
+        # All gone but what the dataset keeps across epochs (the 20 kB its chunks leave of
+        # the budget: the first chunk evicted gives up to 20 of its files, unpinned).
+        kept = env.server.coop.retained[env.dataset]
+        assert 0 < len(kept) <= 20
+        assert {c for c in chunk0 if env.in_store(c)} == {env.view.ids_of(h)[0] for h in kept}
+        assert [e[1:] for e in env.server.coop.evictions] == [(0, len(chunk0) - len(kept), False)]
 
 
 def test_chunk_grace_must_not_be_negative(tmp_path: Path, capsys) -> None:

@@ -89,6 +89,29 @@ def test_greedy_two_chunks_first_then_full_by_benefit_per_byte() -> None:
     assert out["c"].mode is Mode.OFF and "no room" in out["c"].reason
 
 
+def test_budget_the_chunks_leave_keeps_files_of_the_best_chunked_datasets() -> None:
+    """Pass 4: what no chunk and no upgrade took is kept across epochs by chunked datasets,
+    best G per byte first, each up to what its chunks do not hold."""
+    ds = [demand("a", 100 * MB, job("a", 3.0, 4)), demand("b", 100 * MB, job("b", 2.0, 4)),
+          demand("c", 100 * MB, job("c", 1.5, 4))]
+    out = allocate(ds, 100 * MB)  # chunks 60 MB, 40 MB left: all of it to a
+    assert [(out[k].budget, out[k].retain) for k in "abc"] == [(20 * MB, 40 * MB), (20 * MB, 0), (20 * MB, 0)]
+    assert "keeps 40.0 MB" in out["a"].reason
+    out = allocate(ds, 150 * MB)  # a full (100), b and c chunks (40): 10 MB left, to b
+    assert [out[k].retain for k in "abc"] == [0, 10 * MB, 0]
+    out = allocate(ds, 260 * MB)  # a and b full (upgrades come first), 40 MB left: to c
+    assert [(out[k].mode, out[k].retain) for k in "abc"] == [
+        (Mode.FULL, 0), (Mode.FULL, 0), (Mode.CHUNKED, 40 * MB)]
+    out = allocate(ds[1:], 170 * MB)  # b full, c two chunks and 50 MB kept
+    assert (out["c"].budget, out["c"].retain) == (20 * MB, 50 * MB)
+    assert sum(a.budget + a.retain for a in out.values()) <= 260 * MB
+    out = allocate(ds, 45 * MB)  # smaller chunks for c took the rest: nothing is kept
+    assert all(a.retain == 0 for a in out.values())
+    # An insensitive dataset keeps nothing, whatever is left.
+    out = allocate([demand("s", 100 * MB, job("s", 3.0)), demand("i", 100 * MB, job("i", 1.0))], 50 * MB)
+    assert (out["s"].retain, out["i"].mode, out["i"].retain) == (30 * MB, Mode.OFF, 0)
+
+
 def test_benefit_per_byte_not_benefit_decides() -> None:
     # big has more G but costs ten times as much per unit of G: the small one goes first.
     ds = [demand("big", 1000 * MB, job("x", 3.0, 8)), demand("small", 50 * MB, job("y", 2.0, 4))]
