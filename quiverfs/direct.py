@@ -493,7 +493,8 @@ class DirectReader:
         # open() and close() themselves and ~20 µs for reading a warm 110 KiB file. So a
         # file of the mount this process last read from the store, in a directory mapped
         # already, takes this path with no further calls than the store open itself
-        # (~1 µs in all: scripts/bench/direct_loader.py); everything else takes _open.
+        # (~1.3 µs over a plain open(), was ~2: docs/benchmarks.md "direct_loader.py");
+        # everything else takes _open.
         proc = self._proc
         if proc is not None and proc.pid == _pid and type(path) is str:
             files = proc.last_store
