@@ -636,6 +636,8 @@ class CoopService:
             if 0 < size <= room and content_hash not in kept:
                 kept[content_hash] = size
                 room -= size
+                if not room:
+                    break  # no file of size > 0 fits: skip the rest of a large chunk
         return kept
 
     def _is_retained(self, content_hash: bytes) -> bool:

@@ -169,14 +169,12 @@ async def one_run(datasets: list[Any], p: Params, policy: str, cache_size: int) 
             server.shutdown.set()
         window_start = start + p.warm_s
         rates = {n: sum(1 for t in done if t >= window_start) / p.measure_s for n, done in marks.items()}
-        modes = {n: alloc["datasets"][ds.dataset_id]["mode"] for n, ds in zip(p.names, datasets, strict=True)}
-        bs = {n: [j["b"] for j in alloc["datasets"][ds.dataset_id]["jobs"]]
-              for n, ds in zip(p.names, datasets, strict=True)}
-        kept = {n: alloc["datasets"][ds.dataset_id].get("retained_bytes", 0)
-                for n, ds in zip(p.names, datasets, strict=True)}
-        reasons = {n: alloc["datasets"][ds.dataset_id]["reason"] for n, ds in zip(p.names, datasets, strict=True)}
-        return {"policy": policy, "cache_size": cache_size, "rates": rates, "modes": modes, "b": bs,
-                "retained_bytes": kept, "reasons": reasons}
+        rows = {n: alloc["datasets"][ds.dataset_id] for n, ds in zip(p.names, datasets, strict=True)}
+        return {"policy": policy, "cache_size": cache_size, "rates": rates,
+                "modes": {n: row["mode"] for n, row in rows.items()},
+                "b": {n: [j["b"] for j in row["jobs"]] for n, row in rows.items()},
+                "retained_bytes": {n: row.get("retained_bytes", 0) for n, row in rows.items()},
+                "reasons": {n: row["reason"] for n, row in rows.items()}}
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
 
