@@ -568,6 +568,8 @@ class Server:
                 raise
         for url in sources:
             self._note_scheme(dataset, url)
+        if conn.fills:  # mountd reads this dataset's sources for it: have them ready
+            self.cache.warm_backends(sources)
         self._next_mount += 1
         record = MountRecord(
             self._next_mount, dataset, digest, mountpoint, pid, conn.peer.uid, time.time(), conn.id

@@ -123,6 +123,9 @@ class Cache(ChunkFills):
         options = BackendOptions(concurrency=config.remote_concurrency)
         self._factory = backend_factory or (lambda url: open_backend(url, options))
         self._backends: dict[str, Backend] = {}
+        #: Backends being opened (in a worker thread: a cloud SDK's import and client take a
+        #: few hundred ms), by key; set when the opening ends, whichever way.
+        self._opening: dict[str, trio.Event] = {}
         self._index: Index | None = None
         self._policy: EvictionPolicy | None = None
         self._lock_fd: int | None = None
@@ -466,15 +469,49 @@ class Cache(ChunkFills):
 
     # -- fills --------------------------------------------------------------------------------
 
-    def _backend(self, url: str) -> Backend:
+    async def _backend(self, url: str) -> Backend:
+        """The backend for ``url``, opened once and kept.
+
+        Opened in a worker thread: the first ``s3://`` backend imports boto3 and builds a
+        client (~0.5 s of CPU), which in mountd's trio thread would stall every read of the
+        machine. Fills that need a backend being opened wait for that opening; if it fails,
+        each tries again (and fails with its own error)."""
         try:
             key = normalize_url(url)
         except QuiverError:
             key = url
-        backend = self._backends.get(key)
-        if backend is None:
-            backend = self._backends[key] = self._factory(url)
+        while (backend := self._backends.get(key)) is None:
+            opening = self._opening.get(key)
+            if opening is not None:
+                await opening.wait()
+                continue
+            self._opening[key] = opening = trio.Event()
+            try:
+                backend = await trio.to_thread.run_sync(self._factory, url)
+                if self._closed:  # closed while it opened: nobody would close it
+                    with trio.CancelScope(shield=True):
+                        await backend.aclose()
+                    raise trio.ClosedResourceError("the cache is closed")
+                self._backends[key] = backend
+            finally:
+                del self._opening[key]
+                opening.set()
         return backend
+
+    def warm_backends(self, urls: Iterable[str]) -> None:
+        """Open the backends of ``urls`` now, in the background (a dataset was registered):
+        its first miss then does not wait for an SDK's import and client. Errors are left
+        for the first fill to meet and report."""
+        if self._nursery is None:
+            return
+        for url in urls:
+            self._nursery.start_soon(self._warm_backend, url)
+
+    async def _warm_backend(self, url: str) -> None:
+        try:
+            await self._backend(url)
+        except Exception as exc:
+            log.debug("could not open the backend of %s ahead of its first fill: %s", url, exc)
 
     async def ensure(
         self, hash: bytes, size: int, location: Location, dataset: str | None = None,
@@ -749,7 +786,7 @@ class Cache(ChunkFills):
         its offset, the digest row lies about the size, and the answer is the one a warm cache
         gives for a lying row (:class:`CorruptObject`, a verify failure: EIO), not "raise
         --cache-size". Otherwise :class:`CacheFull` (ENOSPC)."""
-        info = await self._backend(location.url).stat(location.key)
+        info = await (await self._backend(location.url)).stat(location.key)
         if location.offset + size > info.size:
             self.counters.add_verify_failure(dataset)
             error = CorruptObject(
@@ -796,7 +833,7 @@ class Cache(ChunkFills):
                     if flight.source is None and self.peers is not None:
                         path = await fill_through(self.peers, self._filler, self._backend, flight)
                     else:
-                        backend = flight.source or self._backend(flight.location.url)
+                        backend = flight.source or await self._backend(flight.location.url)
                         path = await self._filler.fill(
                             backend, flight.hash, flight.size, flight.location, flight.dataset
                         )

@@ -67,7 +67,7 @@ class ChunkFills:
     _nursery: trio.Nursery | None
     _require_open: Callable[[], Index]
     _reserve: Callable[..., Awaitable[None]]
-    _backend: Callable[[str], Backend]
+    _backend: Callable[[str], Awaitable[Backend]]
     _run_flight: Callable[[Flight], Awaitable[None]]
     _stored: Callable[[Flight, PathLike[str] | str], None]
     _failed: Callable[[Flight, Exception], None]
@@ -168,7 +168,7 @@ class ChunkFills:
                     f.demanded() if f is first else f.awaited for f in flights))
                 try:
                     results = await self._filler.fill_span(
-                        self._backend(span.url), span, first.dataset)
+                        await self._backend(span.url), span, first.dataset)
                     stored = 0
                     for member, result in zip(span.members, results, strict=True):
                         flight = by_hash[member.hash]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -118,13 +118,14 @@ def spool_file(directory: str | os.PathLike[str]) -> int:
         return fd
 
 
-async def fill_through(peers: PeerSource, filler: Filler, backend: Callable[[str], Backend],
+async def fill_through(peers: PeerSource, filler: Filler,
+                       backend: Callable[[str], Awaitable[Backend]],
                        flight: Flight) -> Path:
     """The fill of ``flight`` (mountd's own authority) with ``peers`` asked first: their bytes
     if they have them, else the bucket's within the source's turn."""
     async with peers.turn(flight.hash, flight.size) as content:
         source: Backend | SuppliedBytes
-        source = backend(flight.location.url) if content is None else content
+        source = await backend(flight.location.url) if content is None else content
         try:
             return await filler.fill(source, flight.hash, flight.size, flight.location,
                                      flight.dataset)
