@@ -694,6 +694,8 @@ class ChunkManager:
         self._cursor = 0  # next_preload's position in _order
         #: The newest fully loaded chunk (None before the first one is loaded).
         self.newest: int | None = None
+        #: A reader entered or finished a chunk since the newest became the newest.
+        self._read_since_ready = False
         for file_id in range(plan.count):
             if is_cached(file_id):
                 self._chunks[plan.chunk_of(file_id)].cached += 1
@@ -1003,6 +1005,7 @@ class ChunkManager:
         """``holder`` reads ``chunk`` now (Algorithm 1's ``informServers``)."""
         self._holders.add(holder)
         self._chunks[chunk].refs.add(holder)
+        self._read_since_ready = True
 
     def detach_chunk(self, holder: object, chunk: int) -> None:
         """``holder`` leaves ``chunk`` without having read from it (not a finish)."""
@@ -1012,6 +1015,7 @@ class ChunkManager:
         """``holder`` was given every file of ``chunk`` (``informServersDoneUsingChunk``)."""
         c = self._chunks[chunk]
         c.refs.discard(holder)
+        self._read_since_ready = True
         if c.state is not ChunkState.IDLE:
             if c.first_done is None:
                 c.first_done = now
@@ -1051,14 +1055,15 @@ class ChunkManager:
         2. The loading chunk, once every file is cached or failed (and no chunk is marked),
            becomes the newest (:class:`ChunkReady`) and the previous newest is marked for
            eviction — evicted at once (step 1 again) if no holder reads it.
-        3. While a reader is attached and a slot is free, the next chunk starts loading.
+        3. While a reader is attached and a slot is free, the next chunk starts loading
+           (after the first, only while readers read: :meth:`_reading`).
         """
         actions: list[Action] = []
         self._evict_marked(now, actions)
         if self._promote(actions):
             self._evict_marked(now, actions)
         busy = len(self.resident()) + (self.loading is not None)
-        if self.loading is None and self._holders and busy < self.slots:
+        if self.loading is None and self._holders and busy < self.slots and self._reading():
             if not self.planned:
                 self.plan_next()
             if not self.planned:
@@ -1088,8 +1093,19 @@ class ChunkManager:
         chunk.failed.clear()
         self._order, self._cursor = [], 0
         self.newest, self.loading = self.loading, None
+        self._read_since_ready = False
         actions.append(ChunkReady(self.dataset, self.newest))
         return True
+
+    def _reading(self) -> bool:
+        """Whether the next chunk may load: before the first, always (a job's first chunk is
+        ready when it starts reading); after, while a reader is on some chunk or has entered
+        or finished one since the newest became the newest. Otherwise the next chunk's
+        arrival would mark the newest and evict it unread, and the one after would do the
+        same to it: a session opened but not claiming yet made mountd load and evict chunk
+        after chunk."""
+        return (self.newest is None or self._read_since_ready
+                or any(c.refs for c in self._chunks))
 
     def _evict_marked(self, now: float, actions: list[Action]) -> None:
         for index, chunk in enumerate(self._chunks):

@@ -190,6 +190,41 @@ def test_lifecycle_load_mark_evict_then_load_the_third():
     check_invariants(manager)
 
 
+@pytest.mark.parametrize("slots", [2, 3])
+def test_a_reader_that_has_not_started_gets_one_chunk_not_a_cycle_of_them(slots):
+    """A session opened but not claiming yet: its first chunk loads, and then nothing, where
+    each next chunk used to mark the newest and evict it unread, round after round."""
+    manager, cache, plan = make_manager(slots=slots)
+    job = object()
+    manager.attach(job)
+    [preload] = manager.tick(0.0)
+    cache.fill(preload.ids)
+    assert manager.tick(1.0) == [ChunkReady("ds", 0)]
+    for t in range(2, 50):
+        assert manager.tick(float(t)) == []
+    assert manager.newest == 0 and manager.loading is None and len(cache.ids) == plan.size_of(0)
+    # The job starts reading: the next chunk loads while it reads the first.
+    manager.reference(job, manager.entry_chunk())
+    [preload1] = manager.tick(50.0)
+    assert isinstance(preload1, Preload) and preload1.chunk != 0
+    cache.fill(preload1.ids)
+    assert manager.tick(51.0)[0] == ChunkReady("ds", preload1.chunk)
+    assert manager.state(0) is ChunkState.MARKED and manager.refs(0) == {job}
+    check_invariants(manager)
+
+
+def test_a_reader_entering_another_chunk_than_the_newest_lets_loading_go_on():
+    manager, cache, plan = make_manager()
+    job = object()
+    manager.attach(job)
+    cache.fill(manager.tick(0.0)[0].ids)
+    assert manager.tick(1.0) == [ChunkReady("ds", 0)]
+    assert manager.tick(2.0) == []
+    manager.reference(job, 3)  # it has read the newest's files elsewhere
+    [preload] = manager.tick(3.0)
+    assert isinstance(preload, Preload)
+
+
 def test_three_slots_preload_the_next_chunk_while_the_marked_one_drains():
     manager, cache, plan = make_manager(slots=3)
     job = object()
