@@ -491,7 +491,7 @@ class Cache(ChunkFills):
                 if self._closed:  # closed while it opened: nobody would close it
                     with trio.CancelScope(shield=True):
                         await backend.aclose()
-                    raise trio.ClosedResourceError("the cache is closed")
+                    raise CacheClosed("the cache closed while a backend opened")
                 self._backends[key] = backend
             finally:
                 del self._opening[key]
