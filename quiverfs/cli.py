@@ -269,6 +269,7 @@ def stats(
         if "cluster" in raw:  # docs/cluster.md
             report["cluster"] = raw["cluster"]
         report["allocation"] = raw.get("allocation")  # absent from an older mountd
+        report["sources"] = raw.get("sources", {})  # absent from an older mountd
         mounts = client.ls()["mounts"]
     # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
     report["mounts"] = mount_stats(mounts)
@@ -279,11 +280,14 @@ def stats(
             print_allocation,
             print_cluster,
             print_mounts,
+            print_sources,
             print_stats,
             print_users,
         )
 
         print_stats(report)
+        if report["sources"]:
+            print_sources(report["sources"])
         if report["allocation"] and report["allocation"].get("datasets"):
             print_allocation(report["allocation"])
         if "cluster" in report:

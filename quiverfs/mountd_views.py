@@ -206,6 +206,25 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
     console.print("  " + "; ".join(notes) + ".", style="dim")
 
 
+def print_sources(sources: Mapping[str, Any], console: Console | None = None) -> None:
+    """Each remote source mountd opened: its requests, bytes read, retries and failures, and
+    how reads reach it where there is a choice (S3: ``direct``, or ``boto3`` when the direct
+    path was never set up or handed over; docs/backends.md "S3 reads")."""
+    console = console or _console()
+    table = Table(title="mountd: sources", title_justify="left")
+    for column in ("source", "reads", "requests", "bytes read", "retries", "failures"):
+        table.add_column(column, justify="left" if column in ("source", "reads", "requests",
+                                                              "failures") else "right")
+    for url, row in sorted(sources.items()):
+        failures = row.get("failures") or {}
+        table.add_row(
+            url, row.get("reads") or "-", _requests(row.get("requests") or {}),
+            human_bytes(row.get("bytes_read", 0)), str(row.get("retries", 0)),
+            ", ".join(f"{kind} {n}" for kind, n in sorted(failures.items())) or "-",
+        )
+    console.print(table)
+
+
 def _float(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 

@@ -636,6 +636,8 @@ class Server:
             "counters": self.cache.counters.snapshot(),
             "users": self.users.snapshot(self.cache.charges.snapshot(self.users.by_uid)),
             "schemes": self._schemes_json(),
+            # Each remote source opened: requests, retries, failures, how reads go.
+            "sources": self.cache.backend_counters(),
             # Layout problems found at registration (a packed chunk too large for the cache).
             "warnings": sorted(self.coop.warnings.values()) if self.coop is not None else [],
             "server": {

@@ -1446,13 +1446,15 @@ class Cache(ChunkFills):
         }
 
     def backend_counters(self) -> dict[str, dict]:
-        """Raw counters of each backend opened so far (includes retries and failures)."""
+        """Each backend opened so far (``stats``' ``sources``): its requests by kind, bytes
+        read, retries, failures by class, and how its reads go (:meth:`Backend.read_path`)."""
         return {
             url: {
                 "requests": dict(b.counters.requests),
                 "bytes_read": b.counters.bytes_read,
                 "retries": b.counters.retries,
                 "failures": dict(b.counters.failures),
+                "reads": b.read_path(),
             }
             for url, b in self._backends.items()
         }

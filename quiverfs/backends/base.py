@@ -281,6 +281,11 @@ class Backend(ABC):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    def read_path(self) -> str | None:
+        """How reads reach the store, for a backend that has more than one way (``quiverfs
+        stats`` shows it); None: one way only."""
+        return None
+
     def is_temp_failure(self, exc: BaseException) -> bool:
         """True when ``exc`` (ours or the SDK's) is worth retrying."""
         return isinstance(self._classify(exc, ""), TemporaryFailure)

@@ -248,6 +248,11 @@ class S3Backend(Backend):
     def _full_key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def read_path(self) -> str:
+        """``"direct"`` (:class:`DirectGet`) or ``"boto3"`` (never set up, or boto3 took over
+        after an answer the direct path did not know)."""
+        return "boto3" if self.direct is None else "direct"
+
     def _list_page(self, prefix: str, token: str | None) -> tuple[list[ObjectInfo], str | None]:
         # The root prefix gets its "/" even when ``prefix`` is empty, so that
         # s3://b/train never lists s3://b/train2/...

@@ -217,8 +217,9 @@ async def test_an_unfamiliar_answer_hands_reads_to_boto3(open_at: OpenAt, script
 
     scripted.script = redirect_all_but_boto3
     backend = _open_scripted(open_at, scripted)
+    assert backend.read_path() == "direct"
     assert await backend.read_range("k", 5, 10) == DATA[5:15]
-    assert backend.direct is None
+    assert backend.direct is None and backend.read_path() == "boto3"
     assert await backend.read_range("k", 0, 4) == DATA[:4]
     assert [is_boto3(s.headers) for s in scripted.seen] == [False, True, True]
     assert backend.counters.requests["GET"] == 2

@@ -58,6 +58,10 @@ async def test_one_opening_in_a_thread_serves_every_waiting_fill(tmp_path: Path,
         assert sorted(Path(p).read_bytes() for p in paths) == sorted(o.data for o in objs)
         assert factory.calls == 1 and len(factory.made) == 1 and factory.gets() == 3
         assert threading.get_ident() not in factory.threads
+        [(url, row)] = cache.backend_counters().items()
+        assert url == objs[0].location.url and row["requests"] == {"GET": 3}
+        assert row["bytes_read"] == sum(o.size for o in objs)
+        assert (row["retries"], row["failures"], row["reads"]) == (0, {}, None)
 
 
 async def test_a_failed_opening_fails_its_fill_and_the_next_fill_opens_again(
@@ -107,6 +111,9 @@ async def test_register_warms_the_dataset_sources(tmp_path: Path, source: Source
             assert answer["ok"], answer
             await wait_until(lambda: len(factory.made) == 1, what="the source's backend")
             assert factory.made[0].url == obj.location.url and factory.gets() == 0
+            sources = server.stats_snapshot()["sources"]
+            assert sources == {obj.location.url: {"requests": {}, "bytes_read": 0, "retries": 0,
+                                                  "failures": {}, "reads": None}}
 
 
 async def _append(out: list[str], call) -> None:
