@@ -111,13 +111,17 @@ async def run_job(client: Any, server: Any, ds: Any, name: str, compute_s: float
         buffer: list[tuple[int, bool]] = []
         async with send:
             while True:
-                if len(buffer) < p.batch_size:
+                # Full batches across claims, as the shim's sampler makes them (a claim in a
+                # chunk's last files gives only those); a short batch only at the epoch's end.
+                while len(buffer) < p.batch_size:
                     claim = await client.claim(ds.dataset_id, name, 0, 4 * p.batch_size, epoch=epoch)
                     ids = [(i, False) for i in claim["hits"]] + [(i, True) for i in claim["fetch"]]
-                    if not ids and not buffer:
-                        epoch += 1
-                        continue
+                    if not ids:
+                        break  # this epoch is given out
                     buffer.extend(ids)
+                if not buffer:
+                    epoch += 1
+                    continue
                 batch, buffer = buffer[: p.batch_size], buffer[p.batch_size:]
                 read: list[bytes] = []  # from the store: reported as hits, as the direct loader does
                 nbytes = 0
@@ -138,7 +142,7 @@ async def run_job(client: Any, server: Any, ds: Any, name: str, compute_s: float
         last = trio.current_time()
         while trio.current_time() < stop_at:
             files, misses = await receive.receive()
-            await trio.sleep(compute_s)
+            await trio.sleep(compute_s * files / p.batch_size)  # a short batch computes less
             now = trio.current_time()
             await client.report_batch(ds.dataset_id, name, 0, now - last, files=files, misses=misses)
             last = now
