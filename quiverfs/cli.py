@@ -252,7 +252,7 @@ def stats(
         help="Price no egress (this machine is in the buckets' region, where egress is free).",
     ),
 ) -> None:
-    """Show mountd's counters, hit ratio and what the cache saved in requests, bytes and money, and what each local user asked of it.
+    """Show mountd's counters, hit ratio and what the cache saved in requests, bytes and money, each remote source's requests, retries and failures, and what each local user asked of it.
 
     Costs follow DELI's model (requests x price + bytes x egress) with the list prices in mountd/stats/costs.py (docs/operations.md names the date and sources).
 

@@ -9,8 +9,8 @@ botocore's own retries are switched off (``total_max_attempts=1``): the base cla
 its deadline, and two retry layers would multiply.
 
 Ranged reads go out through :class:`DirectGet` where it can be set up: the request boto3's
-``get_object`` would send, signed by botocore's SigV4 signer and sent on the client's own HTTP
-session, without boto3's per-call pipeline (docs/backends.md "S3 reads").
+``get_object`` would send, signed by quiverfs/backends/s3_sign.py and sent on the client's own
+HTTP session, without boto3's per-call pipeline (docs/backends.md "S3 reads").
 """
 
 from __future__ import annotations
@@ -126,6 +126,11 @@ class UnfamiliarAnswer(Exception):
     in :data:`ERROR_TABLE`): the caller asks the client, whose handling decides."""
 
 
+def _byte_range(offset: int, length: int) -> str:
+    """The ``Range`` header of ``length > 0`` bytes at ``offset``."""
+    return f"bytes={offset}-{offset + length - 1}"
+
+
 def _within_range(status: int, body: bytes, offset: int, length: int) -> bytes:
     """The requested part of a successful answer: a store that ignores ``Range`` answers 200
     with the whole object."""
@@ -206,7 +211,7 @@ class DirectGet:
         as boto3 would, and :class:`UnfamiliarAnswer` for any other answer.
         """
         path = self._base_path + quote(full_key, safe="/~")
-        headers = self.signer.headers(self._host, path, f"bytes={offset}-{offset + length - 1}")
+        headers = self.signer.headers(self._host, path, _byte_range(offset, length))
         answer = self.http_session.send(
             AWSPreparedRequest("GET", self._origin + path, headers, None, False))
         status, body = answer.status_code, answer.content
@@ -304,7 +309,7 @@ class S3Backend(Backend):
 
     def _client_read(self, full_key: str, offset: int, length: int) -> bytes:
         answer = self.client.get_object(
-            Bucket=self.bucket, Key=full_key, Range=f"bytes={offset}-{offset + length - 1}"
+            Bucket=self.bucket, Key=full_key, Range=_byte_range(offset, length)
         )
         with answer["Body"] as body:
             data = body.read()
