@@ -260,7 +260,19 @@ class World:
             )
         wait_for(lambda: probe(self.cache_dir, timeout=1.0) is not None, "mountd to answer",
                  alive=lambda: self._died(self.mountd, "mountd", self.mountd_log))
-        with open(self.mount_log, "wb") as log:
+        self._start_mount("wb")
+
+    def remount(self) -> None:
+        """Unmount and mount again on the same mountd and cache: a fresh mount process and an
+        empty kernel page cache for the mount, every file still in the store (a first pass
+        through the mount that fills nothing)."""
+        force_unmount(self.mountpoint)
+        if self.mount is not None:
+            stop_process(self.mount, STOP_TIMEOUT)
+        self._start_mount("ab")  # after the first mount's log
+
+    def _start_mount(self, log_mode: str) -> None:
+        with open(self.mount_log, log_mode) as log:
             self.mount = subprocess.Popen(
                 quiverfs_cmd("mount", "--foreground", "--cache-dir", str(self.cache_dir),
                              *self.mount_args, str(self.dataset.digest), str(self.mountpoint)),
