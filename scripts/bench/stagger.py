@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--compute-b", type=float, default=0.04, help="job B's seconds per mini-batch")
     parser.add_argument("--epochs", type=int, default=2)
     # K: 6 of the 30 mini-batches a job has per epoch left the waits far from their steady
-    # state (A's W 3-6 ms at K=6, 17-18 at 12, 24-25 at 20; docs/benchmarks.md "stagger.py").
+    # state (A's W 3-20 ms at K=6, 17-21 at 12, 24-25 at 20; docs/benchmarks.md "stagger.py").
     parser.add_argument("--iters", type=int, default=12, help="calibration mini-batches per pass (K)")
     parser.add_argument("--step", type=float, default=10.0, help="stagger step in percent")
     parser.add_argument("--tolerance", type=float, default=1.0,
