@@ -869,15 +869,6 @@ class Cache(ChunkFills):
         if flight.awaited and flight.waiting:
             self._landing[flight.hash] = flight  # until its readers have the path
         self._tell("filled", lambda listener: listener.filled(flight.hash))
-        if flight.awaited and self.peers is not None:
-            # Readers wait for it and answer its path in a moment: hold it until they do.
-            # Most recent, LRU would not evict it; an order that puts other files first (a
-            # cluster's keep_last) could. Only there: alone, a hold from landing made a
-            # small cache's fills wait for holds to age out (HOLD_SECONDS each), and
-            # shim_vs_lru.py at 600 files went from 1.33 to 2.3-3.1 remote datasets per
-            # epoch and from 1.03x to 1.7-2.2x the all-hit mini-batch time (bisected to
-            # 5ee11d2, 2026-11-27).
-            self.holds.hold(flight.hash, flight.size)
         if self._nursery is None or self.index.pending >= GROUP_COMMIT_ROWS:
             self._flush_index()
         else:
