@@ -773,7 +773,8 @@ class SessionRegistry:
         timings = self._timings_of((dataset, job))
         timings.batches += 1
         timings.recent.append(value)
-        if timings.on_batch(value, now, None if files is None else (files, misses)):
+        cached = self._modes[dataset] in (Mode.FULL, Mode.CHUNKED)
+        if timings.on_batch(value, now, None if files is None else (files, misses), cached=cached):
             log.info("dataset %s: job %s measured: t_hit %s, t_miss %s", dataset, job,
                      timings.t_hit, timings.t_miss)
         if self.benefit_aware and benefit_moved(timings.allocated_b, timings.benefit(job).b):

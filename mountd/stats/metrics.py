@@ -190,7 +190,7 @@ def _allocation(out: _Writer, allocation: dict[str, Any]) -> None:
             job_labels = {**labels, "job": str(job.get("job"))}
             for key, name, help_text in (
                 ("t_hit", "quiverfs_job_hit_batch_seconds", "Median mini-batch time on hits."),
-                ("t_miss", "quiverfs_job_miss_batch_seconds", "Median mini-batch time on misses."),
+                ("t_miss", "quiverfs_job_miss_batch_seconds", "Mean mini-batch time on misses."),
                 ("b", "quiverfs_job_benefit", "b = t_miss / t_hit."),
                 ("g", "quiverfs_job_gpu_benefit", "g = b x GPUs (world size)."),
             ):

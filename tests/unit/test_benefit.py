@@ -21,7 +21,7 @@ from mountd.coop.benefit import (
 )
 from mountd.coop.chunks import Mode
 from mountd.coop.sessions import SessionRegistry
-from mountd.coop.timings import JobTimings, classify_batch
+from mountd.coop.timings import COLD_MISS_SAMPLES, JobTimings, classify_batch
 from mountd.errors import InvalidRequest
 
 MB = 1_000_000
@@ -158,6 +158,44 @@ def test_after_a_probe_only_probes_refresh_t_miss() -> None:
         t.on_batch(0.11, 3.0, (8, 8))
     assert t.t_miss == pytest.approx(0.5)
     assert t.benefit("j").b == pytest.approx(5.0)
+
+
+def test_t_miss_is_the_mean_so_a_claims_wait_on_its_first_batch_counts() -> None:
+    # A claim's misses are fetched together: its first batch waits for them, the next three
+    # find their files landed. The median of such samples is hit-fast (b = 1); the mean is
+    # the time per batch the job averages without the cache.
+    t = JobTimings(16)
+    for _ in range(HIT_SAMPLES):
+        t.on_batch(0.1, 0.0, (8, 0))
+    for _ in range(2):
+        for seconds in (0.9, 0.1, 0.1, 0.1):
+            t.on_batch(seconds, 0.0, (8, 8))
+    assert t.t_miss == pytest.approx(0.3)
+    assert t.benefit("j").b == pytest.approx(3.0)
+
+
+def test_a_cached_datasets_natural_misses_count_only_for_its_cold_start() -> None:
+    t = JobTimings(16)
+    for _ in range(HIT_SAMPLES):
+        t.on_batch(0.1, 0.0, (8, 0), cached=True)
+    for _ in range(COLD_MISS_SAMPLES):  # the cold start: misses wait for the bucket
+        t.on_batch(0.5, 0.0, (8, 8), cached=True)
+    for _ in range(40):  # then co-operative and prefetched misses, nearly hit-fast: ignored
+        t.on_batch(0.1, 1.0, (8, 8), cached=True)
+    assert t.t_miss == pytest.approx(0.5) and len(t.miss_times) == COLD_MISS_SAMPLES
+    for _ in range(COLD_MISS_SAMPLES):  # uncached (off): every miss is a fetch, all count
+        t.on_batch(0.1, 2.0, (8, 8), cached=False)
+    assert t.t_miss == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(("mode", "counted"), [("full", COLD_MISS_SAMPLES), ("off", 40)])
+def test_report_batch_tells_the_timings_whether_the_dataset_is_cached(mode: str, counted: int) -> None:
+    reg = registry(Clock())
+    reg.add_dataset("d", [1000] * 100, budget=1 * MB, mode=mode)
+    reg.open_session("d", "j")
+    for _ in range(40):
+        reg.report_batch("d", "j", 0, 0.5, files=5, misses=5)
+    assert len(reg._timings[("d", "j")].miss_times) == counted
 
 
 def test_fixed_modes_are_kept_and_charged() -> None:
