@@ -109,7 +109,10 @@ async def test_register_warms_the_dataset_sources(tmp_path: Path, source: Source
             with trio.fail_after(5):
                 answer = await protocol.ExactReader(stream).read_frame()
             assert answer["ok"], answer
-            await wait_until(lambda: len(factory.made) == 1, what="the source's backend")
+            # The factory records a backend in the opening thread, before the cache keeps
+            # it: wait for what stats shows (waiting for the factory alone raced, under load).
+            await wait_until(lambda: server.stats_snapshot()["sources"], what="the source's backend")
+            assert len(factory.made) == 1
             assert factory.made[0].url == obj.location.url and factory.gets() == 0
             sources = server.stats_snapshot()["sources"]
             assert sources == {obj.location.url: {"requests": {}, "bytes_read": 0, "retries": 0,
