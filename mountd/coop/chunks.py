@@ -136,6 +136,13 @@ class Mode(enum.StrEnum):
     #: Not managed (does not fit and chunks would be too small). Claims still prefer hits.
     OFF = "off"
 
+    @property
+    def holds_cache(self) -> bool:
+        """Whether the mode keeps the dataset (``full``) or its chunks (``chunked``) cached
+        for it: what the allocation charges, and where a job's later natural misses are
+        prefetched or co-operative rather than fetches from the bucket."""
+        return self in (Mode.FULL, Mode.CHUNKED)
+
 
 def _chunk_bytes(
     total: int, budget: int, fraction: float, max_chunk_bytes: int | None, slots: int

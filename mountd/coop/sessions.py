@@ -487,7 +487,7 @@ class SessionRegistry:
         self._allocated_at = self.clock() if now is None else now
         if self.benefit_aware:
             held = {name: self._allocation[name].budget for name, mode in self._modes.items()
-                    if mode in (Mode.FULL, Mode.CHUNKED) and name in self._allocation}
+                    if mode.holds_cache and name in self._allocation}
             holding = sorted(held, key=lambda name: (-held[name], name))
             decided = allocate(self.demands(), budget, slots=self.chunk_slots, holding=holding)
         else:
@@ -773,8 +773,8 @@ class SessionRegistry:
         timings = self._timings_of((dataset, job))
         timings.batches += 1
         timings.recent.append(value)
-        cached = self._modes[dataset] in (Mode.FULL, Mode.CHUNKED)
-        if timings.on_batch(value, now, None if files is None else (files, misses), cached=cached):
+        if timings.on_batch(value, now, None if files is None else (files, misses),
+                            cached=self._modes[dataset].holds_cache):
             log.info("dataset %s: job %s measured: t_hit %s, t_miss %s", dataset, job,
                      timings.t_hit, timings.t_miss)
         if self.benefit_aware and benefit_moved(timings.allocated_b, timings.benefit(job).b):
