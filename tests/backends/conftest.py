@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
+from quiverfs.backends import Backend, BackendOptions, RemoteSettings, RetryPolicy, open_backend
 from quiverfs.testing.emulators import (
     MOTO_ACCESS_KEY,
     MOTO_REGION,
@@ -39,6 +39,12 @@ SCHEMES = ["file", "s3", "az", "gs"]
 
 #: More than one listing page (1,000 objects) on every store that pages.
 MANY = 1001
+
+# Retries that give up, for tests of what a caller sees when a fault outlasts the deadline. The
+# deadline counts from the first attempt, whose latency on a loaded 2-core CI machine has passed
+# 0.3 s (a fresh connection, the emulators sharing the cores): 2 s leaves room for it and short
+# sleeps still retry several times before giving up.
+GIVE_UP_SOON = RetryPolicy(deadline=2.0, initial_delay=0.01, max_delay=0.1)
 
 
 def _pattern(size: int, seed: int) -> bytes:

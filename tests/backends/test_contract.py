@@ -17,13 +17,12 @@ from quiverfs.backends import Backend, RetryPolicy
 from quiverfs.errors import NotFound, TemporaryFailure
 from quiverfs.testing.faultproxy import FaultProxy
 
-from .conftest import MANY, STANDARD_OBJECTS, OpenAt, Store
+from .conftest import GIVE_UP_SOON, MANY, STANDARD_OBJECTS, OpenAt, Store
 
 pytestmark = pytest.mark.backends
 
 UNICODE_KEY = "dir with space/naïve ☃.jpg"
 FAST_RETRY = RetryPolicy(deadline=30.0, initial_delay=0.01, max_delay=0.05)
-SHORT_DEADLINE = RetryPolicy(deadline=0.5, initial_delay=0.01, max_delay=0.05)
 
 
 async def _list(backend: Backend, prefix: str = "") -> list:
@@ -223,7 +222,7 @@ async def test_transient_fault_in_listing_is_retried(
 async def test_fault_past_deadline_raises_temporary_failure(
     store: Store, open_at: OpenAt, proxy: FaultProxy | None, mode: str
 ) -> None:
-    backend = _open_through_proxy(store, open_at, proxy, SHORT_DEADLINE)
+    backend = _open_through_proxy(store, open_at, proxy, GIVE_UP_SOON)
     if proxy is None:
         injected = _faulty_file_method(backend, "_stat", None)
     else:

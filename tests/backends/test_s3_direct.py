@@ -24,7 +24,7 @@ from quiverfs.backends.s3 import S3Backend
 from quiverfs.backends.s3_sign import host_header
 from quiverfs.errors import AccessDenied, NotFound, TemporaryFailure
 from quiverfs.testing.emulators import MOTO_ACCESS_KEY, MOTO_REGION, MOTO_SECRET_KEY, MotoEmulator
-from tests.backends.conftest import OpenAt
+from tests.backends.conftest import GIVE_UP_SOON, OpenAt
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes
 
@@ -97,8 +97,9 @@ def scripted() -> Iterator[Scripted]:
         thread.join(5)
 
 
-def _open_scripted(open_at: OpenAt, scripted: Scripted, deadline: float = 60.0) -> S3Backend:
-    options = BackendOptions(concurrency=2, timeout=5.0, retry=RetryPolicy(deadline=deadline))
+def _open_scripted(open_at: OpenAt, scripted: Scripted,
+                   retry: RetryPolicy = RetryPolicy()) -> S3Backend:
+    options = BackendOptions(concurrency=2, timeout=5.0, retry=retry)
     backend = open_at("s3://bucket/root", options, RemoteSettings(s3_endpoint_url=scripted.endpoint))
     assert isinstance(backend, S3Backend) and backend.direct is not None
     return backend
@@ -182,7 +183,7 @@ async def test_a_store_that_ignores_range_gives_the_range(open_at: OpenAt, scrip
 
 async def test_a_body_cut_short_is_a_temporary_failure(open_at: OpenAt, scripted: Scripted):
     scripted.script = lambda headers: (206, {"Content-Length": "100"}, DATA[:60])
-    backend = _open_scripted(open_at, scripted, deadline=0.3)
+    backend = _open_scripted(open_at, scripted, GIVE_UP_SOON)
     _no_boto3_reads(backend)
     with pytest.raises(TemporaryFailure, match="IncompleteReadError"):
         await backend.read_range("k", 0, 100)
@@ -199,7 +200,7 @@ async def test_error_answers_are_ours_from_one_request(
 ):
     body = f"<?xml version='1.0'?><Error><Code>{code}</Code><Message>m</Message></Error>".encode()
     scripted.script = lambda headers: (status, {"Content-Type": "application/xml"}, body)
-    backend = _open_scripted(open_at, scripted, deadline=0.2)
+    backend = _open_scripted(open_at, scripted, GIVE_UP_SOON)
     _no_boto3_reads(backend)
     with pytest.raises(error, match=f"S3 {code} \\(HTTP {status}\\)"):
         await backend.read_range("k", 0, 10)
