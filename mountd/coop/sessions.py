@@ -716,6 +716,11 @@ class SessionRegistry:
         claim = None
         if timings.probe is not None:
             claim = pool.claim_uncached(rank, n, session.rng, now)
+            if claim is None and pool.dataset.cached_total >= pool.dataset.count:
+                timings.cannot_probe(now)
+                log.info("dataset %s: job %s cannot be probed (every file cached): t_miss %s "
+                         "from its cold start", dataset, job, timings.t_miss)
+                self._allocate_due = True
         if claim is None:
             claim = pool.claim(rank, n, session.rng, session.lookahead, now)
         timings.on_claim(len(claim.hits), len(claim.fetch))

@@ -18,7 +18,9 @@ of its epoch not given yet, so exactly once holds), and its miss samples are col
 until :data:`~mountd.coop.benefit.PROBE_BATCHES` are in (or the probe times out); they then
 replace the job's miss samples, and from then on only probes refresh them (natural misses
 of a cached dataset are prefetched or co-operative, nearly as fast as hits: they measure
-the cache working, not what the job would get without it).
+the cache working, not what the job would get without it). A wholly cached dataset has
+nothing uncached to give: its job's probe ends at once and its cold start stands
+(:meth:`JobTimings.cannot_probe`).
 """
 
 from __future__ import annotations
@@ -106,10 +108,15 @@ class JobTimings:
     given: deque = field(default_factory=lambda: deque(maxlen=CLASSIFY_CLAIMS))
     probe: Probe | None = None
     probes: int = 0
-    #: Clock when ``t_miss`` was last measured (by a probe, or first from natural misses).
+    #: Clock when ``t_miss`` was last measured (by a probe, or first from natural misses), or
+    #: a probe last ended without measuring it: when the next probe is due counts from here.
     miss_measured: float | None = None
     #: True once a probe measured ``t_miss``: from then on only probes refresh it.
     probed: bool = False
+    #: True when a probe found nothing uncached to give (the dataset wholly cached: no probe
+    #: can measure the job while it stays so): ``t_miss`` then stands on the cold start's
+    #: natural misses even when fewer than :data:`MISS_SAMPLES` (:meth:`cannot_probe`).
+    cold_only: bool = False
     #: ``b`` as the last allocation saw it (None: not measured then).
     allocated_b: float | None = None
     #: The most files a report said its batch had: the job's batch size, to which a shorter
@@ -163,7 +170,7 @@ class JobTimings:
             return False
         if read is not None and 0 < read[0] < self.batch_files:
             seconds = seconds * self.batch_files / read[0]
-        was = len(self.hit_times) >= HIT_SAMPLES and len(self.miss_times) >= MISS_SAMPLES
+        was = self.measured
         if kind == "hit":
             self.hit_times.append(seconds)
         elif self.probe is not None:
@@ -181,7 +188,12 @@ class JobTimings:
             self.miss_times.append(seconds)
             if self.miss_measured is None and len(self.miss_times) >= MISS_SAMPLES:
                 self.miss_measured = now
-        return not was and len(self.hit_times) >= HIT_SAMPLES and len(self.miss_times) >= MISS_SAMPLES
+        return not was and self.measured
+
+    @property
+    def measured(self) -> bool:
+        """Both ``t_hit`` and ``t_miss`` known: the job has a ``b``."""
+        return self.t_hit is not None and self.t_miss is not None
 
     @property
     def t_hit(self) -> float | None:
@@ -194,16 +206,29 @@ class JobTimings:
         batches after it find their files landed: one slow sample, then hit-fast ones. Their
         median gave two of three sensitive jobs ``b`` 0.99–1.16 at a 90% cache, jobs that
         the cache makes 65x faster (benefit_aware.py, 2026-11-28). The mean is the time per
-        batch the job averages without the cache, which is what its throughput follows."""
-        if len(self.miss_times) < MISS_SAMPLES:
+        batch the job averages without the cache, which is what its throughput follows.
+
+        Known from :data:`MISS_SAMPLES` samples, or from any after :meth:`cannot_probe`."""
+        if len(self.miss_times) < (1 if self.cold_only else MISS_SAMPLES):
             return None
         return sum(self.miss_times) / len(self.miss_times)
 
     def probe_due(self, now: float, period: float) -> bool:
-        """Whether to start a probe now: ``t_hit`` known, ``t_miss`` unknown or ``period`` old."""
+        """Whether to start a probe now: ``t_hit`` known, and ``t_miss`` unknown or ``period``
+        old; a probe that ended without settling ``t_miss`` (too few samples, or nothing
+        uncached to give) is tried again :data:`PROBE_MAX_S` later, not at the next claim.
+
+        A ``t_miss`` from the cold start waits its period too, although a chunked dataset's
+        cold misses ride on other jobs' fills and understate it: probing every job as soon as
+        its ``t_hit`` is known cost the chunked datasets of benefit_aware.py 2-7% at 15% and
+        30% (a probe's uncached files come from outside the loaded chunks, fetched for one
+        job at the bucket's pace; 2026-11-28), more than the better ``b`` gained."""
         if self.probe is not None or self.t_hit is None:
             return False
-        return self.t_miss is None or self.miss_measured is None or now - self.miss_measured >= period
+        if self.miss_measured is None:
+            return True
+        wait = period if self.t_miss is not None else min(period, PROBE_MAX_S)
+        return now - self.miss_measured >= wait
 
     def start_probe(self, now: float) -> None:
         self.probe = Probe(now)
@@ -221,6 +246,20 @@ class JobTimings:
             self.probed = True
         self.miss_measured = now
         return True
+
+    def cannot_probe(self, now: float) -> None:
+        """End the probe at once: its dataset has no uncached file to give (wholly cached).
+        Quiver probes by rejecting cache lookups; ours gives uncached files, so a wholly
+        cached dataset's job (a small dataset that a ``full`` mode loaded before the job
+        read it) can only be measured by its cold start: the first claim's batches, of which
+        the shim reports all but the first (start-up), fewer than :data:`MISS_SAMPLES`.
+        Without this its ``b`` stayed unknown, counted at the assumed 2.0, and kept an
+        insensitive dataset cached (benefit_aware.py with datasets of 1200, 600 and 60
+        files, 2026-11-28). The next probe is due after the period, or after
+        :data:`PROBE_MAX_S` if the job has no miss sample at all."""
+        self.probe = None
+        self.cold_only = True
+        self.miss_measured = now
 
     def benefit(self, job: str) -> JobBenefit:
         """The job's measured times as the allocator sees them."""

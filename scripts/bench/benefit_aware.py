@@ -36,6 +36,14 @@ probes run then), then measures ``measure_s``.
 
 With ``--repeats N`` every cell runs N times (the cells interleaved, so a slow spell of the
 machine spreads over all of them) and the table and the verdict use each cell's median run.
+
+The default datasets are equal (240 files each), so the jobs' epochs differ as their compute
+does (200x): the cache's LRU then keeps the files of the fastest jobs, benefit order by
+recency, and at 90% every policy caches the same files. ``--files`` and ``--compute`` set
+the datasets' sizes and the jobs' compute, e.g. the paper's regime, where epochs are
+comparable and recency cannot tell the datasets apart (docs/benchmarks.md):
+
+    .venv/bin/python scripts/bench/benefit_aware.py --files 1200 600 60 --compute 0.03 0.15 1.5
 """
 
 from __future__ import annotations
@@ -64,7 +72,8 @@ from mountd.store.cache import CacheConfig  # noqa: E402
 
 @dataclass(frozen=True)
 class Params:
-    files: int = 240
+    #: files of each dataset: sensitive, medium, insensitive
+    files: tuple[int, int, int] = (240, 240, 240)
     file_size: int = 16 * 1024
     batch_size: int = 8
     #: compute seconds per mini-batch of the three jobs: sensitive, medium, insensitive
@@ -203,6 +212,8 @@ def main() -> None:
     parser.add_argument("--warm", type=float, help="warm-up seconds per run")
     parser.add_argument("--measure", type=float, help="measured seconds per run (with --warm)")
     parser.add_argument("--policies", nargs="+", choices=("benefit", "budget", "budget-rev", "lru"))
+    parser.add_argument("--files", type=int, nargs=3, help="files of each dataset (sens, med, insens)")
+    parser.add_argument("--compute", type=float, nargs=3, help="compute s per batch (sens, med, insens)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs per cell, interleaved; the table and verdict use each cell's "
                              "median (one run's spread is larger than the differences judged)")
@@ -218,10 +229,14 @@ def main() -> None:
         p = replace(p, fractions=tuple(args.fractions))
     if args.policies:
         p = replace(p, policies=tuple(args.policies))
-    datasets = [make_dataset(DatasetSpec(files=p.files, file_size=p.file_size, classes=4, seed=100 + i))
-                for i in range(3)]
+    if args.files:
+        p = replace(p, files=tuple(args.files))
+    if args.compute:
+        p = replace(p, compute_s=tuple(args.compute))
+    datasets = [make_dataset(DatasetSpec(files=n, file_size=p.file_size, classes=4, seed=100 + i))
+                for i, n in enumerate(p.files)]
     total = sum(d.total_bytes for d in datasets)
-    print(f"[benefit] 3 datasets of {datasets[0].total_bytes / 1e6:.1f} MB; bucket "
+    print(f"[benefit] datasets of {', '.join(f'{d.total_bytes / 1e6:.1f}' for d in datasets)} MB; bucket "
           f"{p.bandwidth / 1e6:.1f} MB/s; jobs compute {p.compute_s} s per batch of {p.batch_size}",
           flush=True)
     results = []

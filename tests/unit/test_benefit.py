@@ -12,6 +12,8 @@ from mountd.coop.benefit import (
     KEEP_FACTOR,
     MISS_SAMPLES,
     PROBE_BATCHES,
+    PROBE_MAX_S,
+    PROBE_PERIOD,
     DatasetDemand,
     JobBenefit,
     allocate,
@@ -319,6 +321,75 @@ def test_a_probe_gives_only_uncached_files() -> None:
         reg.report_batch("d", "j", 0, 0.1 if not claim.fetch else 0.5)
     assert len(probing_claims) >= PROBE_BATCHES
     assert all(not c.hits and all(i >= 1000 for i in c.fetch) for c in probing_claims)
+
+
+def test_a_cold_start_t_miss_waits_a_period_for_its_probe() -> None:
+    t = JobTimings(16)
+    for _ in range(HIT_SAMPLES):
+        t.on_batch(0.1, 0.0, (8, 0), cached=True)
+    assert t.probe_due(0.5, PROBE_PERIOD)  # t_hit known, t_miss not
+    for _ in range(MISS_SAMPLES):
+        t.on_batch(0.15, 1.0, (8, 8), cached=True)
+    assert t.t_miss == pytest.approx(0.15)
+    assert not t.probe_due(1.0 + PROBE_PERIOD - 1, PROBE_PERIOD)
+    assert t.probe_due(1.0 + PROBE_PERIOD, PROBE_PERIOD)
+
+
+def test_a_probe_that_settles_nothing_is_retried_after_a_while_not_at_every_claim() -> None:
+    t = JobTimings(16)
+    for _ in range(HIT_SAMPLES):
+        t.on_batch(0.1, 0.0, (8, 0))
+    t.start_probe(1.0)
+    t.on_batch(0.5, 2.0, (8, 8))  # one sample: too few
+    assert t.finish_probe(1.0 + PROBE_MAX_S) and t.t_miss is None
+    assert not t.probe_due(1.0 + 2 * PROBE_MAX_S - 1, PROBE_PERIOD)
+    assert t.probe_due(1.0 + 2 * PROBE_MAX_S, PROBE_PERIOD)
+
+
+def test_a_wholly_cached_datasets_job_is_measured_by_its_cold_start() -> None:
+    # A small dataset that ``full`` loaded before its job read it: nothing uncached is left
+    # to probe with. The cold start's misses (the shim reports all of the first claim's
+    # batches but the first: fewer than MISS_SAMPLES) give t_miss; the probe ends at once.
+    clock = Clock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 100, budget=1 * MB, cached=range(100))
+    reg.open_session("d", "j")
+    for _ in range(MISS_SAMPLES - 1):
+        reg.report_batch("d", "j", 0, 1.5, files=8, misses=8)
+    for _ in range(HIT_SAMPLES):
+        reg.report_batch("d", "j", 0, 1.4, files=8, misses=0)
+    timings = reg._timings[("d", "j")]
+    assert timings.t_miss is None and reg.benefits("d")[0][0].b is None
+    reg.allocate(1 * MB)
+    claim = reg.claim("d", "j", 0, 8)
+    assert len(claim.hits) == 8 and not claim.fetch  # a normal claim: the probe found nothing
+    assert timings.probes == 1 and timings.probe is None and reg.allocation_due()
+    (benefit, probes), = reg.benefits("d")
+    assert benefit.t_miss == pytest.approx(1.5) and benefit.b == pytest.approx(1.5 / 1.4)
+    for _ in range(20):  # not probed again at every claim
+        clock.now += 1.0
+        reg.claim("d", "j", 0, 8)
+    assert timings.probes == 1
+    clock.now += PROBE_PERIOD
+    reg.claim("d", "j", 0, 8)
+    assert timings.probes == 2 and timings.probe is None and timings.t_miss == pytest.approx(1.5)
+
+
+def test_a_job_with_no_miss_sample_at_all_is_not_probed_at_every_claim() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 100, budget=1 * MB, cached=range(100))
+    reg.open_session("d", "j")
+    for _ in range(HIT_SAMPLES):
+        reg.report_batch("d", "j", 0, 0.1, files=8, misses=0)
+    for _ in range(30):
+        clock.now += 1.0
+        reg.claim("d", "j", 0, 8)
+    timings = reg._timings[("d", "j")]
+    assert timings.probes == 1 and timings.t_miss is None
+    clock.now += PROBE_MAX_S
+    reg.claim("d", "j", 0, 8)
+    assert timings.probes == 2
 
 
 def test_allocation_is_re_evaluated_when_jobs_join_and_leave() -> None:
