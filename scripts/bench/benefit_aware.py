@@ -220,6 +220,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats < 1:
         raise SystemExit("--repeats must be >= 1")
+    if args.files and (min(args.files) < 1 or sum(args.files) < 100):
+        raise SystemExit("--files must be >= 1 each and >= 100 together (the no-cache baseline "
+                         "is a cache of 1% of the three, which must hold a file)")
+    if args.compute and min(args.compute) < 0:
+        raise SystemExit("--compute must be >= 0 each")
     p = Params()
     if args.quick:
         p = Params(fractions=(0.3,), warm_s=25.0, measure_s=12.0)
