@@ -36,6 +36,7 @@ from mountd.coop.benefit import (
     allocate,
     allocate_in_order,
     benefit_moved,
+    could_be_full,
 )
 from mountd.coop.chunks import (
     DEFAULT_GRACE,
@@ -232,6 +233,9 @@ class SessionRegistry:
         self.reallocate_interval = REALLOCATE_INTERVAL
         self._allocation: dict[str, Allocation] = {}
         self._allocate_due = True  # a job arrived or left, or a probe ended
+        #: Datasets whose cold-measured jobs are probed at once: a larger ``b`` could make
+        #: them ``full`` (mountd.coop.benefit.could_be_full, as of the last allocation).
+        self._probe_early: set[str] = set()
         self._allocated_at: float | None = None
 
     # -- datasets ------------------------------------------------------------------------------
@@ -398,6 +402,7 @@ class SessionRegistry:
         del self._modes[dataset]
         del self._registrations[dataset]
         self._allocation.pop(dataset, None)
+        self._probe_early.discard(dataset)
         self._allocate_due = True
 
     def dataset(self, dataset: str) -> DatasetState:
@@ -489,7 +494,10 @@ class SessionRegistry:
             held = {name: self._allocation[name].budget for name, mode in self._modes.items()
                     if mode.holds_cache and name in self._allocation}
             holding = sorted(held, key=lambda name: (-held[name], name))
-            decided = allocate(self.demands(), budget, slots=self.chunk_slots, holding=holding)
+            demands = self.demands()
+            decided = allocate(demands, budget, slots=self.chunk_slots, holding=holding)
+            self._probe_early = could_be_full(demands, decided, budget, slots=self.chunk_slots,
+                                              holding=holding)
         else:
             decided = allocate_in_order(self.demands(), budget, slots=self.chunk_slots)
         for key in self._jobs:
@@ -727,10 +735,14 @@ class SessionRegistry:
         return claim
 
     def _probe_may_start(self, entry: _Job, timings: JobTimings, now: float) -> bool:
-        """A probe starts when the job is due (:meth:`JobTimings.probe_due`), its dataset's
-        mode is the allocator's, and no other job of the dataset is being probed (one slowed
-        job at a time)."""
-        if self._registrations[entry.dataset].fixed or not timings.probe_due(now, self.probe_period):
+        """A probe starts when the job is due (:meth:`JobTimings.probe_due`, or
+        :meth:`JobTimings.early_probe_due` when a larger ``b`` could make its dataset
+        ``full``), its dataset's mode is the allocator's, and no other job of the dataset is
+        being probed (one slowed job at a time)."""
+        if self._registrations[entry.dataset].fixed:
+            return False
+        if not timings.probe_due(now, self.probe_period) and not (
+                entry.dataset in self._probe_early and timings.early_probe_due()):
             return False
         return not any(
             key[0] == entry.dataset and (t := self._timings.get(key)) is not None and t.probe is not None

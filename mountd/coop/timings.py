@@ -12,7 +12,8 @@ median of the hit samples, ``t_miss`` the mean of the miss samples (a claim's wa
 its first batch: :attr:`JobTimings.t_miss`).
 
 **Probes.** A job whose ``t_hit`` is known but whose ``t_miss`` is not (or was measured
-:data:`~mountd.coop.benefit.PROBE_PERIOD` ago) is probed: for a while its claims give only
+:data:`~mountd.coop.benefit.PROBE_PERIOD` ago, or only by its cold start while a larger ``b``
+could make its dataset ``full``: :meth:`JobTimings.early_probe_due`) is probed: for a while its claims give only
 uncached unread files (:meth:`mountd.coop.claims.EpochPool.claim_uncached`; still files
 of its epoch not given yet, so exactly once holds), and its miss samples are collected apart
 until :data:`~mountd.coop.benefit.PROBE_BATCHES` are in (or the probe times out); they then
@@ -229,6 +230,13 @@ class JobTimings:
             return True
         wait = period if self.t_miss is not None else min(period, PROBE_MAX_S)
         return now - self.miss_measured >= wait
+
+    def early_probe_due(self) -> bool:
+        """Whether to probe now, before :meth:`probe_due` would, when a measured ``b`` could
+        win the job's dataset more cache (mountd.coop.benefit.could_be_full): ``t_hit``
+        known, ``t_miss`` known only from natural misses (its cold start), never probed."""
+        return (self.probe is None and self.probes == 0 and not self.probed
+                and self.t_hit is not None and self.t_miss is not None)
 
     def start_probe(self, now: float) -> None:
         self.probe = Probe(now)

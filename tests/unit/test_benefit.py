@@ -19,6 +19,7 @@ from mountd.coop.benefit import (
     allocate,
     allocate_in_order,
     benefit_moved,
+    could_be_full,
     counted_benefits,
 )
 from mountd.coop.chunks import Mode
@@ -112,6 +113,24 @@ def test_budget_the_chunks_leave_keeps_files_of_the_best_chunked_datasets() -> N
     # An insensitive dataset keeps nothing, whatever is left.
     out = allocate([demand("s", 100 * MB, job("s", 3.0)), demand("i", 100 * MB, job("i", 1.0))], 50 * MB)
     assert (out["s"].retain, out["i"].mode, out["i"].retain) == (30 * MB, Mode.OFF, 0)
+
+
+def test_could_be_full_names_the_chunked_datasets_a_larger_b_would_make_full() -> None:
+    # "small" has the better G per byte and takes the upgrade to full; "big" stays chunked.
+    # With its jobs' b unbounded, "big" would lead and fit whole in 1200 MB, not in 700 MB.
+    ds = [demand("big", 1000 * MB, job("g1", 3.0)),
+          demand("small", 500 * MB, job("s1", 3.0))]
+    out = allocate(ds, 1200 * MB)
+    assert (out["big"].mode, out["small"].mode) == (Mode.CHUNKED, Mode.FULL)
+    assert could_be_full(ds, out, 1200 * MB) == {"big"}
+    tight = allocate(ds, 700 * MB)
+    assert (tight["big"].mode, tight["small"].mode) == (Mode.CHUNKED, Mode.FULL)
+    assert could_be_full(ds, tight, 700 * MB) == set()
+    both_chunked = allocate(ds, 600 * MB)
+    assert {a.mode for a in both_chunked.values()} == {Mode.CHUNKED}
+    assert could_be_full(ds, both_chunked, 600 * MB) == set()
+    no_jobs = [demand("big", 1000 * MB), demand("small", 500 * MB, job("s1", 3.0))]
+    assert could_be_full(no_jobs, allocate(no_jobs, 1200 * MB), 1200 * MB) == set()
 
 
 def test_benefit_per_byte_not_benefit_decides() -> None:
@@ -390,6 +409,43 @@ def test_a_job_with_no_miss_sample_at_all_is_not_probed_at_every_claim() -> None
     clock.now += PROBE_MAX_S
     reg.claim("d", "j", 0, 8)
     assert timings.probes == 2
+
+
+@pytest.mark.parametrize(("budget", "probed"), [(1_200_000, True), (700_000, False)])
+def test_a_cold_measured_job_is_probed_at_once_when_its_b_could_make_its_dataset_full(
+        budget: int, probed: bool) -> None:
+    # Chunked "big" (its jobs measured b 3 from the cold start, co-operative misses that
+    # understate it) beside full "small": at 1.2 MB a larger b would make "big" full, so its
+    # job is probed at its next claim, not a probe period later; at 0.7 MB it cannot be.
+    clock = Clock()
+    reg = registry(clock)
+    reg.add_dataset("big", [1000] * 1000, budget=budget)
+    reg.add_dataset("small", [1000] * 500, budget=budget)
+    for name, job_name in (("big", "jb"), ("small", "js")):
+        reg.open_session(name, job_name)
+    reg.allocate(budget)
+    for name, job_name in (("big", "jb"), ("small", "js")):
+        for _ in range(HIT_SAMPLES):
+            reg.report_batch(name, job_name, 0, 0.1, files=8, misses=0)
+        for _ in range(MISS_SAMPLES):
+            reg.report_batch(name, job_name, 0, 0.3, files=8, misses=8)
+    clock.now += 1.0
+    reg.allocate(budget)
+    assert (reg.mode("big"), reg.mode("small")) == (Mode.CHUNKED, Mode.FULL)
+    big, small = reg._timings[("big", "jb")], reg._timings[("small", "js")]
+    assert big.t_miss == pytest.approx(0.3) and not big.probed
+    reg.claim("big", "jb", 0, 8)
+    reg.claim("small", "js", 0, 8)
+    assert (big.probe is not None, big.probes) == (probed, int(probed))
+    assert (small.probe, small.probes) == (None, 0)  # full already: nothing a probe could win
+    if probed:  # once: after it, probes wait their period
+        for _ in range(PROBE_BATCHES):
+            reg.report_batch("big", "jb", 0, 0.9, files=8, misses=8)
+        reg.claim("big", "jb", 0, 8)
+        assert big.probe is None and big.probed and big.t_miss == pytest.approx(0.9)
+        clock.now += PROBE_MAX_S
+        reg.claim("big", "jb", 0, 8)
+        assert big.probes == 1
 
 
 def test_allocation_is_re_evaluated_when_jobs_join_and_leave() -> None:
