@@ -37,6 +37,7 @@ from mountd.coop.benefit import (
     allocate_in_order,
     benefit_moved,
     could_be_full,
+    lean_chunk_bytes,
 )
 from mountd.coop.chunks import (
     DEFAULT_GRACE,
@@ -463,10 +464,14 @@ class SessionRegistry:
             jobs[dataset].append(self._timings_of((dataset, job), touch=False).benefit(job))
         out = []
         for name, reg in self._registrations.items():  # registration order
+            chunk, floor = reg.chunk_bytes(), int(MIN_FRACTION * reg.total)
             out.append(DatasetDemand(
-                name, reg.total, reg.chunk_bytes(), int(MIN_FRACTION * reg.total),
+                name, reg.total, chunk, floor,
                 tuple(sorted(jobs[name], key=lambda j: j.job)),
                 (reg.asked or self._modes[name]) if reg.fixed else None,
+                # Packed: chunks are unions of whole packed chunks, which a lean target could
+                # undercut (the dataset then goes off: ``_plan``); they keep their size.
+                lean_chunk_bytes(reg.total, len(reg.sizes), chunk, floor) if reg.packing is None else 0,
             ))
         return out
 

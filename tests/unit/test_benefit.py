@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+from array import array
+from dataclasses import replace
 
 import pytest
 
@@ -21,8 +23,10 @@ from mountd.coop.benefit import (
     benefit_moved,
     could_be_full,
     counted_benefits,
+    lean_chunk_bytes,
 )
 from mountd.coop.chunks import Mode
+from mountd.coop.packing import Packing
 from mountd.coop.sessions import SessionRegistry
 from mountd.coop.timings import COLD_MISS_SAMPLES, JobTimings, classify_batch
 from mountd.errors import InvalidRequest
@@ -93,7 +97,7 @@ def test_greedy_two_chunks_first_then_full_by_benefit_per_byte() -> None:
 
 
 def test_budget_the_chunks_leave_keeps_files_of_the_best_chunked_datasets() -> None:
-    """Pass 4: what no chunk and no upgrade took is kept across epochs by chunked datasets,
+    """Pass 5: what no chunk and no upgrade took is kept across epochs by chunked datasets,
     best G per byte first, each up to what its chunks do not hold."""
     ds = [demand("a", 100 * MB, job("a", 3.0, 4)), demand("b", 100 * MB, job("b", 2.0, 4)),
           demand("c", 100 * MB, job("c", 1.5, 4))]
@@ -113,6 +117,62 @@ def test_budget_the_chunks_leave_keeps_files_of_the_best_chunked_datasets() -> N
     # An insensitive dataset keeps nothing, whatever is left.
     out = allocate([demand("s", 100 * MB, job("s", 3.0)), demand("i", 100 * MB, job("i", 1.0))], 50 * MB)
     assert (out["s"].retain, out["i"].mode, out["i"].retain) == (30 * MB, Mode.OFF, 0)
+
+
+def test_lean_chunks_are_4_percent_of_the_dataset_but_at_least_32_files() -> None:
+    assert lean_chunk_bytes(1200 * MB, 12_000, 120 * MB, 12 * MB) == 48 * MB  # 4%
+    assert lean_chunk_bytes(1200 * MB, 600, 120 * MB, 12 * MB) == 64 * MB  # 32 files of 2 MB
+    assert lean_chunk_bytes(240 * MB, 240, 24 * MB, 2 * MB) == 24 * MB  # never above the chunk
+    assert lean_chunk_bytes(100 * MB, 0, 10 * MB, 1 * MB) == 10 * MB  # no file count: as is
+
+
+def test_chunked_datasets_shrink_to_lean_chunks_and_keep_what_that_frees() -> None:
+    """Pass 4: a chunked dataset's chunks shrink to its lean size before pass 5 deals what
+    is left, so slots emptied every epoch give way to files kept across epochs."""
+    def lean(name: str, total: int, b: float, lean_bytes: int) -> DatasetDemand:
+        return DatasetDemand(name, total, total // 10, total // 100, (job(name, b, 3),),
+                             lean_chunk_bytes=lean_bytes)
+
+    ds = [lean("big", 1000 * MB, 10.0, 40 * MB), lean("mid", 500 * MB, 2.0, 50 * MB)]
+    out = allocate(ds, 300 * MB)  # chunks 200 + 100 MB would take it all and keep nothing
+    assert [(out[k].mode, out[k].budget, out[k].retain) for k in ("big", "mid")] == [
+        (Mode.CHUNKED, 80 * MB, 120 * MB), (Mode.CHUNKED, 100 * MB, 0)]  # "mid" is lean already
+    assert "chunks shrunk to 40.0 MB" in out["big"].reason and "keeps 120.0 MB" in out["big"].reason
+    assert sum(a.budget + a.retain for a in out.values()) == 300 * MB
+    full = allocate(ds, 1200 * MB)  # "big" full: a full dataset keeps its whole self
+    assert (full["big"].mode, full["big"].budget) == (Mode.FULL, 1000 * MB)
+    assert (full["mid"].budget, full["mid"].retain) == (100 * MB, 100 * MB)  # 50 MB chunks
+    unlean = allocate([replace(d, lean_chunk_bytes=0) for d in ds], 300 * MB)
+    assert [(unlean[k].budget, unlean[k].retain) for k in ("big", "mid")] == [(200 * MB, 0), (100 * MB, 0)]
+
+
+def test_the_registry_plans_a_loose_chunked_dataset_in_lean_chunks() -> None:
+    # 2,000 files of 1 kB in a 300 kB budget: two 10% chunks (400 kB) do not fit, two of
+    # 150 kB would; lean chunks are 4% (80 kB, more than 32 files) and the rest is kept.
+    reg = registry(Clock())
+    reg.add_dataset("d", [1000] * 2000, budget=300_000)
+    reg.allocate(300_000)
+    decision = reg.allocation()["d"]
+    assert (decision.mode, decision.budget, decision.retain) == (Mode.CHUNKED, 160_000, 140_000)
+    plan = reg.dataset("d").plan
+    assert 25 <= plan.chunks <= 32  # at most 80 files each (the planner's target is the most)
+    assert {len(plan.ids_of(c)) for c in range(plan.chunks)} <= set(range(60, 81))
+    assert "chunks shrunk to 0.1 MB" in decision.reason
+
+
+def test_a_packed_dataset_keeps_its_chunk_size() -> None:
+    # Packs of 100 files (5%): lean 4% chunks could not hold a whole pack and the dataset
+    # would go off; a packed dataset's chunks are not shrunk.
+    n, per_pack = 2000, 100
+    chunk_of = array("i", [i // per_pack for i in range(n)])
+    starts = array("q", range(0, n + 1, per_pack))
+    packing = Packing(chunk_of, starts, array("i", range(n)))
+    reg = registry(Clock())
+    reg.add_dataset("p", [1000] * n, budget=300_000, packing=packing)
+    reg.allocate(300_000)
+    decision = reg.allocation()["p"]
+    assert (reg.mode("p"), decision.budget, decision.retain) == (Mode.CHUNKED, 300_000, 0)
+    assert "shrunk" not in decision.reason
 
 
 def test_could_be_full_names_the_chunked_datasets_a_larger_b_would_make_full() -> None:
