@@ -338,8 +338,8 @@ def allocate(
     # what is left. Chunk slots are emptied and fetched again every epoch; bytes kept across
     # epochs are hits every epoch without a fetch. With datasets of 1200, 600 and 60 files
     # at a 30% cache, the sensitive one in two 10% chunks kept 1.4 MB and fetched 93% of
-    # itself each epoch (LRU, keeping what it last read, beat it 4.73 to 4.23); in chunks of
-    # 4% it kept 4.9 MB, and led LRU (benefit_aware.py, 2026-11-28).
+    # itself each epoch (LRU, keeping what it last read, led it); in lean chunks it kept
+    # 4.7 MB and led LRU, 4.85 / 4.81 against 4.61 / 4.84 (benefit_aware.py, 2026-11-28).
     for d, _ in order:
         a = out[d.dataset]
         if a.mode is Mode.CHUNKED and d.lean_chunk_bytes and a.budget > slots * d.lean_chunk_bytes:

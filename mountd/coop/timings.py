@@ -12,10 +12,11 @@ median of the hit samples, ``t_miss`` the mean of the miss samples (a claim's wa
 its first batch: :attr:`JobTimings.t_miss`).
 
 **Probes.** A job whose ``t_hit`` is known but whose ``t_miss`` is not (or was measured
-:data:`~mountd.coop.benefit.PROBE_PERIOD` ago, or only by its cold start while a larger ``b``
-could make its dataset ``full``: :meth:`JobTimings.early_probe_due`) is probed: for a while its claims give only
-uncached unread files (:meth:`mountd.coop.claims.EpochPool.claim_uncached`; still files
-of its epoch not given yet, so exactly once holds), and its miss samples are collected apart
+:data:`~mountd.coop.benefit.PROBE_PERIOD` ago, or only by its cold start while a larger
+``b`` could make its dataset ``full``: :meth:`JobTimings.early_probe_due`) is probed: for a
+while its claims give only uncached unread files
+(:meth:`mountd.coop.claims.EpochPool.claim_uncached`; still files of its epoch not given
+yet, so exactly once holds), and its miss samples are collected apart
 until :data:`~mountd.coop.benefit.PROBE_BATCHES` are in (or the probe times out); they then
 replace the job's miss samples, and from then on only probes refresh them (natural misses
 of a cached dataset are prefetched or co-operative, nearly as fast as hits: they measure

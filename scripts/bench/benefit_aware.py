@@ -1,6 +1,7 @@
 """Quiver Figure 6 (§7.6) scaled down: who gets the cache when three datasets compete.
 
-Three datasets (harness.world.make_dataset, distinct seeds), three emulated training jobs
+Three datasets of different sizes (harness.world.make_dataset, distinct seeds: 1200, 600 and
+60 files by default), three emulated training jobs
 each (a multi-job, as the paper ran four per dataset: co-operative misses are what chunked
 mode buys; with one job per dataset two chunks gain nothing, every file is fetched once per
 epoch either way, and LRU's cross-epoch hits win), of three I/O sensitivities: the same batch
@@ -37,13 +38,15 @@ probes run then), then measures ``measure_s``.
 With ``--repeats N`` every cell runs N times (the cells interleaved, so a slow spell of the
 machine spreads over all of them) and the table and the verdict use each cell's median run.
 
-The default datasets are equal (240 files each), so the jobs' epochs differ as their compute
-does (200x): the cache's LRU then keeps the files of the fastest jobs, benefit order by
-recency, and at 90% every policy caches the same files. ``--files`` and ``--compute`` set
-the datasets' sizes and the jobs' compute, e.g. the paper's regime, where epochs are
-comparable and recency cannot tell the datasets apart (docs/benchmarks.md):
+The default workload is the paper's regime: datasets of different sizes whose jobs' cached
+epochs are comparable (about 5, 10 and 12 s), so that recency cannot tell the datasets apart
+and LRU thrashes on all of them. ``--files`` and ``--compute`` set other workloads; the
+earlier default, three equal datasets of 240 files whose jobs' epochs differ 200x, lets LRU
+keep the fastest jobs' files (benefit order by recency), and at 90% every policy caches the
+same files and the single benchmark process, not the cache, bounds the sensitive jobs
+(docs/benchmarks.md):
 
-    .venv/bin/python scripts/bench/benefit_aware.py --files 1200 600 60 --compute 0.03 0.15 1.5
+    .venv/bin/python scripts/bench/benefit_aware.py --files 240 240 240 --compute 0.01 0.06 2.0
 """
 
 from __future__ import annotations
@@ -73,11 +76,11 @@ from mountd.store.cache import CacheConfig  # noqa: E402
 @dataclass(frozen=True)
 class Params:
     #: files of each dataset: sensitive, medium, insensitive
-    files: tuple[int, int, int] = (240, 240, 240)
+    files: tuple[int, int, int] = (1200, 600, 60)
     file_size: int = 16 * 1024
     batch_size: int = 8
     #: compute seconds per mini-batch of the three jobs: sensitive, medium, insensitive
-    compute_s: tuple[float, float, float] = (0.01, 0.06, 2.0)
+    compute_s: tuple[float, float, float] = (0.03, 0.15, 1.5)
     #: the bucket: bytes/s for all fills together
     bandwidth: float = 1.5e6
     fractions: tuple[float, ...] = (0.15, 0.3, 0.9)
