@@ -18,8 +18,9 @@ Policies, each at a cache of 15%, 30% and 90% of the three datasets together:
 
 * ``benefit`` — mountd's default: probes, ``b = t_miss / t_hit``, greedy by ``G_D`` per byte;
 * ``budget`` — the budget-only policy (each dataset's mode from the cache budget alone,
-  datasets dealt in registration order: sensitive, medium, insensitive, which happens to
-  be the order of their benefit, so budget-only then decides as benefit-aware would);
+  datasets dealt in registration order: sensitive, medium, insensitive, the order of their
+  benefit; with equal datasets budget-only then decides as benefit-aware would, with the
+  default ones the sensitive dataset's chunks take the whole budget at 15%);
 * ``budget-rev`` — budget-only with the datasets registered the other way round
   (insensitive first): what it does when the least sensitive job's dataset arrives first.
   Budget-only's result depends on arrival order, which it cannot see; the verdict compares
