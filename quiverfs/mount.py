@@ -217,11 +217,19 @@ def check_cache_dir(cache_dir: Path) -> None:
         raise UsageError(f"cache directory {cache_dir} is not a directory")
 
 
+def _already_mounted(mountpoint: Path) -> UsageError:
+    return UsageError(f"{mountpoint} is already a mount point (quiverfs umount {mountpoint} first)")
+
+
 def check_mountpoint(mountpoint: Path, nonempty: bool = False) -> None:
     """Raise :class:`UsageError` unless ``mountpoint`` is an existing, unmounted directory,
-    and an empty one unless ``nonempty``."""
+    and an empty one unless ``nonempty``.
+
+    Entries found are checked against ``/proc/mounts`` once more: a mount racing ours may
+    land between the first check and the listing, which then lists the new mount's root
+    (racing mounts, tests/mount/test_fs_mountpoint.py: the loser said "not empty")."""
     if mounted_fstype(mountpoint) is not None:
-        raise UsageError(f"{mountpoint} is already a mount point (quiverfs umount {mountpoint} first)")
+        raise _already_mounted(mountpoint)
     if not mountpoint.is_dir():
         what = "does not exist" if not mountpoint.exists() else "is not a directory"
         raise UsageError(f"mount point {mountpoint} {what}")
@@ -233,6 +241,8 @@ def check_mountpoint(mountpoint: Path, nonempty: bool = False) -> None:
     except OSError as exc:
         raise UsageError(f"cannot read mount point {mountpoint}: {os.strerror(exc.errno or errno.EIO)}") from None
     if occupied:
+        if mounted_fstype(mountpoint) is not None:
+            raise _already_mounted(mountpoint)
         raise UsageError(f"mount point {mountpoint} is not empty (--nonempty mounts over its entries, hiding them)")
 
 

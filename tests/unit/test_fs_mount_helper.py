@@ -85,6 +85,17 @@ def test_mountpoint_checks(tmp_path) -> None:
     mount.check_mountpoint(tmp_path / "empty")
 
 
+def test_a_mount_landing_during_the_checks_is_named_as_a_mount(tmp_path, monkeypatch) -> None:
+    # A racing mount lands after /proc/mounts was read and before the listing, which then
+    # lists the new mount's root: the refusal names the mount, not "not empty".
+    (tmp_path / "entry").write_text("x")
+    answers = iter([None, "fuse.quiverfs"])
+    monkeypatch.setattr(mount, "mounted_fstype", lambda _path: next(answers))
+    with pytest.raises(UsageError, match="already a mount point") as err:
+        mount.check_mountpoint(tmp_path)
+    assert "not empty" not in str(err.value)
+
+
 def test_mountpoint_claim_is_exclusive(tmp_path) -> None:
     first = mount.claim_mountpoint(tmp_path)
     first.__enter__()
