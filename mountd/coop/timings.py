@@ -236,8 +236,7 @@ class JobTimings:
         """Whether to probe now, before :meth:`probe_due` would, when a measured ``b`` could
         win the job's dataset more cache (mountd.coop.benefit.could_be_full): ``t_hit``
         known, ``t_miss`` known only from natural misses (its cold start), never probed."""
-        return (self.probe is None and self.probes == 0 and not self.probed
-                and self.t_hit is not None and self.t_miss is not None)
+        return self.probe is None and self.probes == 0 and self.measured
 
     def start_probe(self, now: float) -> None:
         self.probe = Probe(now)
