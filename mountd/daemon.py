@@ -30,6 +30,7 @@ import stat
 import sys
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import trio
@@ -44,6 +45,8 @@ from mountd.rpc.server import Server, bind_socket, check_socket_path
 from mountd.stats.metrics import serve_metrics
 from mountd.store import access, layout
 from mountd.store.cache import Cache, CacheConfig
+from mountd.store.fillpool import ProcessFills
+from quiverfs.backends import BackendOptions, open_backend
 from quiverfs.errors import UsageError
 
 log = logging.getLogger("mountd")
@@ -142,10 +145,36 @@ class DaemonConfig:
     socket: SocketAccess = SocketAccess()
     #: Join a cluster of mountds (``--cluster``; docs/cluster.md); None: serve alone.
     cluster: ClusterConfig | None = None
+    #: Fill processes (``--fill-processes``, mountd/store/fillpool.py): None one per core,
+    #: 0 none (fills run in mountd's own threads).
+    fill_processes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.chunk_grace >= 0:  # also refuses NaN
             raise UsageError(f"chunk grace must be >= 0 seconds, got {self.chunk_grace}")
+        if self.fill_processes is not None and self.fill_processes < 0:
+            raise UsageError(f"--fill-processes must be 0 or more, not {self.fill_processes}")
+
+    @property
+    def processes(self) -> int:
+        """The fill processes to fork: as asked, or one per core this process may run on."""
+        if self.fill_processes is not None:
+            return self.fill_processes
+        return len(os.sched_getaffinity(0))
+
+
+def make_fills(config: DaemonConfig) -> ProcessFills | None:
+    """The fill processes ``config`` asks for, not started (None: fills in mountd's threads).
+    Each process opens its own backends, with as many connections as it has threads."""
+    processes = config.processes
+    if not processes:
+        return None
+    cache = config.cache
+    assert cache.fill_concurrency is not None
+    threads = ProcessFills.threads_for(processes, cache.fill_concurrency)
+    options = BackendOptions(concurrency=threads)
+    return ProcessFills(Path(cache.cache_dir), processes, threads,
+                        partial(open_backend, options=options))
 
 
 @dataclass(frozen=True)
@@ -182,13 +211,19 @@ async def _watch_signals(shutdown: trio.Event) -> None:
 
 
 async def serve(config: DaemonConfig, *, handle_signals: bool = True,
+                fills: ProcessFills | None = None,
                 task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED) -> None:
-    """Run mountd until SIGTERM/SIGINT or a ``shutdown`` request; see the module doc."""
+    """Run mountd until SIGTERM/SIGINT or a ``shutdown`` request; see the module doc.
+
+    ``fills``: fill processes forked already (:func:`main` forks them before trio starts);
+    without, the ones ``config`` asks for are forked here, and stopped on the way out."""
     cache_dir = Path(config.cache.cache_dir)
     socket_path = layout.socket_path(cache_dir)
     check_socket_path(socket_path)  # before touching the cache directory
     async with AsyncExitStack() as stack:
-        cache = Cache(config.cache)
+        if fills is None and (fills := make_fills(config)) is not None:
+            stack.callback(fills.close)
+        cache = Cache(config.cache, fills=fills)
         try:
             await cache.open()
         except CacheLocked as exc:
@@ -233,9 +268,19 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
 
 
 def main(config: DaemonConfig) -> None:
-    """Run mountd in the foreground (``quiverfs mountd``); logs go to stderr."""
+    """Run mountd in the foreground (``quiverfs mountd``); logs go to stderr.
+
+    The fill processes are forked first, while this process has one thread and no open
+    cache: they inherit no lock another thread holds, and nothing of the cache."""
     logging.basicConfig(
         level=logging.INFO, stream=sys.stderr,
         format="%(asctime)s mountd[%(process)d] %(levelname)s %(name)s: %(message)s",
     )
-    trio.run(serve, config)
+    fills = make_fills(config)
+    if fills is not None:
+        fills.start()
+    try:
+        trio.run(partial(serve, config, fills=fills))
+    finally:
+        if fills is not None:
+            fills.close()

@@ -114,6 +114,10 @@ def mountd_command(
     remote_concurrency: int = typer.Option(
         16, "--remote-concurrency", help="Remote reads in flight at once.", min=1
     ),
+    fill_processes: int | None = typer.Option(
+        None, "--fill-processes", metavar="N", min=0, max=1024,
+        help="Processes that fetch, verify and store fills, so cold reads use every core (default: one per core); 0 runs fills in mountd's own threads.",
+    ),
     remote_latency_ms: float = typer.Option(
         0.0, "--remote-latency-ms", metavar="MS", min=0, max=60_000,
         help="Delay each remote request's first byte by MS milliseconds (concurrent requests wait side by side): a cloud bucket's latency for benchmarks against a local emulator. Default 0: none.",
@@ -240,7 +244,8 @@ def mountd_command(
     tls = tls_from_options(cluster_tls_cert, cluster_tls_key, cluster_tls_ca)
     peers = cluster_from_options(cluster, advertise, cluster_secret_file, cluster_name, tls)
     main(DaemonConfig(cache=config, metrics_port=metrics_port, dataset_mode=dataset_mode,
-                      chunk_slots=chunk_slots, chunk_grace=grace, socket=socket, cluster=peers))
+                      chunk_slots=chunk_slots, chunk_grace=grace, socket=socket, cluster=peers,
+                      fill_processes=fill_processes))
 
 
 @app.command()

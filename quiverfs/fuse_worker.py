@@ -34,7 +34,6 @@ opcode we do not know gets ``ENOSYS``, and the worker goes on serving.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import logging
 import os
@@ -42,10 +41,12 @@ import signal
 import socket
 import struct
 from collections.abc import Callable
+from functools import partial
 
 from quiverfs import fuse_channel
 from quiverfs import fuse_wire as w
 from quiverfs.errors import CorruptObject, FsError
+from quiverfs.forking import fork_child
 from quiverfs.reads import ERRORS, StoreReads
 from quiverfs.tree import TIMEOUT, Tree
 
@@ -241,42 +242,10 @@ class Worker:
 # -- starting workers ---------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM us when the mount's main process dies (Linux prctl)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 def fork_worker(slot: int, target: Callable[[int], None]) -> int:
-    """Fork one process running ``target(slot)``; its pid.
-
-    The child leaves the parent's trio run behind: no wakeup fd, default SIGTERM (the
-    parent stops it with it), SIGINT/SIGHUP ignored (a terminal's ^C goes to the whole
-    process group; the parent decides what happens), and it exits when the parent dies:
-    0 once the mount is gone, 1 after an error.
-    """
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        code = 0
-        try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
-            _die_with_parent()
-            if os.getppid() == parent:
-                target(slot)
-        except BaseException:
-            log.exception("FUSE worker %d failed", slot)
-            code = 1
-        finally:
-            logging.shutdown()
-            os._exit(code)
-    return pid
+    """Fork one process running ``target(slot)``; its pid (quiverfs/forking.py: it leaves
+    the parent's trio run behind and exits when the parent dies)."""
+    return fork_child(partial(target, slot), f"FUSE worker {slot}", f"quiverfs-fuse{slot}")
 
 
 def default_workers() -> int:

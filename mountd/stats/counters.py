@@ -110,6 +110,53 @@ class DatasetCounters:
         }
 
 
+#: Where a fill's time goes, in order (``quiverfs stats`` → ``fill_stages``): in mountd's main
+#: process ``queue`` (the fill waits for a fill slot, room, and the remote limits), then in a
+#: fill process ``read``, ``hash``, ``write``, ``rename`` (mountd/store/fillwork.py), then
+#: ``transit`` (the rest of the time from sending the job to having its answer: the fill
+#: process's queue and the messages both ways), then ``index`` (the main process records the
+#: file), and ``answer`` (from the fill's end to the waiting client's answer being sent).
+FILL_STAGES: tuple[str, ...] = ("queue", "read", "hash", "write", "rename", "transit", "index",
+                                "answer")
+
+#: The stages a fill process reports, in the order of its list of times (fillwork.WORK_STAGES).
+WORK_STAGES: tuple[str, ...] = ("read", "hash", "write", "rename")
+
+
+@dataclass
+class FillStages:
+    """Seconds of wall-clock and of CPU spent in each of :data:`FILL_STAGES`, summed over
+    fills; ``jobs`` counts the jobs fill processes ran (a chunk fill is one job)."""
+
+    wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(FILL_STAGES, 0.0))
+    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(FILL_STAGES, 0.0))
+    count: Counter[str] = field(default_factory=Counter)
+    jobs: int = 0
+
+    def add(self, stage: str, wall: float, cpu: float | None = None) -> None:
+        """One observation of ``stage``: ``wall`` seconds (and ``cpu``, where measured)."""
+        self.wall[stage] += wall
+        if cpu is not None:
+            self.cpu[stage] += cpu
+        self.count[stage] += 1
+
+    def add_work(self, values: list[float]) -> None:
+        """A fill process's times of one job: the wall seconds of each of
+        :data:`WORK_STAGES`, then the CPU seconds of each."""
+        n = len(WORK_STAGES)
+        for i, stage in enumerate(WORK_STAGES):
+            self.wall[stage] += values[i]
+            self.cpu[stage] += values[i + n]
+            self.count[stage] += 1
+        self.jobs += 1
+
+    def snapshot(self) -> dict:
+        """``{"jobs": n, "stages": {stage: {"count", "wall_s", "cpu_s"}}}`` (sums)."""
+        return {"jobs": self.jobs,
+                "stages": {stage: {"count": self.count[stage], "wall_s": self.wall[stage],
+                                   "cpu_s": self.cpu[stage]} for stage in FILL_STAGES}}
+
+
 class Counters:
     """Totals plus one :class:`DatasetCounters` per dataset id seen (``None`` = no dataset).
 
@@ -123,6 +170,8 @@ class Counters:
         self.fills_in_flight = 0
         #: Entries removed by scrub (bad bytes on disk) and by recovery (rows without files).
         self.scrub_removed = 0
+        #: Where fills spend their time (all datasets together).
+        self.stages = FillStages()
 
     def _targets(self, dataset: str | None) -> tuple[DatasetCounters, ...]:
         if dataset is None:
@@ -195,4 +244,9 @@ class Counters:
             "datasets": {name: c.snapshot() for name, c in sorted(self.datasets.items())},
             "fills_in_flight": self.fills_in_flight,
             "scrub_removed": self.scrub_removed,
+            "fill_stages": self.stages.snapshot(),
         }
+
+    def add_work_stages(self, values: list[float]) -> None:
+        """A fill process's stage times of one job (:meth:`FillStages.add_work`)."""
+        self.stages.add_work(values)

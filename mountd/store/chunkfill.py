@@ -47,7 +47,6 @@ from mountd.store.index import Index
 from mountd.store.peers import PeerSource
 from mountd.store.quota import Charges
 from mountd.store.span import ChunkMembers, Member, Span, plan_span
-from quiverfs.backends import Backend
 
 
 class ChunkFills:
@@ -67,7 +66,6 @@ class ChunkFills:
     _nursery: trio.Nursery | None
     _require_open: Callable[[], Index]
     _reserve: Callable[..., Awaitable[None]]
-    _backend: Callable[[str], Awaitable[Backend]]
     _run_flight: Callable[[Flight], Awaitable[None]]
     _stored: Callable[[Flight, PathLike[str] | str], None]
     _failed: Callable[[Flight, Exception], None]
@@ -167,8 +165,7 @@ class ChunkFills:
                 await self._reserve(total, uid, demand=lambda: any(
                     f.demanded() if f is first else f.awaited for f in flights))
                 try:
-                    results = await self._filler.fill_span(
-                        await self._backend(span.url), span, first.dataset)
+                    results = await self._filler.fill_span(span, first.dataset)
                     stored = 0
                     for member, result in zip(span.members, results, strict=True):
                         flight = by_hash[member.hash]

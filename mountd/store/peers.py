@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from pathlib import Path
 from typing import Protocol, TypeVar
 
 from mountd.store.fill import Filler
 from mountd.store.flights import Flight
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends import Backend
 
 T = TypeVar("T")
 
@@ -87,15 +84,12 @@ class PeerBytes(PeerContent):
 
     def __init__(self, data: bytes) -> None:
         super().__init__(-1, 0)
-        self.data = data
+        self.inline = data
         self.size = len(data)
-
-    def _pread(self, offset: int, length: int) -> bytes:
-        return self.data[offset : offset + length]
 
     def close(self) -> None:
         """Drop the bytes."""
-        self.data = b""
+        self.inline = b""
 
 
 class PeerFile(PeerContent):
@@ -118,16 +112,12 @@ def spool_file(directory: str | os.PathLike[str]) -> int:
         return fd
 
 
-async def fill_through(peers: PeerSource, filler: Filler,
-                       backend: Callable[[str], Awaitable[Backend]],
-                       flight: Flight) -> Path:
+async def fill_through(peers: PeerSource, filler: Filler, flight: Flight) -> str:
     """The fill of ``flight`` (mountd's own authority) with ``peers`` asked first: their bytes
     if they have them, else the bucket's within the source's turn."""
     async with peers.turn(flight.hash, flight.size) as content:
-        source: Backend | SuppliedBytes
-        source = await backend(flight.location.url) if content is None else content
         try:
-            return await filler.fill(source, flight.hash, flight.size, flight.location,
+            return await filler.fill(content, flight.hash, flight.size, flight.location,
                                      flight.dataset)
         finally:
             if content is not None:

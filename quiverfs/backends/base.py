@@ -15,6 +15,7 @@ layers never multiply.
 from __future__ import annotations
 
 import random
+import time
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -329,16 +330,8 @@ class Backend(ABC):
             except _ThenFailed as failed:
                 raise failed.error from None
             except Exception as exc:
-                error = self._classify(exc, key)
-                self.counters.failures[type(error).__name__] += 1
-                delay = self.options.retry.delay(attempt, self._rng)
-                elapsed = trio.current_time() - start
-                if not isinstance(error, TemporaryFailure) or elapsed + delay > self.options.retry.deadline:
-                    if error is exc:
-                        raise
-                    raise error from exc
+                delay = self._retry_delay(exc, key, attempt, trio.current_time() - start)
                 attempt += 1
-                self.counters.retries += 1
                 await trio.sleep(delay)
                 continue
             if then is not None:
@@ -347,6 +340,42 @@ class Backend(ABC):
             elif count_bytes and isinstance(result, bytes | bytearray):
                 self.counters.bytes_read += len(result)
             return result
+
+    def call_blocking(self, kind: str, key: str, fn: Callable[..., T], *args: object,
+                      count_bytes: bool = True) -> T:
+        """:meth:`_call` for a caller that is a thread already (a fill process's worker,
+        mountd/store/fillpool.py): ``fn(*args)`` here, counted, translated and retried with the
+        same policy, sleeping between attempts. Not under :attr:`limiter` (the caller bounds
+        its own threads). The counters are this backend's, updated from several threads:
+        ``Counter`` updates and integer adds are atomic under the interpreter lock."""
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            self.counters.requests[kind] += 1
+            try:
+                result = fn(*args)
+            except Exception as exc:
+                delay = self._retry_delay(exc, key, attempt, time.monotonic() - start)
+                attempt += 1
+                time.sleep(delay)
+                continue
+            if count_bytes and isinstance(result, bytes | bytearray | memoryview):
+                self.counters.bytes_read += len(result)
+            return result
+
+    def _retry_delay(self, exc: Exception, key: str, attempt: int, elapsed: float) -> float:
+        """One failed attempt (number ``attempt``, ``elapsed`` seconds after the first began):
+        counted, translated, and either the seconds to wait before the next (a
+        :class:`TemporaryFailure` with time left before the deadline) or raised, translated."""
+        error = self._classify(exc, key)
+        self.counters.failures[type(error).__name__] += 1
+        delay = self.options.retry.delay(attempt, self._rng)
+        if not isinstance(error, TemporaryFailure) or elapsed + delay > self.options.retry.deadline:
+            if error is exc:
+                raise error
+            raise error from exc
+        self.counters.retries += 1
+        return delay
 
 
 class _ThenFailed(Exception):

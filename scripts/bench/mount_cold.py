@@ -1,38 +1,49 @@
 #!/usr/bin/env python3
-"""Cold first reads through the mount vs. reading the source directly, side by side.
+"""Cold first reads through the mount beside the source, a bare fill loop and a warm pass.
 
-Issue 12, "Cold reads at the source's speed". 2,000 files of 110 KiB in class folders (as
-``ImageFolder`` expects), 8 reader processes, each reading its share with
-``open()+read()+close()``. Every cold pass gets a fresh empty cache directory, a fresh
+Issue 34, "Fills at the speed of the cores". 2,000 files of 110 KiB in class folders (as
+``ImageFolder`` expects), ``--readers`` reader processes (default 8), each reading its share
+with ``open()+read()+close()``. Every cold pass gets a fresh empty cache directory, a fresh
 ``quiverfs mountd`` and a fresh ``quiverfs mount --foreground``, so every file is a miss that
-mountd fills from the source while the reader waits. Measured in one run, best of ``--rounds``
-rounds per row (fresh cache and mount each time; the VM's ratios swing by ±20%):
+mountd fills while the reader waits (or, in order, that read-ahead fetched first). Measured
+in one run, best of ``--rounds`` rounds per row (the VM's ratios swing by ±20%):
 
 ``file://`` source, read once first so that it is in the page cache:
 
-* direct: the readers read the source files themselves (the source's speed; a pass lasts
-  ~0.1 s, so each round takes the best of three);
+* direct: the readers read the source files themselves (a pass lasts ~0.1 s, so each round
+  takes the best of three);
+* bare fill loop: one process reads each source file, checks its blake3, writes a temp file
+  and renames it into a fan-out folder of an empty store, one file after another: the
+  floor a fill costs on this machine, with no cache around it;
 * cold, in order: reader k reads files k, k+R, k+2R, ... of the digest's (sorted path) order,
-  so the pass as a whole is a sequential scan in digest order;
-* cold, shuffled: the same shares of a random permutation, so read-ahead in digest order cannot
-  make the ratio (printed beside it);
-* cold, in order, ``--readahead 0``: when ``quiverfs mount --help`` offers ``--readahead``;
+  so the pass as a whole is a scan in digest order (read-ahead's case);
+* cold, shuffled: the same shares of a random permutation (every read a miss on demand);
+* cold, in order, ``--readahead 0``;
+* cold, in order, ``--fill-processes 0``: fills in mountd's own threads, the way they ran
+  before fill processes (issue 34's "before");
 * warm second pass on the in-order mount (files now cached), for reference;
 * warm first pass: the in-order mount unmounted and mounted again on the same mountd, every
-  file in the store, the mount's page cache empty: a first pass that fills nothing, so the
-  ceiling of any cold pass on this machine (its ratio is printed as that ceiling);
-* mountd's fill latency for each cold pass (``quiverfs stats --json``, ``fill_latency``): its
-  ``p50_s`` where mountd reports one, else its ``mean_s`` (marked).
+  file in the store, the mount's page cache empty: a first pass that fills nothing.
 
 S3 emulator source (moto server on loopback, the same files uploaded under one prefix):
 
-* plain boto3 reader: R processes, each with its own boto3 client, GETting their shares of the
-  objects (the same R as the mount's readers);
-* cold, in order and shuffled through the mount (and in order with ``--readahead 0`` when
-  offered); mountd's ``--remote-concurrency`` is max(16, R).
+* plain boto3 reader: R processes, each with its own boto3 client, GETting their shares;
+* cold, in order and shuffled through the mount; mountd's ``--remote-concurrency`` is
+  max(16, R).
 
-Targets: cold in order ÷ direct >= 0.25 with the ``file://`` source (2026-11: ~0.012),
-fill latency p50 <= 2 ms; cold in order ÷ boto3 >= 0.8 with the S3 emulator.
+Columns: files/s; ÷ direct (the boto3 readers for S3); ÷ the warm first pass; ÷ the bare
+fill loop; mountd's main process's CPU per file filled; the CPU of every quiverfs process
+(mountd, its fill processes, the mount and its workers) per file read; mountd's fill latency
+p50. Under the table, where the best in-order pass spent its fills' time (``quiverfs stats``
+``fill_stages``: wall and CPU per fill of each stage, in mountd's main process and in the fill
+processes).
+
+Targets (issue 34, 2 cores, 8 readers): cold in order ÷ bare fill loop >= 0.4, shuffled >= 0.35;
+mountd's main process <= 0.1 ms of CPU per fill; all quiverfs processes <= 0.5 ms per cold
+file; S3: cold in order ÷ boto3 readers >= 1.0.
+
+``--scale`` adds a table of cold in-order passes at 1, 2, 4, ... readers up to the core count
+(at least 8), with ``--fill-processes`` 0, 1 and the default, to show what moves the number.
 
     .venv/bin/python scripts/bench/mount_cold.py [--files 2000] [--readers 8] [--rounds 2]
     .venv/bin/python scripts/bench/mount_cold.py --quick --only file   # 400 files, 1 round
@@ -70,6 +81,7 @@ from harness.readers import read_pass as readers_pass  # noqa: E402
 from harness.world import (  # noqa: E402
     MountdConfig,
     World,
+    cpu_delta,
     force_unmount,
     sigterm_as_interrupt,
     stop_mountd_of,
@@ -84,9 +96,10 @@ CACHE_FS_IMAGE = WORK / "cachefs.img"
 CACHE_ROOT = CACHE_FS
 FILE_SIZE = 110 * 1024
 CLASSES = 20
-TARGET_FILE = 0.25  # cold in order ÷ direct, file:// source
-TARGET_P50_S = 0.002  # mountd's fill latency p50
-TARGET_S3 = 0.8  # cold in order ÷ plain boto3 reader, S3 emulator
+TARGET_BARE = {"cold, in order": 0.4, "cold, shuffled": 0.35}  # ÷ the bare fill loop
+TARGET_MOUNTD_MS = 0.1  # mountd's main process, CPU per fill
+TARGET_TOTAL_MS = 0.5  # every quiverfs process together, CPU per cold file
+TARGET_S3 = 1.0  # cold in order ÷ plain boto3 readers, S3 emulator
 BUCKET, PREFIX = "coldbench", "train"
 PASS_TIMEOUT = 900.0  # seconds one read pass may take (today's cold S3 pass: ~10 s)
 BARRIER_TIMEOUT = 120.0
@@ -163,29 +176,15 @@ def read_pass(items: list[str], hashes: list[bytes], readers: int, shuffle_seed:
 # -- a fresh cache, mountd and mount --------------------------------------------------------------
 
 
-def readahead_supported() -> bool:
-    """Whether this tree's ``quiverfs mount`` takes ``--readahead`` (being added meanwhile)."""
-    out = subprocess.run(quiverfs("mount", "--help"), capture_output=True, text=True, cwd=REPO,
-                         env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}, check=False)
-    return "--readahead" in out.stdout + out.stderr
-
-
 def cold_world(dataset: Dataset, mount_args: list[str], concurrency: int,
-               env: dict[str, str] | None) -> World:
+               env: dict[str, str] | None, fill_processes: int | None = None) -> World:
     """A fresh empty cache (on the cache filesystem), a ``quiverfs mountd`` on it and a
     ``quiverfs mount --foreground`` of ``dataset`` with ``mount_args``: harness/world.py's
     World, whose teardown unmounts and stops both (SIGTERM, then SIGKILL)."""
-    config = MountdConfig(cache_size=10 << 30, remote_concurrency=concurrency)
+    config = MountdConfig(cache_size=10 << 30, remote_concurrency=concurrency,
+                          fill_processes=fill_processes)
     return World(dataset, "world", config, root=WORK, mount_args=mount_args, env=env,
                  cache_dir=CACHE_ROOT / "cache")
-
-
-def fill_latency(world: World) -> dict:
-    """mountd's total ``fill_latency`` as ``quiverfs stats`` reports it (``p50_s``, ``mean_s``,
-    ``count``, ...)."""
-    from mountd.stats.costs import stats_report
-
-    return stats_report(world.stats())["total"]["fill_latency"]
 
 
 def sweep() -> None:
@@ -195,41 +194,139 @@ def sweep() -> None:
     shutil.rmtree(CACHE_ROOT / "cache", ignore_errors=True)
 
 
-# -- measuring and reporting ------------------------------------------------------------------------
+# -- the bare fill loop ------------------------------------------------------------------------
+
+
+def bare_fill_loop(source: Path, dataset: Dataset) -> tuple[float, float]:
+    """(files/s, CPU ms per file) of one process filling an empty store from the source, one
+    file at a time: read, blake3 (checked against the digest), write a temp file, rename it
+    into ``store/ab/cd/<hex>`` (folders made as needed). No quiverfs code: the floor."""
+    import blake3
+
+    root = CACHE_ROOT / "bare"
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "tmp").mkdir(parents=True)
+    store = str(root / "store")
+    tmp = str(root / "tmp")
+    made: set[str] = set()
+    paths = [str(source / rel) for rel in dataset.rels]
+    wall, cpu = time.perf_counter(), time.process_time()
+    for i, (path, digest) in enumerate(zip(paths, dataset.hashes, strict=True)):
+        with open(path, "rb") as f:
+            data = f.read()
+        if blake3.blake3(data).digest() != digest:
+            raise RuntimeError(f"{path} does not match its digest")
+        name = digest.hex()
+        temp = f"{tmp}/{name}.{i}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o400)
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+        leaf = f"{store}/{name[:2]}/{name[2:4]}"
+        if leaf not in made:
+            os.makedirs(leaf, exist_ok=True)
+            made.add(leaf)
+        os.rename(temp, f"{leaf}/{name}")
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    shutil.rmtree(root, ignore_errors=True)
+    return len(paths) / wall, cpu / len(paths) * 1e3
+
+
+# -- measuring --------------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    """One pass: files/s, and for a cold pass what mountd and the mount spent on it."""
+
+    rate: float
+    fill: dict | None = None
+    #: CPU ms of mountd's main process per file it filled
+    mountd_ms: float | None = None
+    #: CPU ms of every quiverfs process per file read
+    total_ms: float | None = None
+    #: mountd's fill_stages (quiverfs stats) after the pass
+    stages: dict | None = None
 
 
 @dataclass
 class Row:
-    """One row of a table: its files/s in every round, and the fill latency of each cold round."""
+    """One row of a table: its rounds."""
 
     name: str
-    rates: list[float] = field(default_factory=list)
-    fills: list[dict] = field(default_factory=list)
+    rounds: list[Round] = field(default_factory=list)
     skipped: str | None = None
 
-    def add(self, rate: float, fill: dict | None = None) -> None:
-        self.rates.append(rate)
-        if fill is not None:
-            self.fills.append(fill)
+    def add(self, rate: float, **measured) -> Round:
+        self.rounds.append(Round(rate, **measured))
+        return self.rounds[-1]
 
     @property
-    def best(self) -> float:
-        return max(self.rates)
-
-    def best_fill(self) -> dict | None:
-        """The fill latency measured in this row's best round."""
-        return self.fills[self.rates.index(self.best)] if self.fills else None
+    def best(self) -> Round:
+        return max(self.rounds, key=lambda r: r.rate)
 
 
-def latency_of(fill: dict | None) -> tuple[float | None, str]:
-    """(seconds, which): mountd's exact ``p50_s`` when it reports one, else its ``mean_s``."""
+def fill_report(world: World) -> tuple[dict, dict]:
+    """mountd's total ``fill_latency`` (``p50_s``, ``count``, ...) and ``fill_stages``."""
+    from mountd.stats.costs import stats_report
+
+    stats = world.stats()
+    return stats_report(stats)["total"]["fill_latency"], stats["counters"]["fill_stages"]
+
+
+def measured_pass(world: World, row: Row, paths: list[str], hashes: list[bytes], readers: int,
+                  seed: int | None = None, s3: S3Target | None = None) -> Round:
+    """One read pass through ``world``'s mount, with the CPU every quiverfs process spent."""
+    before = world.cpu()
+    rate = read_pass(paths, hashes, readers, shuffle_seed=seed, s3=s3)
+    used = cpu_delta(before, world.cpu())
+    fill, stages = fill_report(world)
+    fills = fill.get("count") or 0
+    got = row.add(rate, fill=fill, stages=stages,
+                  mountd_ms=used["mountd"] / fills * 1e3 if fills else None,
+                  total_ms=sum(used.values()) / len(paths) * 1e3)
+    lat = latency_of(fill)
+    note = f", fill p50 {lat * 1e3:.1f} ms over {fills} fills" if lat is not None else ""
+    cpu = (f", mountd {got.mountd_ms:.3f} ms/fill" if got.mountd_ms is not None else "") + \
+        f", all {got.total_ms:.3f} ms/file"
+    progress(f"  {row.name}: {rate:,.0f} files/s{note}{cpu}")
+    return got
+
+
+def cold_round(dataset: Dataset, row: Row, mount_args: list[str], readers: int, concurrency: int,
+               seed: int | None, env: dict[str, str] | None = None,
+               warm: tuple[Row, Row] | None = None, fill_processes: int | None = None) -> None:
+    """One cold pass on a fresh cache and mount; with ``warm`` (second pass, first pass)
+    also the warm second pass on the same mount and a first pass on a fresh mount of the now
+    filled cache."""
+    with cold_world(dataset, mount_args, concurrency, env, fill_processes) as world:
+        paths = world.paths
+        got = measured_pass(world, row, paths, dataset.hashes, readers, seed)
+        if got.fill and got.fill.get("count", len(paths)) < len(paths):
+            progress(f"  warning: only {got.fill.get('count')} fills for {len(paths)} files: "
+                     "was the cache cold?")
+        if warm is not None:
+            second, first = warm
+            rate = read_pass(paths, dataset.hashes, readers)
+            second.add(rate)
+            progress(f"  {second.name}: {rate:,.0f} files/s")
+            world.remount()
+            rate = read_pass(paths, dataset.hashes, readers)
+            first.add(rate)
+            progress(f"  {first.name}: {rate:,.0f} files/s")
+    shutil.rmtree(world.cache_dir, ignore_errors=True)
+
+
+def latency_of(fill: dict | None) -> float | None:
+    """mountd's fill latency p50 (its mean where it reports no p50)."""
     if not fill:
-        return None, ""
-    if fill.get("p50_s") is not None:
-        return float(fill["p50_s"]), "p50"
-    if fill.get("mean_s") is not None:
-        return float(fill["mean_s"]), "mean"
-    return None, ""
+        return None
+    for key in ("p50_s", "mean_s"):
+        if fill.get(key) is not None:
+            return float(fill[key])
+    return None
 
 
 @contextlib.contextmanager
@@ -269,87 +366,109 @@ def dedicated_cache_fs(enabled: bool) -> Iterator[None]:
         CACHE_FS_IMAGE.unlink(missing_ok=True)
 
 
-def cold_round(dataset: Dataset, row: Row, mount_args: list[str], readers: int, concurrency: int,
-               seed: int | None, env: dict[str, str] | None = None,
-               warm: tuple[Row, Row] | None = None) -> None:
-    """One cold pass on a fresh cache and mount; with ``warm`` (second pass, first pass)
-    also the warm second pass on the same mount and a first pass on a fresh mount of the now
-    filled cache."""
-    with cold_world(dataset, mount_args, concurrency, env) as world:
-        paths = world.paths
-        rate = read_pass(paths, dataset.hashes, readers, shuffle_seed=seed)
-        fill = fill_latency(world)
-        row.add(rate, fill)
-        value, which = latency_of(fill)
-        lat = f", fill {which} {value * 1e3:.1f} ms over {fill.get('count')} fills" if value is not None else ""
-        progress(f"  {row.name}: {rate:,.0f} files/s{lat}")
-        if fill.get("count", len(paths)) < len(paths):
-            progress(f"  warning: only {fill.get('count')} fills for {len(paths)} files: was the cache cold?")
-        if warm is not None:
-            second, first = warm
-            rate = read_pass(paths, dataset.hashes, readers)
-            second.add(rate)
-            progress(f"  {second.name}: {rate:,.0f} files/s")
-            world.remount()
-            rate = read_pass(paths, dataset.hashes, readers)
-            first.add(rate)
-            progress(f"  {first.name}: {rate:,.0f} files/s")
-    shutil.rmtree(world.cache_dir, ignore_errors=True)
+# -- reporting -------------------------------------------------------------------------------------
 
 
-def print_table(title: str, base: Row, rows: list[Row], targets: dict[str, float], rounds: int) -> None:
+def ratio(value: float, base: Row | None) -> str:
+    if base is None or not base.rounds or base.skipped:
+        return "–"
+    return f"{value / base.best.rate:.3f}"
+
+
+def print_table(title: str, base: Row, rows: list[Row], *, warm_first: Row | None,
+                bare: Row | None, targets: dict[str, float], base_target: float | None,
+                rounds: int) -> None:
+    """One table: each row's best round beside the base row (direct reads or boto3 readers),
+    the warm first pass and the bare fill loop, with the CPU columns and the verdicts."""
     print(f"\n{title}")
-    print(f"{'pass':<44}{'files/s':>10}{'ratio':>8}{'target':>9}  {'result':<6}{'fill latency':>16}"
-          f"{'fills':>7}  rounds (files/s)")
-    marked = False
+    print(f"{'pass':<44}{'files/s':>10}{'÷ base':>8}{'÷ warm1':>8}{'÷ bare':>8}"
+          f"{'mountd ms':>11}{'all ms':>8}{'fill p50':>10}  verdicts; rounds (files/s)")
+    verdicts_all = []
     for row in [base, *rows]:
         if row.skipped:
             print(f"{row.name:<44}{'–':>10}  ({row.skipped})")
             continue
-        ratio = row.best / base.best
-        target = targets.get(row.name)
-        verdict = ("PASS" if ratio >= target else "FAIL") if target is not None else ""
-        value, which = latency_of(row.best_fill())
-        lat = ""
-        if value is not None:
-            lat = f"{which} {value * 1e3:.1f} ms" + ("*" if which == "mean" else "")
-            marked = marked or which == "mean"
-        fills = str(row.best_fill().get("count", "")) if row.best_fill() else ""
-        print(f"{row.name:<44}{row.best:>10,.0f}{ratio:>8.3f}"
-              f"{'>= ' + format(target, '.2f') if target is not None else '':>9}  {verdict:<6}"
-              f"{lat:>16}{fills:>7}  {' '.join(f'{r:,.0f}' for r in row.rates)}")
-    print(f"(ratios: ÷ {base.name}; each row the best of {rounds} round(s), a fresh cache, mountd "
-          f"and mount per cold pass, because the VM's ratios swing by ±20%; fill latency and fills: "
-          f"mountd's, in the best round)")
-    if marked:
-        print("* mountd's mean fill latency: this mountd reports no p50_s in fill_latency")
+        best = row.best
+        verdicts = []
+        if row is not base and row.name in targets and bare is not None and bare.rounds:
+            target = targets[row.name]
+            verdicts.append(("÷ bare", best.rate / bare.best.rate, target))
+        if row is not base and row.name == "cold, in order" and base_target is not None:
+            verdicts.append(("÷ base", best.rate / base.best.rate, base_target))
+        if row.name in targets or row.name == "cold, in order":
+            if best.mountd_ms is not None:
+                verdicts.append(("mountd ms", -best.mountd_ms, -TARGET_MOUNTD_MS))
+            if best.total_ms is not None:
+                verdicts.append(("all ms", -best.total_ms, -TARGET_TOTAL_MS))
+        text = " ".join(f"{name} {'PASS' if value >= goal else 'FAIL'}"
+                        for name, value, goal in verdicts)
+        verdicts_all.extend(verdicts)
+        lat = latency_of(best.fill)
+        print(f"{row.name:<44}{best.rate:>10,.0f}{ratio(best.rate, base):>8}"
+              f"{ratio(best.rate, warm_first):>8}{ratio(best.rate, bare):>8}"
+              f"{_ms(best.mountd_ms):>11}{_ms(best.total_ms):>8}"
+              f"{(f'{lat * 1e3:.1f} ms' if lat is not None else ''):>10}  {text}"
+              f"{'; ' if text else ''}{' '.join(f'{r.rate:,.0f}' for r in row.rounds)}")
+    print(f"(÷ base: ÷ {base.name}; ÷ warm1: ÷ the warm first pass; ÷ bare: ÷ the bare fill loop; "
+          f"mountd ms: CPU of mountd's main process per file filled; all ms: CPU of mountd, its "
+          f"fill processes, the mount and its workers per file read; each row the best of "
+          f"{rounds} round(s), a fresh cache, mountd and mount per cold pass, because the VM's "
+          f"ratios swing by ±20%)")
+    print(f"targets: ÷ bare {', '.join(f'{k} >= {v}' for k, v in targets.items())}; mountd <= "
+          f"{TARGET_MOUNTD_MS} ms per fill; all <= {TARGET_TOTAL_MS} ms per cold file"
+          + (f"; cold, in order ÷ base >= {base_target}" if base_target is not None else ""))
 
 
-def p50_verdict(row: Row) -> None:
-    value, which = latency_of(row.best_fill())
-    if value is None:
-        print(f"fill latency p50 ({row.name}): not reported by mountd")
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def print_stages(row: Row) -> None:
+    """Where the fills of ``row``'s best round spent their time (mountd's ``fill_stages``)."""
+    stages = row.best.stages
+    if not stages or row.skipped:
         return
-    note = "" if which == "p50" else " (judged on mean_s: this mountd reports no p50_s)"
-    result = "PASS" if value <= TARGET_P50_S else "FAIL"
-    print(f"fill latency {which} ({row.name}): {value * 1e3:.2f} ms, target p50 <= "
-          f"{TARGET_P50_S * 1e3:.0f} ms: {result}{note}")
+    fills = (row.best.fill or {}).get("count") or 0
+    print(f"\nwhere a fill's time went ({row.name}, best round, {fills} fills; "
+          f"{stages.get('jobs', 0)} fill-process jobs): per fill, summed over the stages' observations")
+    print(f"{'stage':<10}{'where':<16}{'observed':>10}{'wall µs':>10}{'CPU µs':>10}")
+    places = {"read": "fill process", "hash": "fill process", "write": "fill process",
+              "rename": "fill process"}
+    for name, stage in stages["stages"].items():
+        if not stage["count"]:
+            continue
+        per = max(1, fills)
+        cpu = f"{stage['cpu_s'] / per * 1e6:.1f}" if stage["cpu_s"] else "–"
+        print(f"{name:<10}{places.get(name, 'mountd'):<16}{stage['count']:>10}"
+              f"{stage['wall_s'] / per * 1e6:>10.1f}{cpu:>10}")
+    if row.best.mountd_ms is not None:
+        print(f"mountd's main process, all told: {row.best.mountd_ms * 1e3:.1f} µs of CPU per fill")
 
 
-# -- the two sections ------------------------------------------------------------------------------
+# -- the sections ----------------------------------------------------------------------------------
 
 
-def variants(readahead: bool) -> list[tuple[str, list[str], bool]]:
-    """(row name, mount arguments, shuffled) of the cold passes."""
-    out = [("cold, in order", [], False), ("cold, shuffled", [], True)]
+def variants(readahead: bool) -> list[tuple[str, list[str], bool, int | None]]:
+    """(row name, mount arguments, shuffled, mountd --fill-processes) of the cold passes."""
+    out: list[tuple[str, list[str], bool, int | None]] = [
+        ("cold, in order", [], False, None), ("cold, shuffled", [], True, None)]
     if readahead:
-        out.append(("cold, in order, --readahead 0", ["--readahead", "0"], False))
+        out.append(("cold, in order, --readahead 0", ["--readahead", "0"], False, None))
+    out.append(("cold, in order, --fill-processes 0", [], False, 0))
     return out
+
+
+def readahead_supported() -> bool:
+    """Whether this tree's ``quiverfs mount`` takes ``--readahead``."""
+    out = subprocess.run(quiverfs("mount", "--help"), capture_output=True, text=True, cwd=REPO,
+                         env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}, check=False)
+    return "--readahead" in out.stdout + out.stderr
 
 
 def file_section(args: argparse.Namespace, source: Path, dataset: Dataset, readahead: bool) -> None:
     direct = Row("direct reads of the source files")
-    cold = {name: Row(name) for name, _, _ in variants(True)}
+    bare = Row("bare fill loop (one process)")
+    cold = {name: Row(name) for name, *_ in variants(True)}
     if not readahead:
         cold["cold, in order, --readahead 0"].skipped = "this mount has no --readahead: skipped"
     warm = Row("warm second pass (in-order mount)")
@@ -362,17 +481,50 @@ def file_section(args: argparse.Namespace, source: Path, dataset: Dataset, reada
         rate = max(read_pass(source_paths, dataset.hashes, args.readers) for _ in range(3))
         direct.add(rate)
         progress(f"  {direct.name}: {rate:,.0f} files/s")
-        for name, mount_args, shuffled in variants(readahead):
+        rate, cpu_ms = bare_fill_loop(source, dataset)
+        bare.add(rate, total_ms=cpu_ms)
+        progress(f"  {bare.name}: {rate:,.0f} files/s, {cpu_ms:.3f} ms of CPU a file")
+        for name, mount_args, shuffled, processes in variants(readahead):
             cold_round(dataset, cold[name], mount_args, args.readers, args.concurrency,
-                       seed=r if shuffled else None, warm=(warm, first) if name == "cold, in order" else None)
+                       seed=r if shuffled else None, fill_processes=processes,
+                       warm=(warm, first) if name == "cold, in order" else None)
     print_table(f"cold reads, file:// source in the page cache: {len(dataset.rels):,} files x "
                 f"{FILE_SIZE // 1024} KiB, {args.readers} reader processes, {os.cpu_count()} CPUs, "
                 f"mountd --remote-concurrency {args.concurrency}",
-                direct, [*cold.values(), warm, first], {"cold, in order": TARGET_FILE}, args.rounds)
-    p50_verdict(cold["cold, in order"])
-    print(f"ceiling of a cold pass here: a first pass that fills nothing reaches "
-          f"{first.best / direct.best:.3f} of direct reads (cold in order: "
-          f"{cold['cold, in order'].best / direct.best:.3f}, target {TARGET_FILE})")
+                direct, [bare, *cold.values(), warm, first], warm_first=first, bare=bare,
+                targets=TARGET_BARE, base_target=None, rounds=args.rounds)
+    print_stages(cold["cold, in order"])
+    print(f"\ncold, in order ÷ warm first pass: "
+          f"{cold['cold, in order'].best.rate / first.best.rate:.3f}; "
+          f"÷ direct: {cold['cold, in order'].best.rate / direct.best.rate:.3f}")
+    if args.scale:
+        scale_section(args, dataset)
+
+
+def scale_section(args: argparse.Namespace, dataset: Dataset) -> None:
+    """Cold in order at 1, 2, 4, ... readers, with 0, 1 and the default fill processes."""
+    cores = len(os.sched_getaffinity(0))
+    counts = [1]
+    while counts[-1] < max(8, cores):
+        counts.append(min(counts[-1] * 2, max(8, cores)))
+    settings = [("fills in mountd's threads (--fill-processes 0)", 0),
+                ("1 fill process", 1), (f"default ({cores} fill processes)", None)]
+    results: dict[tuple[str, int], Row] = {}
+    for label, processes in settings:
+        for readers in counts:
+            row = results[label, readers] = Row(f"{label}, {readers} readers")
+            progress(f"scaling: {row.name}")
+            cold_round(dataset, row, [], readers, args.concurrency, seed=None,
+                       fill_processes=processes)
+    print(f"\nscaling: cold in order (files/s, best of 1), file:// source, {cores} CPUs; "
+          "columns: readers; in brackets mountd's main-process CPU ms per fill")
+    print(f"{'mountd':<48}" + "".join(f"{n:>16}" for n in counts))
+    for label, _ in settings:
+        cells = []
+        for readers in counts:
+            best = results[label, readers].best
+            cells.append(f"{best.rate:,.0f} ({_ms(best.mountd_ms)})")
+        print(f"{label:<48}" + "".join(f"{c:>16}" for c in cells))
 
 
 @contextlib.contextmanager
@@ -416,7 +568,7 @@ def s3_section(args: argparse.Namespace, source: Path, dataset: Dataset, readahe
         keys = [f"{PREFIX}/{rel}" for rel in rels]
 
         boto = Row(f"plain boto3 reader, {args.readers} processes")
-        cold = {name: Row(name) for name, _, _ in variants(True)}
+        cold = {name: Row(name) for name, *_ in variants(True)}
         if not readahead:
             cold["cold, in order, --readahead 0"].skipped = "this mount has no --readahead: skipped"
         for r in range(args.rounds):
@@ -424,12 +576,14 @@ def s3_section(args: argparse.Namespace, source: Path, dataset: Dataset, readahe
             rate = read_pass(keys, hashes, args.readers, s3=target)
             boto.add(rate)
             progress(f"  {boto.name}: {rate:,.0f} files/s")
-            for name, mount_args, shuffled in variants(readahead):
+            for name, mount_args, shuffled, processes in variants(readahead):
                 cold_round(s3_data, cold[name], mount_args, args.readers, args.concurrency,
-                           seed=r if shuffled else None, env=env)
+                           seed=r if shuffled else None, env=env, fill_processes=processes)
     print_table(f"cold reads, S3 emulator (moto server on loopback) as the source: {len(rels):,} objects "
                 f"x {FILE_SIZE // 1024} KiB, {args.readers} readers, mountd --remote-concurrency "
-                f"{args.concurrency}", boto, list(cold.values()), {"cold, in order": TARGET_S3}, args.rounds)
+                f"{args.concurrency}", boto, list(cold.values()), warm_first=None, bare=None,
+                targets={}, base_target=TARGET_S3, rounds=args.rounds)
+    print_stages(cold["cold, in order"])
 
 
 def run_sections(args: argparse.Namespace, source: Path, dataset: Dataset, readahead: bool) -> None:
@@ -454,6 +608,8 @@ def main() -> None:
                         help="rounds per row, best reported (default 2; --quick 1)")
     parser.add_argument("--quick", action="store_true", help="a small smoke run (400 files, 1 round)")
     parser.add_argument("--only", choices=("file", "s3"), help="run one section only")
+    parser.add_argument("--scale", action="store_true",
+                        help="also cold passes at 1, 2, 4, ... readers with 0, 1 and the default fill processes")
     parser.add_argument("--cache-on-root", action="store_true",
                         help="keep the caches on the repository's filesystem instead of a fresh "
                              "ext4 of their own (slow to create files on this VM)")
@@ -473,7 +629,6 @@ def main() -> None:
     shutil.rmtree(WORLD, ignore_errors=True)  # the logs hold this invocation only
     source, dataset = prepare_source(args.files)
     readahead = readahead_supported()
-    progress(f"quiverfs mount --readahead: {'supported' if readahead else 'not offered by this tree'}")
     progress("caches on " + ("the repository's filesystem" if args.cache_on_root else
                               f"a fresh ext4 of their own ({CACHE_FS})"))
     try:

@@ -17,6 +17,7 @@ from mountd.cluster.peer import PeerClient, PeerServer
 from mountd.errors import PeerCorrupt, PeerError
 from mountd.store.cache import Cache, CacheConfig
 from mountd.store.peers import PeerFile
+from mountd.store.supplied import pread_all
 from tests.cluster.conftest import SECRET
 from tests.mountd.conftest import Source
 
@@ -45,8 +46,8 @@ async def test_get_serves_cached_content_and_misses_the_rest(tmp_path: Path) -> 
         port = await nursery.start(server.serve, "127.0.0.1", 0)
         client = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL)
         address = f"127.0.0.1:{port}"
-        assert (await client.get(address, small.hash, small.size)).data == small.data
-        assert (await client.get(address, large.hash, large.size)).data == large.data  # in memory
+        assert (await client.get(address, small.hash, small.size)).inline == small.data
+        assert (await client.get(address, large.hash, large.size)).inline == large.data  # in memory
         assert await client.get(address, absent.hash, absent.size) is None
         # One connection carried all three (kept idle between requests).
         assert len(client._idle[address]) == 1
@@ -187,7 +188,7 @@ async def test_large_files_stream_through_a_spool_file_both_ways(tmp_path: Path)
         content = await client.get(f"127.0.0.1:{port_a}", big.hash, big.size)
         assert isinstance(content, PeerFile) and content.size == big.size
         assert os.listdir(spool) == []  # unlinked from the start: nothing to clean up
-        assert await content.read_range("", 0, big.size) == big.data
+        assert pread_all(content.fd, 0, big.size) == big.data
         content.close()
         assert counters.served_bytes == big.size
         fd = os.open(a.store_path(big.hash), os.O_RDONLY)

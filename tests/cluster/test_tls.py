@@ -85,7 +85,7 @@ async def test_transfers_over_tls_are_encrypted_and_need_the_cluster_ca(tmp_path
         relayed = await nursery.start(_relay, port, seen)
 
         member = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL, tls=client_tls.client_context())
-        assert (await member.get(f"127.0.0.1:{relayed}", obj.hash, obj.size)).data == secret_text
+        assert (await member.get(f"127.0.0.1:{relayed}", obj.hash, obj.size)).inline == secret_text
         assert counters.served_hits == 1 and len(seen) > len(secret_text)
         assert b"quick brown fox" not in seen  # the relay saw only ciphertext
 

@@ -137,8 +137,11 @@ async def test_checkpoints_follow_fills_and_cover_every_row(tmp_path: Path, sour
         start = cache.checkpoints
         for obj in objs:
             await cache.ensure(obj.hash, obj.size, obj.location)
+        # Rows become visible to another connection when their group commit lands (up to
+        # GROUP_COMMIT_DELAY later): wait for a checkpoint after the fills, then for one
+        # that covers every row.
         with trio.fail_after(10):
-            while rows_added_after_mark(cache_dir):
+            while cache.checkpoints <= start or rows_added_after_mark(cache_dir):
                 await trio.sleep(0.02)
         assert cache.checkpoints > start
         assert cache.index.pending == 0  # the group commit was flushed as well

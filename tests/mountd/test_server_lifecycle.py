@@ -29,18 +29,20 @@ from quiverfs.testing.mountd import (
 
 
 def mountd_pids(cache_dir: Path) -> list[int]:
-    """Processes running ``quiverfs.cli mountd --cache-dir CACHE_DIR``."""
-    found = []
+    """Processes running ``quiverfs.cli mountd --cache-dir CACHE_DIR``: the mountds, not their
+    fill processes (forked children, with the same command line)."""
+    found = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
         if b"mountd" in argv and os.fsencode(cache_dir) in argv:
-            found.append(int(entry))
-    return found
+            found[int(entry)] = parent
+    return sorted(pid for pid, parent in found.items() if parent not in found)
 
 
 def pid_gone(pid: int) -> bool:

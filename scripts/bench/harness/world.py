@@ -148,6 +148,8 @@ class MountdConfig:
     remote_latency_ms: float | None = None
     #: ``--max-span`` in bytes (chunk fills of packed datasets; 0: off; None: mountd's default).
     max_span: int | None = None
+    #: ``--fill-processes`` (0: fills in mountd's own threads; None: mountd's default, a core each).
+    fill_processes: int | None = None
 
     def flags(self) -> list[str]:
         out = ["--cache-size", str(int(self.cache_size))]
@@ -165,6 +167,8 @@ class MountdConfig:
             out += ["--chunk-grace", f"{self.chunk_grace:g}"]
         if self.remote_latency_ms:
             out += ["--remote-latency-ms", f"{self.remote_latency_ms:g}"]
+        if self.fill_processes is not None:
+            out += ["--fill-processes", str(self.fill_processes)]
         if self.max_span is not None:
             out += ["--max-span", str(int(self.max_span))]
         return out
@@ -201,6 +205,38 @@ def stop_mountd_of(cache_dir: Path) -> None:
         pass
     except RuntimeError:
         os.kill(pid, signal.SIGKILL)
+
+
+def process_cpu(pid: int) -> float:
+    """User plus system CPU seconds of process ``pid`` (all its threads); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pids(pid: int) -> list[int]:
+    """The children of process ``pid`` (Linux: every thread's list)."""
+    out: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.extend(int(child) for child in f.read().split())
+        except OSError:
+            continue
+    return out
+
+
+def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """``after - before`` per role (a child that exited in between counts from zero: its
+    CPU then moved to its parent's waited-for children, which /proc does not show)."""
+    return {role: max(0.0, after[role] - before.get(role, 0.0)) for role in after}
 
 
 class World:
@@ -334,6 +370,19 @@ class World:
         if total != self.dataset.total_bytes:
             raise RuntimeError(f"warm-up read {total} bytes, expected {self.dataset.total_bytes}")
         return time.perf_counter() - start
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by each role: ``mountd`` (its main process),
+        ``fill processes`` (mountd's children), ``mount`` (the mount's main process) and
+        ``mount workers`` (its children); with :func:`cpu_delta` around a pass."""
+        out = dict.fromkeys(("mountd", "fill processes", "mount", "mount workers"), 0.0)
+        for role, proc in (("mountd", self.mountd), ("mount", self.mount)):
+            if proc is None:
+                continue
+            out[role] = process_cpu(proc.pid)
+            helpers = "fill processes" if role == "mountd" else "mount workers"
+            out[helpers] = sum(process_cpu(child) for child in child_pids(proc.pid))
+        return out
 
     def mountd_log_lines(self, needle: str) -> list[str]:
         """mountd's log lines containing ``needle`` (e.g. "chunk", "mode")."""

@@ -1,0 +1,735 @@
+"""Where fills run: a pool of fill processes, or mountd's own threads.
+
+A fill's data movement (read, blake3, write, rename: :mod:`mountd.store.fillwork`) costs
+~0.2 ms of CPU for a 110 KiB file, most of it Python around system calls. In mountd's one
+interpreter that capped every cold read on the machine at about one core's worth of fills
+(~1,000 files/s whatever the cores, docs/architecture.md "Fills"). So mountd forks **fill
+processes** when it starts (:class:`ProcessFills`, ``--fill-processes``, one per core by
+default): each runs jobs in a few threads with backends of its own, and the main process only
+decides (single-flight, reservations, quotas, limits, holds, the index) and sends the job.
+
+The seam is :class:`Fills`: ``run(job)`` returns the job's :class:`~mountd.store.fillwork.Outcome`.
+:class:`ThreadFills` runs the same :mod:`~mountd.store.fillwork` steps in mountd's worker
+threads (``--fill-processes 0``, and the cache's unit tests, whose fault-injecting backends
+live in the test's process).
+
+The pool's protocol (one ``SOCK_SEQPACKET`` socket pair per child; each message a pickled
+tuple, so it only ever carries our own types between a parent and the children it forked):
+
+* parent → child ``(JOB, id, job)``, with the job's descriptor attached (``SCM_RIGHTS``) when
+  it reads bytes a client supplied; ``(REPLY, id)``; ``(CANCEL, id)``: the job's caller was
+  cancelled (a streamed job stops before its next chunk); ``(WARM, url)``;
+* child → parent ``(DONE, id, results, gets, stages, error, counters)`` where ``counters`` is
+  the child's running totals for the job's backend (the parent keeps the latest of each child
+  and adds them up for ``quiverfs stats``); ``(ROOM, id, bytes)``: the disk is full, evict
+  this much, then ``REPLY`` (the child then writes once more); ``(PACE, id, bytes)``: the
+  next chunk of a streamed remote object is due, ``REPLY`` once the remote limits allow it.
+
+Guarantees kept across the process boundary:
+
+* **Nothing visible before it is verified.** The child renames a file into the store only
+  after its size and blake3 matched; the parent indexes what the child reports.
+* **Cancellation never leaves a partial or an unaccounted file.** A job, once sent, is
+  waited for even by a cancelled caller (as a thread that writes is never abandoned), so
+  what it landed is indexed; a temp file of a failed or killed job is removed by the child
+  or, after a crash, by recovery (``tmp/`` is wiped on open).
+* **A child that dies** fails the jobs it had with :class:`~mountd.errors.CacheError` (their
+  waiters retry or report it) and is replaced; a file it renamed before dying is complete
+  and verified, and the next fill of that hash finds the name taken by the same bytes.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import itertools
+import logging
+import math
+import os
+import pickle
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import outcome
+import trio
+
+from mountd.errors import CacheError
+from mountd.store.fillwork import (
+    BackendReader,
+    BytesReader,
+    FdReader,
+    FillJob,
+    FillStopped,
+    Outcome,
+    SpanJob,
+    StageTimes,
+    Store,
+)
+from quiverfs.backends import Backend
+from quiverfs.backends.base import RemoteCounters
+from quiverfs.forking import close_inherited, fork_child
+
+log = logging.getLogger("mountd.store.fillpool")
+
+Job = FillJob | SpanJob
+
+#: Message kinds (see the module docstring).
+JOB, REPLY, CANCEL, WARM, DONE, ROOM, PACE = range(7)
+
+#: Largest message either side receives (a job or an outcome is a few hundred bytes; the
+#: bytes of a peer's file never travel in a message: they go as a descriptor).
+MESSAGE_BYTES = 1 << 20
+
+#: Socket buffer of each pair, both ways: room for hundreds of jobs in flight.
+SOCKET_BUFFER = 4 << 20
+
+#: Seconds :meth:`ProcessFills.close` gives the children to finish the fills in hand.
+STOP_SECONDS = 5.0
+
+#: Children replaced within :data:`RESTART_WINDOW` seconds before the pool gives up on one slot.
+MAX_RESTARTS = 10
+RESTART_WINDOW = 60.0
+
+
+class Fills(Protocol):
+    """Runs the data movement of fills (see the module docstring)."""
+
+    async def run(self, job: Job, fd: int | None = None) -> Outcome:
+        """Run ``job`` (``fd``: the descriptor a ``"fd"`` job reads, still owned by the
+        caller) and return its outcome; never raises for what the job met (that is in the
+        outcome). Once started, waited for even when the caller is cancelled."""
+        ...
+
+    def warm(self, urls: Iterable[str]) -> None:
+        """Open the backends of ``urls`` ahead of their first fill (in the background)."""
+        ...
+
+    def remote_counters(self) -> dict[str, tuple[RemoteCounters, str | None]]:
+        """The fills' requests by backend URL, and how each backend reads (``stats``)."""
+        ...
+
+    def attach(self, room: Callable[[int], int], pace: Callable[[int], Awaitable[None]]) -> None:
+        """The cache's side of the jobs' gate (:class:`~mountd.store.fillwork.Gate`):
+        ``room(bytes)`` frees disk space when a fill meets a full disk, ``pace(bytes)`` waits
+        for the remote limits before the next chunk of a streamed object (both called in
+        the trio thread)."""
+        ...
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        """Serve the executor's background work until cancelled (fill processes: their
+        answers; :meth:`run` needs it running)."""
+        ...
+
+    def close(self) -> None:
+        """Stop (idempotent)."""
+        ...
+
+
+# -- in mountd's own threads -------------------------------------------------------------------
+
+
+class ThreadFills:
+    """:class:`Fills` in mountd's worker threads, with the cache's own backends (its
+    ``backend(url)`` opener, which the cache counts for ``stats``)."""
+
+    def __init__(self, cache_dir: Path, backend: Callable[[str], Awaitable[Backend]],
+                 io_threads: int) -> None:
+        self._backend = backend
+        self._io = trio.CapacityLimiter(io_threads)
+        self._store = Store(cache_dir)
+        self._gate = _ThreadGate()
+
+    async def run(self, job: Job, fd: int | None = None) -> Outcome:
+        store, gate = self._store, self._gate
+        if isinstance(job, SpanJob):
+            backend = await self._backend(job.url)
+            reader = BackendReader(backend, job.key)
+            return await trio.to_thread.run_sync(store.fill_span, job, reader, gate,
+                                                 limiter=backend.limiter)
+        limiter = self._io
+        if job.source == "remote":
+            backend = await self._backend(job.target.url)
+            reader: Any = BackendReader(backend, job.target.key)
+            limiter = backend.limiter
+        elif job.source == "fd":
+            assert fd is not None
+            reader = FdReader(fd, job.target.url)
+        else:
+            reader = BytesReader(job.data)
+        return await trio.to_thread.run_sync(store.fill, job, reader, gate, limiter=limiter)
+
+    def warm(self, urls: Iterable[str]) -> None:
+        """Nothing: the cache opens its own backends ahead (it owns them)."""
+
+    def remote_counters(self) -> dict[str, tuple[RemoteCounters, str | None]]:
+        return {}  # the cache's own backends count these fills
+
+    def attach(self, room: Callable[[int], int], pace: Callable[[int], Awaitable[None]]) -> None:
+        self._gate.room_fn, self._gate.pace_fn = room, pace
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        task_status.started()  # nothing in the background: jobs run in the callers' threads
+
+    def close(self) -> None:
+        pass
+
+
+class _ThreadGate:
+    """The :class:`~mountd.store.fillwork.Gate` of jobs in mountd's worker threads: calls
+    back into the trio thread, and stops a job whose caller was cancelled."""
+
+    def __init__(self) -> None:
+        self.room_fn: Callable[[int], int] = lambda need: 0
+        self.pace_fn: Callable[[int], Awaitable[None]] | None = None
+
+    def room(self, need: int) -> None:
+        trio.from_thread.run_sync(self.room_fn, need)
+
+    def next_read(self, nbytes: int, remote: bool) -> None:
+        try:
+            trio.from_thread.check_cancelled()
+            if remote and self.pace_fn is not None:
+                trio.from_thread.run(self.pace_fn, nbytes)
+        except trio.Cancelled:
+            raise FillStopped from None
+
+
+# -- in fill processes ---------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Child:
+    """One fill process, as the parent sees it."""
+
+    slot: int
+    pid: int
+    #: jobs out, answers and requests back
+    sock: socket.socket
+    #: replies and cancellations out (read by the child's control thread)
+    control: socket.socket
+    #: jobs sent and not answered: id -> (waiting task, job)
+    jobs: dict[int, tuple[trio.lowlevel.Task, Job]] = field(default_factory=dict)
+    #: the latest running totals of its backends: url -> (counters, read path)
+    counters: dict[str, tuple[RemoteCounters, str | None]] = field(default_factory=dict)
+    dead: bool = False
+
+
+class ProcessFills:
+    """:class:`Fills` in ``processes`` forked fill processes, ``threads`` fills at once in
+    each. Fork them with :meth:`start` as early as possible (mountd does it before its trio
+    run starts: a child forked from a process without threads inherits no lock held by one);
+    :meth:`serve` reads their answers; :meth:`close` stops them.
+
+    ``factory(url)`` opens a backend in a child (default: :func:`quiverfs.backends.open_backend`
+    with ``threads`` connections)."""
+
+    def __init__(self, cache_dir: Path, processes: int, threads: int,
+                 factory: Callable[[str], Backend]) -> None:
+        if processes < 1 or threads < 1:
+            raise ValueError("a fill pool needs at least one process and one thread")
+        self.cache_dir = Path(cache_dir)
+        self.processes = processes
+        self.threads = threads
+        self._factory = factory
+        self._children: list[_Child] = []
+        self._ids = itertools.count(1)
+        self._room: Callable[[int], int] = lambda need: 0
+        self._pace: Callable[[int], Awaitable[None]] | None = None
+        self._nursery: trio.Nursery | None = None
+        self._restarts: list[float] = []
+        self._warm: set[str] = set()
+        #: Totals of children that died, so ``stats`` never goes backwards.
+        self._dead_counters: dict[str, RemoteCounters] = {}
+        self._closed = False
+
+    @staticmethod
+    def threads_for(processes: int, fill_concurrency: int) -> int:
+        """Threads per process so that ``processes`` of them run ``fill_concurrency`` fills."""
+        return max(1, math.ceil(fill_concurrency / max(1, processes)))
+
+    # -- the children ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fork every child (idempotent)."""
+        while len(self._children) < self.processes:
+            self._children.append(self._fork(len(self._children)))
+
+    def _fork(self, slot: int) -> _Child:
+        ours, theirs = _pair()
+        control, child_control = _pair()
+
+        def target() -> None:
+            close_inherited([theirs.fileno(), child_control.fileno()])
+            _child_main(theirs, child_control, self.cache_dir, self.threads, self._factory,
+                        self._warm)
+
+        pid = fork_child(target, f"fill process {slot}", f"mountd-fill{slot}")
+        theirs.close()
+        child_control.close()
+        ours.setblocking(False)
+        control.setblocking(False)
+        log.debug("fill process %d started (pid %d, %d threads)", slot, pid, self.threads)
+        return _Child(slot, pid, ours, control)
+
+    @property
+    def pids(self) -> list[int]:
+        """The children's pids (tests, and the bench's CPU accounting)."""
+        return [child.pid for child in self._children if not child.dead]
+
+    def close(self) -> None:
+        """Close the sockets (each child exits when it reads the end, once its fills in hand
+        are done) and reap the children, killing those that take longer than
+        :data:`STOP_SECONDS`."""
+        if self._closed:
+            return
+        self._closed = True
+        for child in self._children:
+            if not child.dead:
+                with contextlib.suppress(RuntimeError):  # outside trio: nobody waits on it
+                    trio.lowlevel.notify_closing(child.sock)
+                child.sock.close()
+                child.control.close()
+        deadline = time.monotonic() + STOP_SECONDS
+        for child in self._children:
+            _reap(child.pid, max(0.0, deadline - time.monotonic()))
+
+    # -- running jobs ------------------------------------------------------------------------------
+
+    async def run(self, job: Job, fd: int | None = None) -> Outcome:
+        if self._closed:
+            return _failed(job, CacheError("mountd's fill processes are stopped"))
+        owned = -1
+        if isinstance(job, FillJob) and job.source == "bytes":
+            # A peer's bytes travel as a descriptor, never in a message.
+            owned = fd = _memfd(job.data)
+            job = FillJob(job.target, "fd", 0, b"", job.chunk_size)
+        try:
+            child = min((c for c in self._children if not c.dead), key=lambda c: len(c.jobs),
+                        default=None)
+            if child is None:
+                return _failed(job, CacheError("mountd has no fill process left"))
+            job_id = next(self._ids)
+            message = pickle.dumps((JOB, job_id, job), protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                await _send(child.sock, message, () if fd is None else (fd,))
+            except OSError as exc:  # the child is gone: its reader replaces it
+                return _failed(job, CacheError(f"cannot reach a fill process: {exc}"))
+        finally:
+            if owned >= 0:
+                os.close(owned)  # the child has its own copy now (or never will)
+        task = trio.lowlevel.current_task()
+        child.jobs[job_id] = (task, job)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            # Not abortable: the child is working on it, and what it lands must be indexed
+            # (a thread that writes is never abandoned either). A streamed job is told to
+            # stop before its next chunk; its answer then comes soon.
+            with contextlib.suppress(OSError):
+                child.control.send(pickle.dumps((CANCEL, job_id)))
+            return trio.lowlevel.Abort.FAILED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def warm(self, urls: Iterable[str]) -> None:
+        for url in urls:
+            if url in self._warm:
+                continue
+            self._warm.add(url)
+            message = pickle.dumps((WARM, url))
+            for child in self._children:
+                if not child.dead:
+                    with contextlib.suppress(OSError):  # it will open the backend at its first fill instead
+                        child.sock.send(message)
+
+    def remote_counters(self) -> dict[str, tuple[RemoteCounters, str | None]]:
+        out: dict[str, tuple[RemoteCounters, str | None]] = {}
+        for url, dead in self._dead_counters.items():
+            out[url] = (_sum_counters([dead]), None)
+        for child in self._children:
+            for url, (counters, path) in child.counters.items():
+                have = out.get(url)
+                out[url] = (_sum_counters([counters] if have is None else [have[0], counters]),
+                            path or (have[1] if have else None))
+        return out
+
+    # -- answers -------------------------------------------------------------------------------------
+
+    def attach(self, room: Callable[[int], int], pace: Callable[[int], Awaitable[None]]) -> None:
+        self._room, self._pace = room, pace
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                    ) -> None:
+        self.start()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for child in self._children:
+                nursery.start_soon(self._read, child)
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def _read(self, child: _Child) -> None:
+        """Handle ``child``'s messages until it dies or this task is cancelled; then (the
+        cache is closing) stop its jobs and wait up to :data:`STOP_SECONDS` for their
+        answers, shielded: every waiter must be woken, and what landed indexed."""
+        buffer = bytearray(MESSAGE_BYTES)
+        try:
+            while not await self._receive(child, buffer):
+                pass
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                for job_id in list(child.jobs):
+                    with contextlib.suppress(OSError):
+                        child.control.send(pickle.dumps((CANCEL, job_id)))
+                with trio.move_on_after(STOP_SECONDS):
+                    while child.jobs and not await self._receive(child, buffer):
+                        pass
+                self._fail_jobs(child, CacheError("mountd stopped before the fill ended"))
+            raise
+
+    async def _receive(self, child: _Child, buffer: bytearray) -> bool:
+        """Wait for ``child``'s socket, then handle every message waiting there; True once
+        the child is gone."""
+        sock = child.sock
+        try:
+            await trio.lowlevel.wait_readable(sock)
+        except (trio.ClosedResourceError, OSError):
+            return True  # closed by close()
+        view = memoryview(buffer)
+        while True:
+            try:
+                n = sock.recv_into(buffer)
+            except BlockingIOError:
+                return False
+            except OSError:
+                n = 0
+            if not n:
+                self._died(child)
+                return True
+            message = pickle.loads(view[:n])
+            kind = message[0]
+            if kind == DONE:
+                self._done(child, message)
+            elif kind == ROOM:
+                self._make_room(child, message[1], message[2])
+            elif kind == PACE:
+                if self._nursery is None or child.dead:
+                    self._reply(child, message[1])
+                else:
+                    self._nursery.start_soon(self._paced, child, message[1], message[2])
+
+    def _done(self, child: _Child, message: tuple) -> None:
+        _, job_id, results, gets, stages, error, counters = message
+        if counters is not None:
+            url, totals, path = counters
+            child.counters[url] = (totals, path)
+        task, _ = child.jobs.pop(job_id)
+        trio.lowlevel.reschedule(task, outcome.Value(
+            Outcome(results, gets, StageTimes(stages), error)))
+
+    def _make_room(self, child: _Child, job_id: int, need: int) -> None:
+        try:
+            self._room(need)
+        except Exception:
+            log.exception("could not make room for a fill")
+        self._reply(child, job_id)
+
+    async def _paced(self, child: _Child, job_id: int, nbytes: int) -> None:
+        if self._pace is not None:
+            await self._pace(nbytes)
+        self._reply(child, job_id)
+
+    def _reply(self, child: _Child, job_id: int) -> None:
+        if not child.dead:
+            with contextlib.suppress(OSError):  # gone: its jobs fail when its end is read
+                child.control.send(pickle.dumps((REPLY, job_id)))
+
+    def _fail_jobs(self, child: _Child, error: BaseException) -> None:
+        """Wake every waiter of ``child``'s jobs with ``error``."""
+        for task, job in child.jobs.values():
+            trio.lowlevel.reschedule(task, outcome.Value(_failed(job, error)))
+        child.jobs.clear()
+
+    def _died(self, child: _Child) -> None:
+        """A child's end closed: fail its jobs, keep its totals, replace it."""
+        child.dead = True
+        child.sock.close()
+        child.control.close()
+        _reap(child.pid)
+        if not self._closed:
+            log.error("fill process %d (pid %d) died with %d fills in hand; replacing it",
+                      child.slot, child.pid, len(child.jobs))
+        self._fail_jobs(child, CacheError(
+            f"the fill process that had this fill died (pid {child.pid})"))
+        if self._closed:
+            return
+        for url, (counters, _) in child.counters.items():
+            self._dead_counters[url] = _sum_counters(
+                [counters] + ([self._dead_counters[url]] if url in self._dead_counters else []))
+        now = trio.current_time()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW] + [now]
+        if len(self._restarts) > MAX_RESTARTS * self.processes:
+            log.error("fill processes keep dying; slot %d is not replaced", child.slot)
+            return
+        replacement = self._fork(child.slot)
+        self._children[self._children.index(child)] = replacement
+        if self._nursery is not None:
+            self._nursery.start_soon(self._read, replacement)
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    """A ``SOCK_SEQPACKET`` pair with room for hundreds of messages each way."""
+    pair = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    for sock in pair:
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            with contextlib.suppress(OSError):  # the system's maximum then
+                sock.setsockopt(socket.SOL_SOCKET, option, SOCKET_BUFFER)
+    return pair
+
+
+async def _send(sock: socket.socket, message: bytes, fds: tuple[int, ...]) -> None:
+    """Send one message (with ``fds``) on a non-blocking socket, waiting while it is full."""
+    while True:
+        try:
+            if fds:
+                socket.send_fds(sock, [message], list(fds))
+            else:
+                sock.send(message)
+            return
+        except BlockingIOError:
+            await trio.lowlevel.wait_writable(sock)
+
+
+def _failed(job: Job, error: BaseException) -> Outcome:
+    members = len(job.members) if isinstance(job, SpanJob) else 1
+    return Outcome([error] * members, error=error if isinstance(job, SpanJob) else None)
+
+
+def _sum_counters(parts: list[RemoteCounters]) -> RemoteCounters:
+    total = RemoteCounters()
+    for part in parts:
+        total.requests.update(part.requests)
+        total.bytes_read += part.bytes_read
+        total.bytes_written += part.bytes_written
+        total.retries += part.retries
+        total.failures.update(part.failures)
+    return total
+
+
+def _memfd(data: bytes) -> int:
+    fd = os.memfd_create("quiverfs-peer-bytes", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _reap(pid: int, timeout: float = 0.0) -> None:
+    """Wait up to ``timeout`` seconds for child ``pid`` to exit, then kill it."""
+    deadline = time.monotonic() + timeout
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() >= deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.01)
+    except (ChildProcessError, ProcessLookupError):
+        pass
+
+
+# -- the child ----------------------------------------------------------------------------------
+
+
+def _child_main(sock: socket.socket, control: socket.socket, cache_dir: Path, threads: int,
+                factory: Callable[[str], Backend], warm: Iterable[str]) -> None:  # pragma: no cover
+    """A fill process: ``threads`` threads each receive a job, run it and answer (no hand-off
+    between threads on the way); one more reads the parent's replies and cancellations.
+    Returns once the parent closed its end (every thread then reads the end)."""
+    child = _ChildLoop(sock, cache_dir, factory)
+    workers = [threading.Thread(target=child.serve, name=f"fill-{i}", daemon=True)
+               for i in range(threads)]
+    for url in warm:
+        threading.Thread(target=child.backend, args=(url,), daemon=True).start()
+    for worker in workers:
+        worker.start()
+    child.control(control)  # until the parent's end closes
+    for worker in workers:
+        worker.join()
+
+
+#: Bytes of one descriptor in ``SCM_RIGHTS`` ancillary data (a C int).
+_FD_SIZE = array.array("i").itemsize
+
+
+def _fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors ``SCM_RIGHTS`` ancillary data carried."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.extend(array.array("i", data[:len(data) - len(data) % _FD_SIZE]))
+    return fds
+
+
+class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it through mountd)
+    """A fill process's state: its backends, its store, the jobs waiting for an answer."""
+
+    def __init__(self, sock: socket.socket, cache_dir: Path,
+                 factory: Callable[[str], Backend]) -> None:
+        self.sock = sock
+        self.factory = factory
+        self.backends: dict[str, Backend] = {}
+        self.opening = threading.Lock()
+        #: jobs waiting for the parent's REPLY
+        self.waiting: dict[int, threading.Event] = {}
+        #: jobs whose caller was cancelled
+        self.stopped: set[int] = set()
+        self.store = Store(cache_dir)
+        self.stopping = False
+
+    def serve(self) -> None:
+        """One worker thread: receive a message, act on it, until the parent's end closes."""
+        buffer = bytearray(MESSAGE_BYTES)
+        view = memoryview(buffer)
+        descriptors = socket.CMSG_SPACE(_FD_SIZE)
+        sock = self.sock
+        while True:
+            try:
+                n, ancillary, _, _ = sock.recvmsg_into([buffer], descriptors)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not n:
+                return
+            fds = _fds_of(ancillary)
+            message = pickle.loads(view[:n])
+            kind = message[0]
+            if kind == JOB:
+                self.run(message[1], message[2], fds.pop(0) if fds else None)
+            elif kind == WARM:
+                self.backend(message[1])
+            for fd in fds:
+                os.close(fd)
+
+    def control(self, control: socket.socket) -> None:
+        """The control thread: the parent's REPLY and CANCEL messages, until its end closes."""
+        while True:
+            try:
+                data = control.recv(MESSAGE_BYTES)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                break
+            kind, job_id = pickle.loads(data)
+            if kind == CANCEL:
+                self.stopped.add(job_id)
+            event = self.waiting.get(job_id)
+            if event is not None:
+                event.set()
+        self.stopping = True
+        for event in list(self.waiting.values()):
+            event.set()
+
+    def backend(self, url: str) -> Backend:
+        backend = self.backends.get(url)
+        if backend is None:
+            with self.opening:
+                backend = self.backends.get(url)
+                if backend is None:
+                    backend = self.backends[url] = self.factory(url)
+        return backend
+
+    def run(self, job_id: int, job: Job, fd: int | None) -> None:
+        url = None
+        gate = _ChildGate(self, job_id)
+        try:
+            if isinstance(job, SpanJob):
+                url = job.url
+                result = self.store.fill_span(job, BackendReader(self.backend(url), job.key),
+                                              gate)
+            elif job.source == "remote":
+                url = job.target.url
+                result = self.store.fill(job, BackendReader(self.backend(url),
+                                                            job.target.key), gate)
+            else:
+                result = self.store.fill(job, FdReader(-1 if fd is None else fd,
+                                                       job.target.url), gate)
+        except Exception as exc:  # a backend that cannot even open: every target fails
+            result = _failed(job, exc)
+        finally:
+            if fd is not None:
+                os.close(fd)
+            self.stopped.discard(job_id)
+        counters = None
+        if url is not None and url in self.backends:
+            backend = self.backends[url]
+            counters = (url, backend.counters, backend.read_path())
+        message = (DONE, job_id, result.results, result.gets, result.stages.values,
+                   result.error, counters)
+        with contextlib.suppress(OSError):  # the parent is gone
+            self.sock.send(_picklable(message))
+
+    def ask(self, job_id: int, message: tuple) -> None:
+        """Send ``message`` about job ``job_id`` and wait for the parent's REPLY (or the
+        job's CANCEL, or the end of the parent)."""
+        event = self.waiting[job_id] = threading.Event()
+        try:
+            self.sock.send(pickle.dumps(message))
+            while not event.wait(1.0) and not self.stopping:
+                pass
+        except OSError:
+            self.stopping = True
+        finally:
+            self.waiting.pop(job_id, None)
+
+
+class _ChildGate:  # pragma: no cover - runs in a fill process
+    """The :class:`~mountd.store.fillwork.Gate` of one job in a fill process."""
+
+    def __init__(self, loop: _ChildLoop, job_id: int) -> None:
+        self.loop = loop
+        self.job_id = job_id
+
+    def room(self, need: int) -> None:
+        self.loop.ask(self.job_id, (ROOM, self.job_id, need))
+
+    def next_read(self, nbytes: int, remote: bool) -> None:
+        loop, job_id = self.loop, self.job_id
+        if job_id not in loop.stopped and remote:
+            loop.ask(job_id, (PACE, job_id, nbytes))
+        if job_id in loop.stopped or loop.stopping:
+            raise FillStopped
+
+
+def _picklable(message: tuple) -> bytes:
+    """``message`` pickled; an error that does not pickle (an SDK's odd exception) becomes
+    a :class:`CacheError` saying what it was."""
+    try:
+        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        kind, job_id, results, gets, stages, error, counters = message
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, BaseException):
+                try:
+                    pickle.dumps(value)
+                except Exception:
+                    return CacheError(f"{type(value).__name__}: {value}")
+            return value
+
+        return pickle.dumps((kind, job_id, [plain(r) for r in results], gets, stages,
+                             plain(error), counters), protocol=pickle.HIGHEST_PROTOCOL)

@@ -1,0 +1,388 @@
+"""The data movement of a fill: read, verify, write, rename. Blocking; no trio, no index.
+
+This is the part of a fill that scales with the cores. mountd's main process decides *what*
+to fill (single-flight, reservations, quotas, limits, holds: :mod:`mountd.store.cache`) and
+hands each fill to a fill process as a :class:`FillJob`; the fill process runs
+:func:`execute` in one of its threads (:mod:`mountd.store.fillpool`). The same function runs
+in mountd's own worker threads when mountd has no fill processes (``--fill-processes 0``, and
+the cache's unit tests), so there is one implementation of the steps, whoever runs them:
+
+1. read the content: a ranged GET of the backend (retried there,
+   :meth:`~quiverfs.backends.base.Backend.call_blocking`), a descriptor a client supplied
+   (``pread``), or bytes a peer sent;
+2. check its size and blake3 against the hash (bad bytes never reach a final name);
+3. write a temp file in ``tmp/`` (:class:`~mountd.store.disk.TempFile`);
+4. give it the store's mode and rename it into ``store/ab/cd/<hex>``.
+
+Objects larger than ``chunk_size`` stream chunk by chunk (memory bounded by the chunk),
+hashed as they arrive, and renamed only once the whole hash matched. A chunk fill (a
+:class:`SpanJob`) reads one byte range of a packed object and stores each member on its own.
+
+The main process indexes what lands, in the trio thread; a file at its final name is
+complete and verified whether or not it is indexed yet (recovery adopts such a file after a
+crash: docs/store-layout.md).
+
+Disk full: a write that fails with ENOSPC asks the main process for room (``room(bytes)``:
+it evicts, outside its own accounting), then writes the same range once more; a second
+ENOSPC fails that file with :class:`~mountd.errors.CacheFull`. The temp file is always
+removed when a file fails.
+
+Each job measures its stages (wall and CPU seconds of ``read``, ``hash``, ``write``,
+``rename``) for the fill breakdown ``quiverfs stats`` shows (:class:`StageTimes`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+import blake3
+
+from mountd.errors import CacheFull
+from mountd.stats.counters import WORK_STAGES
+from mountd.store import disk
+from mountd.store.supplied import pread_all
+from quiverfs.backends.base import Location
+from quiverfs.errors import CorruptObject
+
+#: Sizes from which blake3 hashes with several threads (MEASURED.md: it only helps from ~1 MiB).
+MULTI_THREAD_HASH = 1 << 20
+
+
+class Target(NamedTuple):
+    """One file a job stores: its content hash and size, and where it lies (for messages).
+
+    Jobs are tuples: they cross to a fill process for every fill, and a tuple pickles in a
+    fraction of the time a dataclass takes."""
+
+    hash: bytes
+    size: int
+    url: str
+    key: str
+    offset: int
+    length: int
+
+    @classmethod
+    def of(cls, hash: bytes, size: int, location: Location) -> Target:
+        return cls(hash, size, location.url, location.key, location.offset, location.length)
+
+    @property
+    def location(self) -> Location:
+        return Location(self.url, self.key, self.offset, self.length)
+
+
+class FillJob(NamedTuple):
+    """Fill one file from ``source``:
+
+    * ``"remote"``: ``target``'s location, of the backend at ``target.url``;
+    * ``"fd"``: the job's descriptor (bytes a client supplied, or a peer's spool file), the
+      content at ``offset`` of it;
+    * ``"bytes"``: ``data`` (a peer's small file).
+    """
+
+    target: Target
+    source: str = "remote"
+    offset: int = 0
+    data: bytes = b""
+    chunk_size: int = 8 << 20
+
+
+class SpanJob(NamedTuple):
+    """A chunk fill (:mod:`mountd.store.span`): bytes ``[start, start + length)`` of ``key``
+    under ``url`` in one GET, then each of ``members`` cut out, verified and stored."""
+
+    url: str
+    key: str
+    start: int
+    length: int
+    members: tuple[Target, ...]
+
+
+class StageTimes:
+    """Wall and CPU seconds a job spent in each of :data:`WORK_STAGES`: ``values`` holds the
+    wall seconds of each stage, then the CPU seconds of each (a flat list travels cheaply
+    between processes)."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: list[float] | None = None) -> None:
+        self.values = values if values is not None else [0.0] * (2 * len(WORK_STAGES))
+
+    @staticmethod
+    def clock() -> tuple[float, float]:
+        """Now, as (wall, thread CPU) seconds."""
+        return time.perf_counter(), time.thread_time()
+
+    def add(self, stage: int, since: tuple[float, float]) -> tuple[float, float]:
+        """Charge the time from ``since`` to now to stage number ``stage``; returns now."""
+        now = time.perf_counter(), time.thread_time()
+        values = self.values
+        values[stage] += now[0] - since[0]
+        values[stage + len(WORK_STAGES)] += now[1] - since[1]
+        return now
+
+
+READ, HASH, WRITE, RENAME = range(len(WORK_STAGES))
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a job did: for each of its targets, the final path or the error that file failed
+    with; the size of each GET that returned bytes (counted as requests whatever came of
+    the bytes); its stage times. ``error`` is set when a chunk fill's read failed: every
+    member failed with it."""
+
+    results: list[str | BaseException]
+    gets: list[int] = field(default_factory=list)
+    stages: StageTimes = field(default_factory=StageTimes)
+    error: BaseException | None = None
+
+
+class FillStopped(Exception):
+    """The fill's caller was cancelled while the job streamed: it stopped between two chunks
+    and its temp file is gone (nothing of it reached the store)."""
+
+
+class Gate(Protocol):
+    """What a running job asks of whoever runs it (mountd's main process, over the fill
+    process's socket, or through trio from a worker thread)."""
+
+    def room(self, need: int) -> None:
+        """The disk is full: have ``need`` bytes evicted (blocks until done)."""
+        ...
+
+    def next_read(self, nbytes: int, remote: bool) -> None:
+        """Before each read of a streamed job after its first: a ``remote`` read waits for
+        the remote limits (its request and ``nbytes`` of bandwidth, as a read of its own
+        would); any read raises :class:`FillStopped` when the fill was cancelled."""
+        ...
+
+
+class Reader(Protocol):
+    """Where a job's bytes come from: a backend (``call_blocking`` around ``_read_range``)
+    or a descriptor."""
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes at ``offset`` (short only at the end)."""
+        ...
+
+
+class BackendReader:
+    """A backend's blocking ranged reads of one key, retried and counted by the backend."""
+
+    def __init__(self, backend, key: str) -> None:
+        self.backend = backend
+        self.key = key
+
+    def read(self, offset: int, length: int) -> bytes:
+        if length == 0:
+            return b""
+        backend = self.backend
+        return backend.call_blocking("GET", self.key, backend._read_range, self.key, offset,
+                                     length)
+
+
+class FdReader:
+    """``pread`` of a descriptor (bytes a client supplied, a peer's spool file)."""
+
+    def __init__(self, fd: int, url: str) -> None:
+        self.fd = fd
+        self.url = url
+
+    def read(self, offset: int, length: int) -> bytes:
+        return pread_all(self.fd, offset, length, self.url)
+
+
+class BytesReader:
+    """Bytes already in memory (a peer's small file)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, offset: int, length: int) -> bytes:
+        return self.data[offset:offset + length]
+
+
+class Store:
+    """Where a process's fills land: the cache directory and the fan-out folders it knows.
+    Shared by the threads of a process."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
+        self.cache_dir = os.fspath(cache_dir)
+        self.fanout = disk.Fanout()
+
+    # -- one file ------------------------------------------------------------------------------
+
+    def fill(self, job: FillJob, reader: Reader, gate: Gate) -> Outcome:
+        """Run ``job`` (one file) with its bytes from ``reader``."""
+        target = job.target
+        out = Outcome([""])
+        remote = job.source == "remote"
+        base = target.offset if remote else job.offset
+        try:
+            if target.length != target.size:
+                raise corrupt(target, f"digest says {target.size} bytes but its location has "
+                                      f"{target.length}")
+            if target.size <= job.chunk_size:
+                t = out.stages.clock()
+                data = reader.read(base, target.size) if target.size else b""
+                t = out.stages.add(READ, t)
+                if remote and target.size:
+                    out.gets.append(len(data))
+                out.results[0] = self._store_small(target, data, out.stages, t, gate)
+            else:
+                out.results[0] = self._stream(job, reader, base, out, gate)
+        except Exception as exc:  # noqa: BLE001 - every failure is this file's answer
+            out.results[0] = exc
+        return out
+
+    def _store_small(self, target: Target, data: bytes, stages: StageTimes,
+                     t: tuple[float, float], gate: Gate) -> str:
+        """Verify ``data`` (one chunk) and store it."""
+        check_size(target, len(data), target.size)
+        check_hash(target, digest(data))
+        t = stages.add(HASH, t)
+        return self._write(target, data, stages, t, gate)
+
+    def _write(self, target: Target, data: bytes | memoryview, stages: StageTimes,
+               t: tuple[float, float], gate: Gate) -> str:
+        """Write verified bytes to a temp file and rename it into the store; one retry after
+        asking for room when the disk is full."""
+        temp = disk.TempFile(self.cache_dir, target.hash)
+        try:
+            try:
+                temp.write_at(data, 0)
+            except OSError as exc:
+                if not disk.is_enospc(exc):
+                    raise
+                gate.room(target.size)
+                try:
+                    temp.write_at(data, 0)
+                except OSError as again:
+                    if disk.is_enospc(again):
+                        raise self.disk_full(target.size) from again
+                    raise
+            t = stages.add(WRITE, t)
+            path = temp.commit(self.fanout)
+            stages.add(RENAME, t)
+            return path
+        except BaseException:
+            temp.discard()
+            raise
+
+    def _stream(self, job: FillJob, reader: Reader, base: int, out: Outcome, gate: Gate) -> str:
+        """A file larger than one chunk: read, hash and write chunk by chunk."""
+        target, chunk = job.target, job.chunk_size
+        size = target.size
+        stages = out.stages
+        t = stages.clock()
+        temp = disk.TempFile(self.cache_dir, target.hash)
+        committed = False
+        try:
+            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            offset = 0
+            retried = False
+            while offset < size:
+                n = min(chunk, size - offset)
+                if offset:
+                    gate.next_read(n, job.source == "remote")
+                    t = stages.clock()  # waiting for the limits is not reading
+                data = reader.read(base + offset, n)
+                t = stages.add(READ, t)
+                if job.source == "remote":
+                    out.gets.append(len(data))
+                if len(data) != n:
+                    check_size(target, offset + len(data), size)
+                hasher.update(data)
+                t = stages.add(HASH, t)
+                while True:
+                    try:
+                        temp.write_at(data, offset)
+                        break
+                    except OSError as exc:
+                        if not disk.is_enospc(exc):
+                            raise
+                        if retried:
+                            raise self.disk_full(size) from exc
+                        retried = True
+                        gate.room(size - offset)
+                t = stages.add(WRITE, t)
+                offset += n
+            check_hash(target, hasher.digest())
+            try:
+                path = temp.commit(self.fanout)
+            except OSError as exc:
+                if disk.is_enospc(exc):
+                    raise self.disk_full(size) from exc
+                raise
+            stages.add(RENAME, t)
+            committed = True
+            return path
+        finally:
+            if not committed:
+                temp.discard()
+
+    # -- a chunk fill ----------------------------------------------------------------------------
+
+    def fill_span(self, job: SpanJob, reader: Reader, gate: Gate) -> Outcome:
+        """Run a chunk fill: one read of the span, then each member on its own (a bad member
+        never spoils its neighbours; a failed read fails them all)."""
+        out = Outcome([""] * len(job.members))
+        stages = out.stages
+        t = stages.clock()
+        try:
+            data = reader.read(job.start, job.length)
+        except Exception as exc:  # noqa: BLE001 - every member's answer
+            out.error = exc
+            out.results = [exc] * len(job.members)
+            return out
+        t = stages.add(READ, t)
+        out.gets.append(len(data))
+        view = memoryview(data)
+        for i, member in enumerate(job.members):
+            at = member.offset - job.start
+            try:
+                out.results[i] = self._store_small(member, bytes(view[at:at + member.size]),
+                                                   stages, t, gate)
+            except Exception as exc:  # noqa: BLE001 - this member's answer
+                out.results[i] = exc
+            t = stages.clock()
+        return out
+
+    def disk_full(self, size: int) -> CacheFull:
+        return CacheFull(
+            f"no space left on the device holding {self.cache_dir} for a {size}-byte file, "
+            "even after evicting; lower the cache size or free disk space"
+        )
+
+
+def digest(data: bytes | memoryview) -> bytes:
+    """The blake3 of ``data`` (several threads only for large buffers)."""
+    threads = blake3.blake3.AUTO if len(data) >= MULTI_THREAD_HASH else 1
+    return blake3.blake3(data, max_threads=threads).digest()
+
+
+def check_size(target: Target, got: int, size: int) -> None:
+    if got != size:
+        raise corrupt(target, f"remote returned {got} bytes, digest says {size}")
+
+
+def check_hash(target: Target, got: bytes) -> None:
+    if got != target.hash:
+        raise corrupt(target, f"blake3 of the bytes is {got.hex()[:16]}…, expected "
+                              f"{target.hash.hex()[:16]}…")
+
+
+def corrupt(target: Target, why: str) -> CorruptObject:
+    """The error of bytes that do not verify: nothing of them is cached."""
+    location = target.location
+    return CorruptObject(
+        f"content of {target.hash.hex()} does not verify ({why}; {location.length} bytes at "
+        f"offset {location.offset}); not cached",
+        url=location.url,
+        key=location.key,
+    )
+
+

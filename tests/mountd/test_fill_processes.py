@@ -1,0 +1,203 @@
+"""Fills in fill processes (mountd/store/fillpool.py): every guarantee of a fill, across the
+process boundary.
+
+The cache's other tests run its fills in worker threads (their fault-injecting backends live
+in the test's process); these run the same cache with real forked fill processes, as mountd
+does, and check what crossing processes could break: verification, single-flight, counting,
+supplied descriptors, a full disk, chunk pacing under the remote limits, cancellation,
+stopping, and a fill process that dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import blake3
+import pytest
+import trio
+
+from mountd.errors import CacheError, CacheFull
+from mountd.store.cache import Cache, CacheConfig
+from mountd.store.fillpool import ProcessFills
+from mountd.store.supplied import SuppliedBytes
+from quiverfs.backends import BackendOptions, open_backend
+from quiverfs.backends.base import Location
+from quiverfs.errors import CorruptObject
+from tests.mountd.conftest import Source, config, store_files, tmp_files, wait_until
+from tests.mountd.test_cache_space import small_tmpfs  # noqa: F401 - a fixture
+
+
+def gets(cache: Cache) -> int:
+    """GETs the fills made, as ``stats`` reports them (the fill processes' backends)."""
+    return sum(source["requests"].get("GET", 0) for source in cache.backend_counters().values())
+
+
+@asynccontextmanager
+async def pooled(cfg: CacheConfig, processes: int = 2) -> AsyncIterator[tuple[Cache, ProcessFills]]:
+    """An open cache whose fills run in ``processes`` forked fill processes."""
+    assert cfg.fill_concurrency is not None
+    threads = ProcessFills.threads_for(processes, cfg.fill_concurrency)
+    fills = ProcessFills(cfg.cache_dir, processes, threads,
+                         partial(open_backend, options=BackendOptions(concurrency=threads)))
+    cache = Cache(cfg, fills=fills)
+    await cache.open()
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.run)
+            try:
+                yield cache, fills
+            finally:
+                await cache.aclose()
+    finally:
+        await cache.aclose()
+        fills.close()
+
+
+async def test_fills_land_verified_in_the_fill_processes(tmp_path: Path, source: Source):
+    objs = source.many(40, 110 * 1024)
+    async with pooled(config(tmp_path / "c")) as (cache, fills):
+        async with trio.open_nursery() as nursery:
+            for o in objs:
+                nursery.start_soon(partial(cache.ensure, o.hash, o.size, o.location, "ds"))
+        for o in objs:
+            assert blake3.blake3(Path(cache.store_path(o.hash)).read_bytes()).digest() == o.hash
+        assert gets(cache) == len(objs)
+        snap = cache.counters.snapshot()
+        assert snap["total"]["remote_requests"]["GET"] == len(objs)
+        assert snap["total"]["bytes_from_remote"] == sum(o.size for o in objs)
+        stages = snap["fill_stages"]
+        assert stages["jobs"] == len(objs)
+        assert all(stages["stages"][s]["count"] == len(objs) for s in ("read", "hash", "write"))
+        assert stages["stages"]["write"]["wall_s"] > 0
+        # The fills ran in the children: this process's threads never touched the source.
+        assert len(fills.pids) == 2 and os.getpid() not in fills.pids
+        [url] = cache.backend_counters()
+        assert url == source.url
+    assert tmp_files(tmp_path / "c") == []
+
+
+async def test_fifty_concurrent_misses_make_one_read(tmp_path: Path, source: Source):
+    obj = source.add("big", os.urandom(3 << 20))
+    paths: list[str] = []
+    async with pooled(config(tmp_path / "c", remote_bandwidth=30e6)) as (cache, _):
+        async def one() -> None:
+            paths.append(await cache.ensure(obj.hash, obj.size, obj.location))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(50):
+                nursery.start_soon(one)
+        assert gets(cache) == 1
+        assert cache.counters.total.misses == 50
+    assert len(set(paths)) == 1 and Path(paths[0]).read_bytes() == obj.data
+
+
+async def test_corrupt_bytes_are_refused_and_nothing_is_stored(tmp_path: Path, source: Source):
+    obj = source.add("a", os.urandom(50_000))
+    lie = Location(obj.location.url, obj.location.key, 0, obj.size)
+    wrong = blake3.blake3(b"something else").digest()
+    async with pooled(config(tmp_path / "c")) as (cache, _):
+        with pytest.raises(CorruptObject, match="does not verify"):
+            await cache.ensure(wrong, obj.size, lie)
+        assert not cache.contains(wrong) and store_files(tmp_path / "c") == {}
+        assert cache.counters.total.verify_failures == 1
+        assert gets(cache) == 1  # the GET itself succeeded and is counted
+    assert tmp_files(tmp_path / "c") == []
+
+
+async def test_supplied_descriptor_is_read_in_the_fill_process(tmp_path: Path, source: Source):
+    obj = source.add("mine", os.urandom(200_000))
+    async with pooled(config(tmp_path / "c")) as (cache, _):
+        fd = os.open(source.root / "mine", os.O_RDONLY)
+        path = await cache.ensure_supplied(obj.hash, obj.size, obj.location,
+                                           SuppliedBytes(fd, 0), "ds", uid=1234)
+        assert Path(path).read_bytes() == obj.data
+        assert gets(cache) == 0  # the client read the source, not mountd
+        assert cache.charges.bytes[1234] == obj.size
+        with pytest.raises(OSError):
+            os.fstat(fd)  # the fill closed the caller's descriptor after taking it over
+
+
+async def test_streamed_chunks_are_paced_one_by_one(tmp_path: Path, source: Source):
+    """A file of several chunks: each later chunk waits for the remote limits in the main
+    process before the fill process reads it (here: the latency of one request each)."""
+    obj = source.add("streamed", os.urandom(5 * 65_536 + 100))
+    cfg = config(tmp_path / "c", chunk_size=65_536, remote_latency=0.001)
+    async with pooled(cfg) as (cache, _):
+        path = await cache.ensure(obj.hash, obj.size, obj.location)
+        assert Path(path).read_bytes() == obj.data
+        assert cache.limits.delayed == 6  # one latency per chunk: 5 full, 1 short
+        assert gets(cache) == 6
+
+
+async def test_cancelled_stream_leaves_nothing(tmp_path: Path, source: Source):
+    """Closing the cache in the middle of a slow streamed fill stops it between chunks: no
+    temp file, no row, no file at the final name."""
+    obj = source.add("slow", os.urandom(400_000))
+    cfg = config(tmp_path / "c", remote_bandwidth=200_000, chunk_size=32 * 1024)
+    cache_dir = tmp_path / "c"
+    async with pooled(cfg) as (cache, _):
+        cache.prefetch([(obj.hash, obj.size, obj.location)])
+        await wait_until(lambda: tmp_files(cache_dir) != [], what="the stream's temp file")
+        await cache.aclose()
+    assert tmp_files(cache_dir) == []
+    assert store_files(cache_dir) == {}
+
+
+async def test_disk_full_evicts_and_the_fill_succeeds(small_tmpfs: Path,  # noqa: F811
+                                                      source: Source):
+    objs = source.many(16, 512 * 1024)  # 8 MiB of content for a 4 MiB disk
+    cache_dir = small_tmpfs / "c"
+    async with pooled(config(cache_dir, size=100 << 20)) as (cache, _):
+        for o in objs:
+            path = await cache.ensure(o.hash, o.size, o.location)
+            assert blake3.blake3(Path(path).read_bytes()).digest() == o.hash
+        assert cache.counters.total.evicted_files > 0
+        assert cache.counters.total.fill_errors == 0
+        files = store_files(cache_dir)
+        assert sum(files.values()) == cache.used and len(files) == cache.entries
+    assert tmp_files(cache_dir) == []
+
+
+async def test_file_larger_than_the_disk_fails_cleanly(small_tmpfs: Path,  # noqa: F811
+                                                       source: Source):
+    huge = source.add("huge", os.urandom(5 << 20))
+    cache_dir = small_tmpfs / "c"
+    async with pooled(config(cache_dir, size=100 << 20)) as (cache, _):
+        with pytest.raises(CacheFull, match="no space left"):
+            await cache.ensure(huge.hash, huge.size, huge.location)
+        assert not cache.contains(huge.hash) and cache.reserved == 0
+    assert tmp_files(cache_dir) == []
+
+
+async def test_a_dead_fill_process_fails_its_fills_and_is_replaced(tmp_path: Path,
+                                                                  source: Source):
+    slow = source.add("slow", os.urandom(300_000))
+    after = source.many(8, 10_000)
+    cfg = config(tmp_path / "c", remote_bandwidth=100_000, chunk_size=16 * 1024)
+    async with pooled(cfg, processes=1) as (cache, fills):
+        [victim] = fills.pids
+        failed: list[BaseException] = []
+
+        async def reader() -> None:
+            try:
+                await cache.ensure(slow.hash, slow.size, slow.location)
+            except CacheError as exc:
+                failed.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await wait_until(lambda: tmp_files(tmp_path / "c") != [], what="the slow fill")
+            os.kill(victim, signal.SIGKILL)
+        assert failed and "died" in str(failed[0])
+        assert not cache.contains(slow.hash)
+        await wait_until(lambda: fills.pids and fills.pids != [victim], what="a new fill process")
+        for o in after:  # the replacement serves the next fills
+            assert Path(await cache.ensure(o.hash, o.size, o.location)).read_bytes() == o.data
+        # And the first one fills again, from scratch.
+        path = await cache.ensure(slow.hash, slow.size, slow.location)
+        assert Path(path).read_bytes() == slow.data
