@@ -275,6 +275,7 @@ def stats(
             report["cluster"] = raw["cluster"]
         report["allocation"] = raw.get("allocation")  # absent from an older mountd
         report["sources"] = raw.get("sources", {})  # absent from an older mountd
+        report["fill_stages"] = (raw.get("counters") or {}).get("fill_stages")
         mounts = client.ls()["mounts"]
     # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
     report["mounts"] = mount_stats(mounts)
@@ -284,6 +285,7 @@ def stats(
         from quiverfs.mountd_views import (
             print_allocation,
             print_cluster,
+            print_fill_stages,
             print_mounts,
             print_sources,
             print_stats,
@@ -291,6 +293,8 @@ def stats(
         )
 
         print_stats(report)
+        if report["fill_stages"] and report["fill_stages"].get("jobs"):
+            print_fill_stages(report["fill_stages"])
         if report["sources"]:
             print_sources(report["sources"])
         if report["allocation"] and report["allocation"].get("datasets"):

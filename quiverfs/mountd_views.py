@@ -206,10 +206,35 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
     console.print("  " + "; ".join(notes) + ".", style="dim")
 
 
+#: Where each stage of ``fill_stages`` runs (the rest run in mountd's main process).
+_IN_FILL_PROCESS = ("read", "hash", "write", "rename")
+
+
+def print_fill_stages(stages: Mapping[str, Any], console: Console | None = None) -> None:
+    """Where fills spend their time, stage by stage (``counters.fill_stages``, docs/operations.md
+    "Monitoring"): per observation, wall and (where measured) CPU microseconds."""
+    console = console or _console()
+    table = Table(title=f"mountd: where fills spend their time ({stages.get('jobs', 0)} jobs "
+                        "in fill processes)", title_justify="left")
+    for column in ("stage", "where", "observed", "wall per fill", "CPU per fill"):
+        table.add_column(column, justify="left" if column in ("stage", "where") else "right")
+    for name, stage in (stages.get("stages") or {}).items():
+        count = stage.get("count", 0)
+        if not count:
+            continue
+        cpu = stage.get("cpu_s", 0.0)
+        table.add_row(
+            name, "fill process" if name in _IN_FILL_PROCESS else "mountd", str(count),
+            f"{stage.get('wall_s', 0.0) / count * 1e6:,.0f} µs",
+            f"{cpu / count * 1e6:,.0f} µs" if cpu else "-")
+    console.print(table)
+
+
 def print_sources(sources: Mapping[str, Any], console: Console | None = None) -> None:
     """Each remote source mountd opened: its requests, bytes read, retries and failures, and
-    how reads reach it where there is a choice (S3: ``direct``, or ``boto3`` when the direct
-    path was never set up or handed over; docs/backends.md "S3 reads")."""
+    how reads reach it where there is a choice (S3 and Azure: ``obstore``, or ``boto3`` /
+    ``azure-storage-blob`` once that backend's reads go through its SDK; docs/backends.md
+    "Reads through obstore")."""
     console = console or _console()
     table = Table(title="mountd: sources", title_justify="left")
     for column in ("source", "reads", "requests", "bytes read", "retries", "failures"):

@@ -64,6 +64,10 @@ from quiverfs.version import __version__
 
 log = logging.getLogger("mountd.rpc.server")
 
+#: The operations whose requests ``fill_stages`` times (``rpc``: reading and checking the
+#: request; ``answer``: sending the answer).
+FILL_OPS = frozenset({"ensure", "supply"})
+
 #: Requests one connection may have in flight; the reader stops reading beyond this, which
 #: pushes back on a client that pipelines faster than fills complete.
 MAX_IN_FLIGHT = 1024
@@ -371,10 +375,14 @@ class Server:
                 await conn.send(protocol.error_response(None, exc))
                 return
             rid: protocol.RequestId = None
+            wall, cpu = time.perf_counter(), time.thread_time()
             try:
                 message = protocol.decode_body(body)
                 rid = protocol.request_id_of(message)
                 request = protocol.parse_request(message)
+                if request.op in FILL_OPS:  # the "rpc" stage of fill_stages
+                    self.cache.counters.stages.add("rpc", time.perf_counter() - wall,
+                                                   time.thread_time() - cpu)
                 wanted = protocol.fds_wanted(request)
                 if wanted:
                     if conn.descriptors is None:
@@ -412,7 +420,10 @@ class Server:
                 response = protocol.error_response(request.id, exc)
             self.requests_served += 1
             if request.wants_response:
+                wall = time.perf_counter()
                 await conn.send(response, reply_fds)
+                if request.op in FILL_OPS:  # the "answer" stage of fill_stages (wall only)
+                    self.cache.counters.stages.add("answer", time.perf_counter() - wall)
             elif not response["ok"]:
                 log.warning("notification %s failed: %s", request.op, response["error"]["message"])
         finally:

@@ -111,13 +111,15 @@ class DatasetCounters:
 
 
 #: Where a fill's time goes, in order (``quiverfs stats`` → ``fill_stages``): in mountd's main
-#: process ``queue`` (the fill waits for a fill slot, room, and the remote limits), then in a
-#: fill process ``read``, ``hash``, ``write``, ``rename`` (mountd/store/fillwork.py), then
-#: ``transit`` (the rest of the time from sending the job to having its answer: the fill
-#: process's queue and the messages both ways), then ``index`` (the main process records the
-#: file), and ``answer`` (from the fill's end to the waiting client's answer being sent).
-FILL_STAGES: tuple[str, ...] = ("queue", "read", "hash", "write", "rename", "transit", "index",
-                                "answer")
+#: process ``rpc`` (reading and checking an ``ensure`` or ``supply`` request), ``queue`` (the
+#: fill waits for a fill slot, room, and the remote limits), then in a fill process ``read``,
+#: ``hash``, ``write``, ``rename`` (mountd/store/fillwork.py), then ``transit`` (the rest of
+#: the time from sending the job to having its answer: the fill process's queue and the
+#: messages both ways), then ``index`` (the main process records the file), and ``answer``
+#: (sending the answer of an ``ensure`` or ``supply``). CPU is measured where the stage runs
+#: without giving way to other work: ``rpc``, ``index`` and the fill process's four.
+FILL_STAGES: tuple[str, ...] = ("rpc", "queue", "read", "hash", "write", "rename", "transit",
+                                "index", "answer")
 
 #: The stages a fill process reports, in the order of its list of times (fillwork.WORK_STAGES).
 WORK_STAGES: tuple[str, ...] = ("read", "hash", "write", "rename")

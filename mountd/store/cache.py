@@ -40,6 +40,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from functools import partial
@@ -171,6 +172,7 @@ class Cache(ChunkFills):
         self.used = 0
         self.reserved = 0
         self.entries = 0
+        self._store_root = os.fspath(layout.store_dir(config.cache_dir))
         #: Bytes charged to each uid, and the per-user quota (mountd/store/quota.py).
         self.charges = Charges(config.user_quota)
         #: Set and replaced whenever space is released or a fill ends (waiters for room).
@@ -405,8 +407,10 @@ class Cache(ChunkFills):
     # -- lookups -------------------------------------------------------------------------------
 
     def store_path(self, hash: bytes) -> str:
-        """Final path of ``hash`` in the store (exists or not); see :func:`layout.store_path`."""
-        return str(layout.store_path(self.config.cache_dir, hash))
+        """Final path of ``hash`` in the store (exists or not); see :func:`layout.store_path`
+        (the same name, made without ``pathlib``: this runs for every miss)."""
+        name = hash.hex()
+        return f"{self._store_root}/{name[0:2]}/{name[2:4]}/{name}"
 
     def contains(self, hash: bytes) -> bool:
         """True when ``hash`` is indexed (its file is complete and verified)."""
@@ -745,7 +749,8 @@ class Cache(ChunkFills):
                 if source is not None:
                     source.adopted = True
                 self._flights[hash] = flight
-                await self._launch(flight)
+                # A prefetch runs in a task of the cache's own nursery: it fills inline.
+                await self._launch(flight, inline=prefetch)
             if not prefetch:
                 flight.awaited = True  # a reader waits: its fill may end protections for room
             await self._wait_flight(flight)
@@ -819,14 +824,16 @@ class Cache(ChunkFills):
         assert self._nursery is not None
         self._nursery.start_soon(self._run_flight, flight)
 
-    async def _launch(self, flight: Flight) -> None:
+    async def _launch(self, flight: Flight, *, inline: bool = False) -> None:
         """Run the new ``flight``: as a chunk fill with its siblings when it is a member of a
         packed object (:meth:`ChunkFills._open_span`), else alone; in the cache's nursery when
-        :meth:`run` is running, else in the caller."""
+        :meth:`run` is running (so a cancelled requester does not cancel it for the others),
+        else, or when the caller is a task of that nursery already (``inline``: the
+        prefetches), in the caller."""
         opened = self._open_span(flight)
         run = self._run_flight if opened is None else partial(self._run_span, *opened)
         args = (flight,) if opened is None else ()
-        if self._nursery is not None:
+        if self._nursery is not None and not inline:
             self._nursery.start_soon(run, *args)
         else:
             await run(*args)
@@ -848,7 +855,7 @@ class Cache(ChunkFills):
                     else:
                         path = await self._filler.fill(
                             flight.source, flight.hash, flight.size, flight.location,
-                            flight.dataset)
+                            flight.dataset, since=start)
                     self._stored(flight, path)
                     if self.peers is not None and flight.source is not None \
                             and not isinstance(flight.source, PeerContent):
@@ -872,8 +879,19 @@ class Cache(ChunkFills):
     def _stored(self, flight: Flight, path: os.PathLike[str] | str) -> None:
         """The file of ``flight`` is at its final name: index it in this same trio step as
         its reservation turns into use (no await in between; the caller releases the
-        reservation)."""
-        self._index_new(flight)
+        reservation). Timed as the ``index`` stage of ``fill_stages``."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            self._record(flight, path)
+        finally:
+            self.counters.stages.add("index", time.perf_counter() - wall,
+                                     time.thread_time() - cpu)
+
+    def _record(self, flight: Flight, path: os.PathLike[str] | str) -> None:
+        """:meth:`_stored`'s work."""
+        # The row is written with the next batch; a row SQLite cannot store (disk full) is
+        # settled by _flush_index, which evicts and retries, or removes the file.
+        self._require_open().insert(flight.hash, flight.size, flight.dataset, flight.uid)
         self._unsynced.set()
         self.used += flight.size
         self.entries += 1
@@ -923,25 +941,6 @@ class Cache(ChunkFills):
                 self.holds.forget((flight.hash,), "removed"):
             self._notify_protect()  # nothing to keep: its share is free for the next
         flight.done.set()
-
-    def _index_new(self, flight: Flight) -> None:
-        """Insert the row of a file just renamed into place. On "disk full" from SQLite, free
-        some space and retry once; failing that, remove the file (never an unindexed,
-        unaccounted file while running) and raise :class:`CacheFull`."""
-        index = self._require_open()
-        try:
-            index.insert(flight.hash, flight.size, flight.dataset, flight.uid)
-            return
-        except sqlite3.OperationalError as exc:
-            log.warning(
-                "indexing %s failed (%s); evicting and retrying once", flight.hash.hex(), exc
-            )
-            self._free_disk(max(flight.size, 1 << 20))
-        try:
-            index.insert(flight.hash, flight.size, flight.dataset, flight.uid)
-        except sqlite3.OperationalError as exc:
-            disk.remove(layout.store_path(self.config.cache_dir, flight.hash))
-            raise CacheFull(f"cannot index {flight.hash.hex()}: {exc}; free disk space") from exc
 
     # -- space -------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import trio
 
 from mountd.errors import CacheClosed
-from mountd.stats.counters import Counters
+from mountd.stats.counters import WORK_STAGES, Counters
 from mountd.store.fillpool import Fills
 from mountd.store.fillwork import FillJob, FillStopped, Outcome, SpanJob, Target
 from mountd.store.limits import RemoteLimits
@@ -46,7 +46,7 @@ class Filler:
 
     async def fill(
         self, source: SuppliedBytes | None, hash: bytes, size: int, location: Location,
-        dataset: str | None,
+        dataset: str | None, since: float | None = None,
     ) -> str:
         """Fetch, verify and store; returns the final path. Raises CorruptObject, CacheFull,
         backend errors. The caller has reserved ``size`` bytes and indexes the result.
@@ -54,19 +54,20 @@ class Filler:
         ``source`` None reads ``location`` with mountd's own authority, under the remote
         limits; otherwise the bytes a client supplied (or a peer sent), verified the same
         way, neither limited nor counted as requests (the client did the remote read, under
-        its own rights)."""
+        its own rights). ``since``: when the fill began waiting (trio time), for the
+        ``queue`` stage of ``fill_stages``."""
         target = Target.of(hash, size, location)
         if source is None:
             job = FillJob(target, "remote", chunk_size=self.chunk_size)
             # The first read's limits; a streamed object's later chunks are paced by the job.
             async with self.limits.request(min(size, self.chunk_size)):
-                outcome = await self.fills.run(job)
+                outcome = await self._run(job, None, since)
         elif source.inline is not None:
             job = FillJob(target, "bytes", data=source.inline, chunk_size=self.chunk_size)
-            outcome = await self.fills.run(job)
+            outcome = await self._run(job, None, since)
         else:
             job = FillJob(target, "fd", offset=source.offset, chunk_size=self.chunk_size)
-            outcome = await self.fills.run(job, source.fd)
+            outcome = await self._run(job, source.fd, since)
         self._count(outcome, dataset)
         result = outcome.results[0]
         if isinstance(result, FillStopped):
@@ -89,11 +90,23 @@ class Filler:
         members = tuple(Target.of(m.hash, m.size, m.location) for m in span.members)
         job = SpanJob(span.url, span.key, span.start, span.length, members)
         async with self.limits.request(span.length):
-            outcome = await self.fills.run(job)
+            outcome = await self._run(job, None, None)
         self._count(outcome, dataset)
         if outcome.error is not None:
             raise outcome.error
         return outcome.results  # type: ignore[return-value]
+
+    async def _run(self, job: FillJob | SpanJob, fd: int | None, since: float | None) -> Outcome:
+        """Run ``job``; time its ``queue`` (from ``since`` to now) and ``transit`` (the time
+        from sending it to its answer that the fill process did not spend working on it)."""
+        stages = self.counters.stages
+        sent = trio.current_time()
+        if since is not None:
+            stages.add("queue", sent - since)
+        outcome = await self.fills.run(job, fd)
+        worked = sum(outcome.stages.values[:len(WORK_STAGES)])
+        stages.add("transit", max(0.0, trio.current_time() - sent - worked))
+        return outcome
 
     def _count(self, outcome: Outcome, dataset: str | None) -> None:
         """The GETs a job made (each that returned bytes), and its stage times."""

@@ -217,8 +217,8 @@ class _Child:
     control: socket.socket
     #: jobs sent and not answered: id -> (waiting task, job)
     jobs: dict[int, tuple[trio.lowlevel.Task, Job]] = field(default_factory=dict)
-    #: the latest running totals of its backends: url -> (counters, read path)
-    counters: dict[str, tuple[RemoteCounters, str | None]] = field(default_factory=dict)
+    #: the latest running totals of its backends, as it sent them: url -> (totals, read path)
+    counters: dict[str, tuple[tuple, str | None]] = field(default_factory=dict)
     dead: bool = False
 
 
@@ -354,7 +354,8 @@ class ProcessFills:
         for url, dead in self._dead_counters.items():
             out[url] = (_sum_counters([dead]), None)
         for child in self._children:
-            for url, (counters, path) in child.counters.items():
+            for url, (totals, path) in child.counters.items():
+                counters = _counters_of(totals)
                 have = out.get(url)
                 out[url] = (_sum_counters([counters] if have is None else [have[0], counters]),
                             path or (have[1] if have else None))
@@ -429,7 +430,7 @@ class ProcessFills:
         _, job_id, results, gets, stages, error, counters = message
         if counters is not None:
             url, totals, path = counters
-            child.counters[url] = (totals, path)
+            child.counters[url] = (totals, path)  # plain values: RemoteCounters when asked
         task, _ = child.jobs.pop(job_id)
         trio.lowlevel.reschedule(task, outcome.Value(
             Outcome(results, gets, StageTimes(stages), error)))
@@ -470,9 +471,10 @@ class ProcessFills:
             f"the fill process that had this fill died (pid {child.pid})"))
         if self._closed:
             return
-        for url, (counters, _) in child.counters.items():
+        for url, (totals, _) in child.counters.items():
             self._dead_counters[url] = _sum_counters(
-                [counters] + ([self._dead_counters[url]] if url in self._dead_counters else []))
+                [_counters_of(totals)]
+                + ([self._dead_counters[url]] if url in self._dead_counters else []))
         now = trio.current_time()
         self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW] + [now]
         if len(self._restarts) > MAX_RESTARTS * self.processes:
@@ -510,6 +512,16 @@ async def _send(sock: socket.socket, message: bytes, fds: tuple[int, ...]) -> No
 def _failed(job: Job, error: BaseException) -> Outcome:
     members = len(job.members) if isinstance(job, SpanJob) else 1
     return Outcome([error] * members, error=error if isinstance(job, SpanJob) else None)
+
+
+def _counters_of(totals: tuple) -> RemoteCounters:
+    """A child's running totals of one backend, as it sends them, as :class:`RemoteCounters`."""
+    requests, bytes_read, bytes_written, retries, failures = totals
+    counters = RemoteCounters(bytes_read=bytes_read, bytes_written=bytes_written,
+                              retries=retries)
+    counters.requests.update(requests)
+    counters.failures.update(failures)
+    return counters
 
 
 def _sum_counters(parts: list[RemoteCounters]) -> RemoteCounters:
@@ -677,7 +689,9 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
         counters = None
         if url is not None and url in self.backends:
             backend = self.backends[url]
-            counters = (url, backend.counters, backend.read_path())
+            c = backend.counters
+            counters = (url, (dict(c.requests), c.bytes_read, c.bytes_written, c.retries,
+                              dict(c.failures)), backend.read_path())
         message = (DONE, job_id, result.results, result.gets, result.stages.values,
                    result.error, counters)
         with contextlib.suppress(OSError):  # the parent is gone

@@ -47,9 +47,6 @@ from mountd.store.supplied import pread_all
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
 
-#: Sizes from which blake3 hashes with several threads (MEASURED.md: it only helps from ~1 MiB).
-MULTI_THREAD_HASH = 1 << 20
-
 
 class Target(NamedTuple):
     """One file a job stores: its content hash and size, and where it lies (for messages).
@@ -281,7 +278,7 @@ class Store:
         temp = disk.TempFile(self.cache_dir, target.hash)
         committed = False
         try:
-            hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
+            hasher = blake3.blake3()  # one thread: see digest()
             offset = 0
             retried = False
             while offset < size:
@@ -359,9 +356,13 @@ class Store:
 
 
 def digest(data: bytes | memoryview) -> bytes:
-    """The blake3 of ``data`` (several threads only for large buffers)."""
-    threads = blake3.blake3.AUTO if len(data) >= MULTI_THREAD_HASH else 1
-    return blake3.blake3(data, max_threads=threads).digest()
+    """The blake3 of ``data``, in this thread only.
+
+    Never with blake3's own thread pool (``max_threads=AUTO``, rayon): the fills of a fill
+    process already run side by side, and that pool does not survive ``fork``: a fill
+    process forked after its parent had hashed with it (a replacement, or one forked in a
+    test process) hung in its first large hash (2026-11-28)."""
+    return blake3.blake3(data).digest()
 
 
 def check_size(target: Target, got: int, size: int) -> None:

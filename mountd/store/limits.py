@@ -12,9 +12,6 @@ concurrent requests wait side by side (it models latency, not a lock).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 import trio
 
 
@@ -64,6 +61,30 @@ class TokenBucket:
             raise
 
 
+class Request:
+    """One request under :class:`RemoteLimits` (:meth:`RemoteLimits.request`): a plain
+    class, not a generator-based context manager, because every fill enters one."""
+
+    __slots__ = ("length", "limits")
+
+    def __init__(self, limits: RemoteLimits, length: int) -> None:
+        self.limits = limits
+        self.length = length
+
+    async def __aenter__(self) -> None:
+        limits = self.limits
+        await take(limits.concurrency)
+        try:
+            if limits.paced:
+                await limits.pace(self.length)
+        except BaseException:
+            limits.concurrency.release()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.limits.concurrency.release()
+
+
 async def take(limiter: trio.CapacityLimiter) -> None:
     """Acquire ``limiter`` for the current task: at once (no trip through trio's scheduler)
     when a token is free, else by waiting in line. mountd takes two limiters per fill, and
@@ -96,22 +117,16 @@ class RemoteLimits:
         #: Requests that waited out ``latency`` (tests read it instead of a clock).
         self.delayed = 0
 
-    @asynccontextmanager
-    async def request(self, length: int) -> AsyncIterator[None]:
-        """Hold a concurrency slot, then pay one request token and ``length`` byte tokens,
-        then wait out the configured latency (:meth:`pace`).
+    def request(self, length: int) -> Request:
+        """``async with limits.request(length):`` one remote request: hold a concurrency slot,
+        then pay one request token and ``length`` byte tokens, then wait out the configured
+        latency (:meth:`pace`).
 
         Tokens are taken while holding the slot so waiting requests do not bank tokens and
         then burst together when slots free up. The latency is waited in the slot too (a
         request in flight holds its connection while it waits for its first byte).
         """
-        await take(self.concurrency)
-        try:
-            if self.paced:
-                await self.pace(length)
-            yield
-        finally:
-            self.concurrency.release()
+        return Request(self, length)
 
     @property
     def paced(self) -> bool:

@@ -1,4 +1,5 @@
-"""``az://account/container/prefix``: Azure Blob Storage through azure-storage-blob.
+"""``az://account/container/prefix``: Azure Blob Storage; reads through obstore, the rest
+through azure-storage-blob.
 
 The client comes from ``AZURE_STORAGE_CONNECTION_STRING`` when it is set (read by
 :class:`~quiverfs.backends.settings.RemoteSettings`; this is also how Azurite is reached), and
@@ -6,14 +7,28 @@ must then name the URL's account. Otherwise the client talks to
 ``https://{account}.blob.core.windows.net`` with :class:`azure.identity.DefaultAzureCredential`
 (environment, workload identity, managed identity, Azure CLI, ...). Secrets are never logged.
 
-azure-core's retry policy is switched off (``retry_total=0``) so that only the base class
-retries. One SDK-internal loop remains: ``download_blob`` re-reads a body that breaks off
-mid-stream up to 3 times (azure-storage-blob ``_download.py``); it cannot be configured.
+Ranged reads (``_read_range``, every fill of mountd) go through obstore's ``AzureStore``
+(quiverfs/backends/obstore_reads.py), built on the first read from the same place: the
+connection string's ``BlobEndpoint`` (or its protocol and endpoint suffix) and its
+``AccountKey`` or ``SharedAccessSignature`` (obstore does not read connection strings itself),
+or else the account URL with the same ``DefaultAzureCredential``, through obstore's
+``AzureCredentialProvider``. Listing (with folder metadata), properties and uploads stay on
+azure-storage-blob, and so do the reads obstore cannot do: blob names it would not send as they
+are (:func:`~quiverfs.backends.obstore_reads.exact_key`), a connection string with neither key
+nor SAS, and answers obstore does not understand.
+
+Retries are the base class's alone: azure-core's retry policy is switched off
+(``retry_total=0``) and so are obstore's. One SDK-internal loop remains for the reads that go
+through the SDK: ``download_blob`` re-reads a body that breaks off mid-stream up to 3 times
+(azure-storage-blob ``_download.py``); it cannot be configured.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import azure.core.exceptions as ace
+import obstore.exceptions as obe
 import requests
 import requests.exceptions as rqe
 import urllib3.exceptions as u3e
@@ -29,13 +44,22 @@ from quiverfs.backends.base import (
     ObjectInfo,
     split_root,
 )
+from quiverfs.backends.obstore_reads import (
+    NO_RETRIES,
+    NoAnswer,
+    ObstoreReads,
+    ObstoreUnavailable,
+    client_options,
+    failure_of,
+)
 from quiverfs.backends.settings import RemoteSettings
 from quiverfs.errors import AccessDenied, BackendError, NotFound, TemporaryFailure, UsageError
 
 #: Blobs per ``List Blobs`` page (the service allows up to 5,000).
 PAGE_SIZE = 1000
 
-#: The one table. Keys are storage error codes (``x-ms-error-code``), HTTP status codes and
+#: The one table, for azure-core's errors and obstore's. Keys are storage error codes
+#: (``x-ms-error-code``; obstore: the ``<Code>`` of the answer's body), HTTP status codes and
 #: exception classes (matched along the exception's MRO), looked up in that order; anything
 #: not here is a permanent failure.
 ERROR_TABLE: dict[str | int | type[BaseException], type[BackendError]] = {
@@ -73,20 +97,39 @@ ERROR_TABLE: dict[str | int | type[BaseException], type[BackendError]] = {
     u3e.TimeoutError: TemporaryFailure,
     ConnectionError: TemporaryFailure,
     TimeoutError: TemporaryFailure,
+    # obstore's reads: the code and status of its answer are looked up above; these are its
+    # classes, and (NoAnswer) the failures where no answer came
+    FileNotFoundError: NotFound,  # what obstore raises for a 404
+    obe.NotFoundError: NotFound,
+    obe.PermissionDeniedError: AccessDenied,  # 403
+    obe.UnauthenticatedError: AccessDenied,  # 401
+    NoAnswer: TemporaryFailure,  # connection refused or reset, timeout, body cut short
 }
 
 
 def translate_error(exc: BaseException, url: str, key: str) -> BackendError | None:
-    """``exc`` as one of our errors, by :data:`ERROR_TABLE`; ``None`` when it has no entry."""
-    if isinstance(exc, ace.HttpResponseError):
-        # error_code is a plain str or a StorageErrorCode (a str enum whose str() is its name).
-        raw_code = getattr(exc, "error_code", None) or ""
-        code = str(getattr(raw_code, "value", raw_code))
-        status = int(exc.status_code or 0)
+    """``exc`` (azure-core's or obstore's) as one of our errors, by :data:`ERROR_TABLE`;
+    ``None`` when it has no entry."""
+    failure = failure_of(exc)  # nothing set unless exc is obstore's
+    if isinstance(exc, ace.HttpResponseError) or failure.status:
+        if isinstance(exc, ace.HttpResponseError):
+            # error_code is a plain str or a StorageErrorCode (a str enum whose str() is its
+            # name).
+            raw_code = getattr(exc, "error_code", None) or ""
+            code = str(getattr(raw_code, "value", raw_code))
+            status = int(exc.status_code or 0)
+        else:
+            code, status = failure.code, failure.status
         cls = ERROR_TABLE.get(code) or ERROR_TABLE.get(status)
         if cls is not None:
             what = f"{code} (HTTP {status})" if code else f"HTTP {status}"
             return cls(f"Azure {what}", url=url, key=key)
+        if failure.status:
+            return None
+    elif failure.transport:
+        return ERROR_TABLE[NoAnswer](
+            f"Azure request failed (obstore: {failure.transport}: {failure.summary})",
+            url=url, key=key)
     for klass in type(exc).__mro__:
         cls = ERROR_TABLE.get(klass)
         if cls is not None:
@@ -103,13 +146,43 @@ def _listed(blob, root: str) -> ObjectInfo:
     return ObjectInfo(key, int(blob.size), version, OBJECT)
 
 
-def connection_string_account(connection_string: str) -> str:
-    """The ``AccountName=`` of a storage connection string (``""`` when absent)."""
+def connection_string_parts(connection_string: str) -> dict[str, str]:
+    """A storage connection string's settings, by lower-case name (``accountname``,
+    ``accountkey``, ``blobendpoint``, ...); values keep their case and any ``=``."""
+    parts = {}
     for part in connection_string.split(";"):
         name, _, value = part.partition("=")
-        if name.strip().lower() == "accountname":
-            return value.strip()
-    return ""
+        if name.strip():
+            parts[name.strip().lower()] = value.strip()
+    return parts
+
+
+def connection_string_account(connection_string: str) -> str:
+    """The ``AccountName=`` of a storage connection string (``""`` when absent)."""
+    return connection_string_parts(connection_string).get("accountname", "")
+
+
+def obstore_settings(account: str, connection_string: str) -> dict[str, Any]:
+    """obstore ``AzureStore`` settings for ``account`` from a connection string: ``endpoint``
+    (its ``BlobEndpoint``, else its protocol and endpoint suffix, as azure-storage-blob
+    builds it) and ``account_key`` or ``sas_key``.
+
+    Raises :class:`ObstoreUnavailable` for a connection string with neither
+    ``AccountKey`` nor ``SharedAccessSignature`` (anonymous access: reads stay on the SDK).
+    """
+    parts = connection_string_parts(connection_string)
+    endpoint = parts.get("blobendpoint") or (
+        f"{parts.get('defaultendpointsprotocol') or 'https'}://{account}.blob."
+        f"{parts.get('endpointsuffix') or 'core.windows.net'}")
+    settings: dict[str, Any] = {"endpoint": endpoint.rstrip("/")}
+    if parts.get("accountkey"):
+        settings["account_key"] = parts["accountkey"]
+    elif parts.get("sharedaccesssignature"):
+        settings["sas_key"] = parts["sharedaccesssignature"].lstrip("?")
+    else:
+        raise ObstoreUnavailable("the connection string has neither AccountKey nor "
+                                 "SharedAccessSignature")
+    return settings
 
 
 class AzureBackend(Backend):
@@ -158,9 +231,41 @@ class AzureBackend(Backend):
             )
         self.service = service
         self.container_client = service.get_container_client(self.container)
+        #: Ranged reads through obstore (azure-storage-blob where it cannot).
+        self.reads = ObstoreReads(url, "azure-storage-blob", self._obstore_store)
 
     def _full_key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
+
+    def read_path(self) -> str:
+        """``"obstore"``, or ``"azure-storage-blob"`` once every read goes through the SDK
+        (obstore could not be set up, or the SDK read an answer obstore did not understand;
+        :attr:`reads` has the reason, and logged it)."""
+        return self.reads.path
+
+    def _obstore_store(self) -> Any:
+        """obstore's ``AzureStore`` for the container, reaching what :attr:`service` reaches
+        with the same credentials. Runs once, on the first read."""
+        from obstore.store import AzureStore
+
+        conn = self.settings.azure_connection_string
+        if conn:
+            settings = obstore_settings(self.account, conn)
+        else:
+            from obstore.auth.azure import AzureCredentialProvider
+
+            settings = {
+                "endpoint": f"https://{self.account}.blob.core.windows.net",
+                # The SDK client's own credential: one chain, one token cache.
+                "credential_provider": AzureCredentialProvider(self._credential),
+            }
+        # obstore also reads AZURE_* variables of its own; the endpoint and the credentials
+        # given here decide a GET, so they cannot make it differ from the SDK's.
+        return AzureStore(
+            self.container, account_name=self.account, skip_signature=False,
+            client_options=client_options(self.options.timeout, settings["endpoint"]),
+            retry_config=NO_RETRIES, **settings,
+        )
 
     def _list_page(self, prefix: str, token: str | None) -> tuple[list[ObjectInfo], str | None]:
         root = f"{self.prefix}/" if self.prefix else ""
@@ -178,7 +283,12 @@ class AzureBackend(Backend):
         return ObjectInfo(key=key, size=int(props.size), version=str(props.etag).strip('"'))
 
     def _read_range(self, key: str, offset: int, length: int) -> bytes:
-        blob = self.container_client.get_blob_client(self._full_key(key))
+        return self.reads.read(self._full_key(key), offset, length, self._sdk_read,
+                               lambda exc: translate_error(exc, self.url, key) is not None)
+
+    def _sdk_read(self, full_key: str, offset: int, length: int) -> bytes:
+        """A ranged read through azure-storage-blob (what obstore does not read)."""
+        blob = self.container_client.get_blob_client(full_key)
         try:
             return blob.download_blob(offset=offset, length=length, max_concurrency=1).readall()
         except ace.HttpResponseError as exc:

@@ -7,6 +7,12 @@ client talks to it anonymously instead.
 
 Every SDK call passes ``retry=None`` so that only the base class retries. Versions are object
 generations.
+
+Reads stay on google-cloud-storage, unlike S3 and Azure (quiverfs/backends/obstore_reads.py):
+obstore's GCS client requires an ``ETag`` and a ``Last-Modified`` header on every GET answer,
+and gcp-storage-emulator, where every test of this backend runs, sends neither, so obstore
+cannot read from it at all (scripts/bench/remote_clients.py shows its error). Real GCS sends
+both; moving GCS reads to obstore waits for an emulator the tests can run it against.
 """
 
 from __future__ import annotations

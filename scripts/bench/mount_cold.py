@@ -430,14 +430,14 @@ def print_stages(row: Row) -> None:
         return
     fills = (row.best.fill or {}).get("count") or 0
     print(f"\nwhere a fill's time went ({row.name}, best round, {fills} fills; "
-          f"{stages.get('jobs', 0)} fill-process jobs): per fill, summed over the stages' observations")
+          f"{stages.get('jobs', 0)} fill-process jobs): per observation of each stage")
     print(f"{'stage':<10}{'where':<16}{'observed':>10}{'wall µs':>10}{'CPU µs':>10}")
     places = {"read": "fill process", "hash": "fill process", "write": "fill process",
               "rename": "fill process"}
     for name, stage in stages["stages"].items():
         if not stage["count"]:
             continue
-        per = max(1, fills)
+        per = stage["count"]
         cpu = f"{stage['cpu_s'] / per * 1e6:.1f}" if stage["cpu_s"] else "–"
         print(f"{name:<10}{places.get(name, 'mountd'):<16}{stage['count']:>10}"
               f"{stage['wall_s'] / per * 1e6:>10.1f}{cpu:>10}")

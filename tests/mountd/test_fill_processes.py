@@ -96,6 +96,18 @@ async def test_fifty_concurrent_misses_make_one_read(tmp_path: Path, source: Sou
     assert len(set(paths)) == 1 and Path(paths[0]).read_bytes() == obj.data
 
 
+async def test_large_files_hash_in_a_child_forked_after_the_parent_hashed(
+        tmp_path: Path, source: Source):
+    """blake3's own thread pool does not survive fork: a fill process forked after its parent
+    had used it hung in its first large hash, until fills hashed in their own thread."""
+    blake3.blake3(os.urandom(4 << 20), max_threads=blake3.blake3.AUTO).digest()
+    obj = source.add("large", os.urandom(3 << 20))
+    async with pooled(config(tmp_path / "c")) as (cache, _):
+        with trio.fail_after(30):
+            path = await cache.ensure(obj.hash, obj.size, obj.location)
+        assert Path(path).read_bytes() == obj.data
+
+
 async def test_corrupt_bytes_are_refused_and_nothing_is_stored(tmp_path: Path, source: Source):
     obj = source.add("a", os.urandom(50_000))
     lie = Location(obj.location.url, obj.location.key, 0, obj.size)

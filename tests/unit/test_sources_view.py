@@ -13,7 +13,7 @@ def test_sources_table_shows_requests_retries_failures_and_read_path():
         "s3://bucket/train": {"requests": {"GET": 1200, "HEAD": 0, "LIST": 3},
                               "bytes_read": 132 << 20, "retries": 4,
                               "failures": {"TemporaryFailure": 4, "NotFound": 1},
-                              "reads": "direct"},
+                              "reads": "obstore"},
         "file:///data/val": {"requests": {"GET": 7}, "bytes_read": 7000, "retries": 0,
                              "failures": {}, "reads": None},
     }
@@ -21,7 +21,7 @@ def test_sources_table_shows_requests_retries_failures_and_read_path():
     print_sources(sources, console)
     lines = console.export_text().splitlines()
     [s3] = [line for line in lines if "s3://bucket/train" in line]
-    assert "direct" in s3 and "GET 1200, LIST 3" in s3 and "HEAD" not in s3
+    assert "obstore" in s3 and "GET 1200, LIST 3" in s3 and "HEAD" not in s3
     assert "NotFound 1, TemporaryFailure 4" in s3 and " 4 " in s3
     [local] = [line for line in lines if "file:///data/val" in line]
     assert "GET 7" in local and local.split("│")[2].strip() == "-"
