@@ -257,7 +257,7 @@ def stats(
         help="Price no egress (this machine is in the buckets' region, where egress is free).",
     ),
 ) -> None:
-    """Show mountd's counters, hit ratio and what the cache saved in requests, bytes and money, each remote source's requests, retries and failures, and what each local user asked of it.
+    """Show mountd's counters, hit ratio, the files fetched ahead (read, unread, dropped unread) and what the cache saved in requests, bytes and money, each remote source's requests, retries and failures, and what each local user asked of it.
 
     Costs follow DELI's model (requests x price + bytes x egress) with the list prices in mountd/stats/costs.py (docs/operations.md names the date and sources).
 
@@ -276,7 +276,10 @@ def stats(
         report["allocation"] = raw.get("allocation")  # absent from an older mountd
         report["sources"] = raw.get("sources", {})  # absent from an older mountd
         report["fill_stages"] = (raw.get("counters") or {}).get("fill_stages")
-        mounts = client.ls()["mounts"]
+        listing = client.ls()
+        mounts = listing["mounts"]
+        # Files fetched ahead, read and dropped unread (mountd/store/holds.py): the cache's usage.
+        report["protection"] = (listing.get("usage") or {}).get("protection")
     # Each mount's own figures (opens, reads, hits, misses) come from its user.quiver.stats.
     report["mounts"] = mount_stats(mounts)
     if as_json:
@@ -285,6 +288,7 @@ def stats(
         from quiverfs.mountd_views import (
             print_allocation,
             print_cluster,
+            print_fetched_ahead,
             print_fill_stages,
             print_mounts,
             print_sources,
@@ -293,6 +297,8 @@ def stats(
         )
 
         print_stats(report)
+        if report["protection"]:
+            print_fetched_ahead(report["protection"])
         if report["fill_stages"] and report["fill_stages"].get("jobs"):
             print_fill_stages(report["fill_stages"])
         if report["sources"]:

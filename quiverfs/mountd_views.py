@@ -67,9 +67,11 @@ def _rows(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = None) -> None:
-    """One row per mount with that mount's own counters (from ``mount_cli.mount_stats``)."""
+    """One row per mount with that mount's own counters (from ``mount_cli.mount_stats``),
+    and the files (bytes) its read-ahead sent to mountd."""
     table = Table(title="mounts", title_justify="left")
-    for column in ("mount point", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes", "errors"):
+    for column in ("mount point", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes", "errors",
+                   "read ahead"):
         left = column in ("mount point", "dataset")
         table.add_column(column, justify="left" if left else "right", no_wrap=left)
     for row in rows:
@@ -79,9 +81,20 @@ def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = No
             figures[0] = row.get("stats_error") or "-"
         table.add_row(
             str(row.get("mountpoint") or "-"), str(row.get("dataset", ""))[:SHORT_ID],
-            str(row.get("pid", "")), *figures,
+            str(row.get("pid", "")), *figures, _read_ahead(stats),
         )
     (console or _console()).print(table)
+
+
+def _read_ahead(stats: Mapping[str, Any]) -> str:
+    """A mount's read-ahead: ``off``, or files sent to mountd and their bytes."""
+    if "readahead" not in stats:
+        return "-"
+    if not stats["readahead"]:
+        return "off"
+    nbytes = stats.get("readahead_bytes")  # absent from an older mount
+    files = stats.get("readahead_files", 0)
+    return str(files) if nbytes is None else f"{files} ({human_bytes(nbytes)})"
 
 
 def _user_name(uid: str) -> str:
@@ -204,6 +217,40 @@ def print_stats(report: Mapping[str, Any], console: Console | None = None) -> No
     if report.get("total_priced_partially"):
         notes.append("TOTAL cost counts only the datasets with one known cloud")
     console.print("  " + "; ".join(notes) + ".", style="dim")
+
+
+def _files_bytes(files: int, nbytes: int | None, why: str = "") -> str:
+    """``12 files (3.0 MiB: why)``; without bytes (None) ``12 files (why)``."""
+    count = f"{files} file" if files == 1 else f"{files} files"
+    if nbytes is None:
+        return f"{count} ({why})" if why else count
+    return f"{count} ({human_bytes(nbytes)}{': ' + why if why else ''})"
+
+
+def print_fetched_ahead(protection: Mapping[str, Any], console: Console | None = None) -> None:
+    """One line from the cache's ``protection`` (mountd/store/holds.py): the files mountd
+    fetched ahead of their readers since it started (the mounts' read-ahead, claims' misses,
+    packed members brought along), how many were read, how many wait unread now, and how
+    many were dropped unread, and why (their time ran out, a reader's miss needed the room,
+    their job let go, they left the store or their fill failed). Bytes where mountd counts
+    them (an older one counts files only)::
+
+        fetched ahead 120 files (52.9 MiB): read 100 files (2.4 MiB), unread now 4 files
+        (96.0 KiB), dropped unread 16 files (50.4 MiB: timeout 15, demand 1)
+    """
+    ended = protection.get("ended") or {}
+    ended_bytes = protection.get("ended_bytes")  # absent from an older mountd
+
+    def nbytes(reasons: list[str]) -> int | None:
+        return None if ended_bytes is None else sum(ended_bytes.get(r, 0) for r in reasons)
+
+    dropped = [reason for reason in ended if reason != "read"]
+    why = ", ".join(f"{reason} {ended[reason]}" for reason in dropped if ended[reason])
+    (console or _console()).print(
+        f"fetched ahead {_files_bytes(protection.get('started', 0), protection.get('started_bytes'))}: "
+        f"read {_files_bytes(ended.get('read', 0), nbytes(['read']))}, "
+        f"unread now {_files_bytes(protection.get('files', 0), protection.get('bytes'))}, "
+        f"dropped unread {_files_bytes(sum(ended[r] for r in dropped), nbytes(dropped), why)}")
 
 
 #: Where each stage of ``fill_stages`` runs (the rest run in mountd's main process).

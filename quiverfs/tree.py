@@ -18,11 +18,13 @@ entries and encoded listings, and raise :class:`FsError` with the errno to repor
 from __future__ import annotations
 
 import calendar
+import contextlib
 import errno
 import logging
 import os
 import stat
 import time
+from collections import OrderedDict
 
 from digests.digest import ROOT_ID, Digest, Entry, FileEntry
 from digests.errors import DigestError
@@ -84,8 +86,10 @@ class Tree:
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.mtime_ns = _ns(digest.created_at)
-        #: inode → entry for the most recently used entries (immutable rows, not state)
-        self._recent: dict[int, Entry] = {}
+        #: inode → entry for the most recently used entries (immutable rows, not state). An
+        #: OrderedDict: dropping a plain dict's first key in a steady stream of inserts costs
+        #: ~4 µs (iteration skips the deleted slots), popitem(last=False) ~0.3 µs.
+        self._recent: OrderedDict[int, Entry] = OrderedDict()
         #: (directory, cookie, entries, last) of the last listing page that did not fit
         self._spare: tuple[int, int, list[Listed], bool] = (0, 0, [], False)
         # The store path of a hash, as a plain string: reads are the hot path and pathlib
@@ -112,7 +116,7 @@ class Tree:
         recent = self._recent
         recent[entry.id] = entry
         if len(recent) > RECENT_ENTRIES:
-            del recent[next(iter(recent))]  # the oldest (dicts keep insertion order)
+            recent.popitem(last=False)  # the oldest
 
     def entry(self, inode: int) -> Entry:
         """The entry of ``inode``; ENOENT if there is none, EIO if the digest fails."""
@@ -135,6 +139,30 @@ class Tree:
         if entry.is_dir:
             raise FsError(errno.EISDIR)
         return entry  # type: ignore[return-value]
+
+    def files(self, first: int, last: int, more: int = 0) -> list[FileEntry]:
+        """The files with ids ``first .. last``, in id order: from the recent entries when they
+        are all there, else one range query (:meth:`Digest.files_between`) that also reads
+        the ``more`` ids after ``last`` (a scan asks for those next); the entries read are
+        remembered. A damaged row is left out (logged), not an error: the callers
+        (read-ahead) only look ahead."""
+        recent = self._recent
+        known = [recent.get(inode) for inode in range(first, last + 1)]
+        if all(entry is not None and not entry.is_dir for entry in known):
+            return known  # type: ignore[return-value]
+        try:
+            entries = self.digest.files_between(first, last + more)
+        except DigestError:
+            entries = []
+            for inode in range(first, last + 1):
+                with contextlib.suppress(FsError):  # the damaged row (logged by entry())
+                    entry = self.entry(inode)
+                    if not entry.is_dir:
+                        entries.append(entry)  # type: ignore[arg-type]
+            return entries
+        for entry in entries:
+            self._remember(entry)
+        return [entry for entry in entries if entry.id <= last] if more else entries
 
     def lookup(self, parent_inode: int, name: bytes) -> Entry | None:
         """The entry ``name`` in directory ``parent_inode``, or None (a cacheable ENOENT)."""

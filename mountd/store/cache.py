@@ -716,14 +716,16 @@ class Cache(ChunkFills):
 
     async def _await_fill(
         self, hash: bytes, size: int, location: Location, dataset: str | None, prefetch: bool,
-        source: SuppliedBytes | None = None, uid: int | None = None,
+        source: SuppliedBytes | None = None, uid: int | None = None, absent: bool = False,
     ) -> str:
         """Join or start the flight of ``hash``: with mountd's authority (``source`` None) or
         from ``source``, charged to ``uid``. A flight of another authority that fails is not
         this caller's failure: it looks again and fills with its own (see
-        :meth:`Flight.fills_for`)."""
+        :meth:`Flight.fills_for`). ``absent``: the caller has just seen the index lack
+        ``hash``, with no await since (one index lookup saved per prefetch)."""
         while True:
-            path = self._landed(hash, size, dataset)  # filled while we looped
+            path = None if absent else self._landed(hash, size, dataset)  # filled meanwhile?
+            absent = False
             if path is not None:
                 return path
             flight = self._flights.get(hash)
@@ -1398,7 +1400,8 @@ class Cache(ChunkFills):
             self.holds.protect(hash, size)
             # Errors are counted and logged by the flight; a prefetch has nobody to tell.
             with contextlib.suppress(QuiverError):
-                await self._await_fill(hash, size, location, dataset, prefetch=True, uid=uid)
+                await self._await_fill(hash, size, location, dataset, prefetch=True, uid=uid,
+                                       absent=True)
 
     def _cached_or_coming(self, hash: bytes) -> bool:
         index = self._index

@@ -38,6 +38,10 @@ files. On-demand misses never wait for protection: a reader's fill evicts unprot
 entries first and, when only protected ones are left, ends the **oldest protections** and
 evicts those (``ended["demand"]``): a reader is never starved and never told ``CacheFull``
 for protection's sake (the reverted "unread last" LRU starved them: commit 921a01b).
+
+Protections are counted as they start and end, in files and bytes, per reason
+(:meth:`Holds.snapshot`): what was fetched ahead, what of it was read, what waits unread and
+what ended unread, the figures ``quiverfs stats`` prints as "fetched ahead".
 """
 
 from __future__ import annotations
@@ -94,9 +98,14 @@ class Holds:
         self._protected: dict[bytes, _Protection] = {}
         self._by_owner: dict[Hashable, set[bytes]] = {}
         self.protected_bytes = 0
-        #: Protections started, and ended by reason (:data:`ENDINGS`).
+        #: Protections started, and ended by reason (:data:`ENDINGS`), in files and in bytes:
+        #: ``started == sum(ended) + protected now`` (files and bytes alike), so what was
+        #: fetched ahead and never read is ``started`` less ``ended["read"]`` and what is
+        #: protected now.
         self.started = 0
+        self.started_bytes = 0
         self.ended = dict.fromkeys(ENDINGS, 0)
+        self.ended_bytes = dict.fromkeys(ENDINGS, 0)
 
     # -- answer holds ---------------------------------------------------------------------------
 
@@ -166,6 +175,7 @@ class Holds:
             protection = _Protection(0.0, size)
             self.protected_bytes += size
             self.started += 1
+            self.started_bytes += size
         protection.deadline = trio.current_time() + self.protect_seconds
         self._protected[content_hash] = protection
         if owner is not None:
@@ -227,6 +237,7 @@ class Holds:
         protection = self._protected.pop(content_hash)
         self.protected_bytes -= protection.size
         self.ended[reason] += 1
+        self.ended_bytes[reason] += protection.size
         for owner in protection.owners:
             mine = self._by_owner.get(owner)
             if mine is not None:
@@ -236,10 +247,11 @@ class Holds:
 
     def snapshot(self) -> dict:
         """``usage``'s ``protection``: files and bytes protected now, the budget, the
-        protections started and why they ended."""
+        protections started and why they ended (files, and bytes in ``*_bytes``)."""
         self.expire()
         return {
             "files": len(self._protected), "bytes": self.protected_bytes,
             "cap_bytes": self.protect_bytes, "seconds": self.protect_seconds,
-            "started": self.started, "ended": dict(self.ended),
+            "started": self.started, "started_bytes": self.started_bytes,
+            "ended": dict(self.ended), "ended_bytes": dict(self.ended_bytes),
         }

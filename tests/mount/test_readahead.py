@@ -1,7 +1,7 @@
 """Read-ahead through a real mount and mountd (docs/mount.md "Read-ahead"): files read in
-digest order through a cold mount make mountd prefetch the files that follow, which the
-reader then finds in the store; a shuffled read prefetches nothing, and ``--readahead 0``
-turns it off. Each test starts from an empty store (everything evicted) and a fresh mount.
+digest order through a cold mount make mountd prefetch the files that follow (a window that
+grows as the reader goes on, and stops where the reader stops), which the reader then finds
+in the store; a shuffled read prefetches nothing, and ``--readahead 0`` turns it off. Each test starts from an empty store (everything evicted) and a fresh mount.
 
 The zero-prefetch tests run first: a scan leaves nothing queued in mountd once it has read
 every file, but running them before it also keeps a slow fill from an earlier test out of
@@ -73,7 +73,8 @@ def test_a_shuffled_read_prefetches_nothing(world: dict, mountpoint: Path) -> No
         read_in(mountpoint, shuffled)
         stats = mount_stats(mountpoint)
     assert stats["readahead"] == 64  # on, by default
-    assert stats["readahead_files"] == 0 and stats["misses"] == len(ORDER)
+    assert stats["readahead_files"] == 0 and stats["readahead_bytes"] == 0
+    assert stats["misses"] == len(ORDER)
     assert prefetches(world) == before
 
 
@@ -91,17 +92,24 @@ def test_a_scan_in_digest_order_is_read_ahead(world: dict, mountpoint: Path) -> 
     before = cold(world)
     with MountProcess(world["digest"], mountpoint, world["cache"], "--readahead", "64"):
         read_in(mountpoint, ORDER[:20])  # 15 files in order make it a scan
-        # mountd fills the next files without anybody reading them …
-        ahead = ORDER[20:20 + 48]
+        # The window began at 4 files past the 15th and grew by one per file read since:
+        # 9 files past the 20th. mountd fills them without anybody reading them …
+        ahead = ORDER[20:29]
         wait_for(lambda: all(cached(mountpoint, rel) for rel in ahead),
                  "mountd to prefetch the files after the first 20", timeout=30, interval=0.05)
         assert prefetches(world) - before >= len(ahead)
+        # … and nothing after them: the reader stopped, and so did read-ahead.
+        assert not any(cached(mountpoint, rel) for rel in ORDER[29:])
+        stats = mount_stats(mountpoint)
+        assert len(ahead) <= stats["readahead_files"] <= len(ORDER[15:29])
+        assert stats["readahead_bytes"] <= sum(len(FILES[rel]) for rel in ORDER[15:29])
         # … and the reader finds them in the store: hits, the same bytes.
         read_in(mountpoint, ORDER[20:])
         stats = mount_stats(mountpoint)
     assert stats["hits"] >= len(ahead)
     assert stats["hits"] + stats["misses"] == len(ORDER)
     assert stats["readahead_files"] >= len(ahead)
+    assert stats["readahead_window_files"] == 64  # grown to --readahead along the scan
     assert prefetches(world) - before >= len(ahead)
 
 

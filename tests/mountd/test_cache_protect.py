@@ -54,6 +54,34 @@ def test_protections_end_by_read_owner_time_and_stay_within_their_bytes() -> Non
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_protections_count_their_bytes_started_and_ended_by_reason() -> None:
+    """What ``quiverfs stats`` shows as fetched ahead, read, unread now and dropped unread."""
+
+    async def main() -> None:
+        holds = Holds(max_bytes=10**9, protect_seconds=10.0)
+        read, mine, gone, taken, renewed, old, now = (bytes([n]) * 32 for n in b"rmgtnoc")
+        holds.protect(old, 7_000)
+        await trio.sleep(5)
+        for content_hash, size in ((read, 100), (mine, 2_000), (gone, 30_000), (taken, 500),
+                                   (renewed, 40), (now, 1)):
+            holds.protect(content_hash, size, "job" if content_hash == mine else None)
+        holds.protect(renewed, 40)  # renewed: not started again
+        assert holds.consumed([read]) == 1
+        assert holds.release("job") == 1
+        assert holds.forget([gone]) == 1  # left the store, or its fill failed
+        assert holds.forget([taken], "demand") == 1
+        await trio.sleep(5.5)  # old times out; the others were protected 5 s after it
+        snap = holds.snapshot()
+        assert snap["started"] == 7 and snap["started_bytes"] == 39_641
+        assert snap["ended"] == {"read": 1, "released": 1, "timeout": 1, "demand": 1, "removed": 1}
+        assert snap["ended_bytes"] == {"read": 100, "released": 2_000, "timeout": 7_000,
+                                       "demand": 500, "removed": 30_000}
+        assert (snap["files"], snap["bytes"]) == (2, 41)  # renewed and now, unread so far
+        assert snap["started_bytes"] == sum(snap["ended_bytes"].values()) + snap["bytes"]
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 async def test_protected_files_survive_eviction_pressure_until_read(
     tmp_path: Path, source: Source, backends: Backends
 ) -> None:
@@ -137,6 +165,11 @@ async def test_new_prefetches_wait_while_protection_is_full_then_start_as_reads_
         assert len(first) == 1
         cache.record_hits("ds", [objs[3].hash, first[0].hash], 2 * K)
         await landed(cache, queued)
+        # Fetched ahead: 7 files; read: 5; the other two queued ones are unread, protected.
+        snap = cache.usage()["protection"]
+        assert (snap["started"], snap["started_bytes"]) == (7, 7 * K)
+        assert (snap["ended"]["read"], snap["ended_bytes"]["read"]) == (5, 5 * K)
+        assert (snap["files"], snap["bytes"]) == (2, 2 * K)
 
 
 async def test_on_demand_misses_proceed_when_everything_is_protected(

@@ -57,6 +57,9 @@ def test_stats_json_has_the_counts_ratio_and_savings(capsys, daemon, activity):
     assert row["schemes"] == ["file"] and row["cost_saved"] == 0.0 and row["remote_cost"] == 0.0
     assert row["fill_latency"]["count"] == 3 and row["fill_latency"]["mean_s"] > 0
     assert report["total"]["hits"] == 5 and report["prices_as_of"]
+    # Files fetched ahead (the cache's protection): none here, every file was read on demand.
+    assert (report["protection"]["started"], report["protection"]["started_bytes"]) == (0, 0)
+    assert report["protection"]["ended_bytes"]["read"] == 0
 
 
 def test_stats_tables_show_the_same_numbers(capsys, monkeypatch, daemon, activity):
@@ -72,6 +75,8 @@ def test_stats_tables_show_the_same_numbers(capsys, monkeypatch, daemon, activit
     assert rows[1][6].endswith(" ms") and rows[1][7].endswith(" ms") and rows[1][8].startswith("≤ ")
     assert rows[2] == ["cli-ds", "file", "5", "48.8 KiB", "$0.0000", "$0.0000"]
     assert "internet egress priced" in out
+    assert ("fetched ahead 0 files (0 B): read 0 files (0 B), unread now 0 files (0 B), "
+            "dropped unread 0 files (0 B)") in out
 
 
 def test_ls_lists_usage_and_datasets(capsys, monkeypatch, daemon, activity):

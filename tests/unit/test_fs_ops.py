@@ -932,6 +932,11 @@ def names(body: bytes) -> list[bytes]:
     return body.split(b"\0")[:-1]
 
 
+#: ``user.quiver.stats``' read-ahead fields of a mount without read-ahead (docs/mount.md).
+READAHEAD_OFF = {"readahead": 0, "readahead_cap_bytes": 0, "readahead_window_files": 0,
+                 "readahead_window_bytes": 0, "readahead_files": 0, "readahead_bytes": 0}
+
+
 async def test_xattrs(env: Env) -> None:
     data = env.files["sub/b.bin"]
     ino = env.ino("sub/b.bin")
@@ -959,7 +964,7 @@ async def test_xattrs(env: Env) -> None:
     assert dataset == env.digest.dataset_id.encode()
     stats = json.loads(ok_body(await xattr(env, getxattr_request(root, b"user.quiver.stats"))))
     assert stats == {"dataset": env.digest.dataset_id, "opens": 1, "reads": 1, "hits": 0,
-                     "misses": 1, "bytes": len(data), "errors": 0, "readahead": 0, "readahead_files": 0}
+                     "misses": 1, "bytes": len(data), "errors": 0, **READAHEAD_OFF}
     sub = env.ino("sub")
     assert ok_body(await xattr(env, listxattr_request(sub))) == b""
     assert w.GETXATTR_OUT.unpack(ok_body(await xattr(env, listxattr_request(sub, 0)))) == (0, 0)
@@ -980,7 +985,7 @@ async def test_stats_sum_every_process_and_take_extra_fields(env: Env) -> None:
     try:
         assert ops.stats() == {"dataset": env.digest.dataset_id, "opens": 2, "reads": 2, "hits": 1,
                                "misses": 1, "bytes": 5 + 7, "errors": 0, "pid": 42,
-                               "mountpoint": "/mnt/x", "readahead": 0, "readahead_files": 0}
+                               "mountpoint": "/mnt/x", **READAHEAD_OFF}
     finally:
         ops.close()
     assert env.counters.slot(1).tolist() == [1, 1, 1, 0, 5, 0]  # the worker's own row

@@ -1,7 +1,8 @@
 """Read-ahead in the mount's main process (quiverfs/fs.py), without a kernel: misses forwarded
-as raw READs and hit reports as a worker sends them feed the detector, and
-``send_prefetches`` hands the files it names to the prefetcher, leaving out files already in
-the store and empty ones. The detector itself is tested in test_readahead.py."""
+as raw READs and hit reports as a worker sends them feed the detector, with the files' sizes
+from the digest, and ``send_prefetches`` hands the files it names to the prefetcher, leaving
+out files already in the store and empty ones; ``user.quiver.stats`` shows the window and
+what was sent. The detector itself is tested in test_readahead.py."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from digests.write import NewFile, write_digest
 from mountd.store import layout
 from quiverfs import fuse_wire as w
 from quiverfs import fuse_worker
-from quiverfs.fs import QuiverOperations
+from quiverfs.fs import SIZES_AHEAD, QuiverOperations
+from quiverfs.readahead import START_BYTES, window_bytes
 from quiverfs.reads import SharedCounters
 from tests.unit.test_fs_ops import FakeFetcher, b3, read_request
 
@@ -27,10 +29,11 @@ FILES = {f"d/f{i:03d}": (b"" if i == 30 else f"content {i}".encode()) for i in r
 
 
 class FakePrefetcher:
-    """Plays mountd's ``prefetch``: records the paths of each notification."""
+    """Plays mountd's ``prefetch``: records the paths of each notification, and the bytes."""
 
     def __init__(self, cache_size: int | None = 1 << 30) -> None:
         self.sent: list[list[str]] = []
+        self.bytes = 0
         self.cache_size = cache_size
 
     async def cache_bytes(self) -> int | None:
@@ -38,6 +41,7 @@ class FakePrefetcher:
 
     async def prefetch(self, entries: list[FileEntry]) -> None:
         self.sent.append([entry.path for entry in entries])
+        self.bytes += sum(entry.size for entry in entries)
 
 
 @pytest.fixture
@@ -48,10 +52,10 @@ def digest(tmp_path: Path):
         yield opened
 
 
-def operations(digest: Digest, cache: Path, readahead: int = 8,
-               cache_size: int | None = 1 << 30) -> tuple[QuiverOperations, FakePrefetcher]:
+def operations(digest: Digest, cache: Path, readahead: int = 8, cache_size: int | None = 1 << 30,
+               files: dict[str, bytes] = FILES) -> tuple[QuiverOperations, FakePrefetcher]:
     prefetcher = FakePrefetcher(cache_size)
-    fetcher = FakeFetcher(cache, {b3(d): d for d in FILES.values()})
+    fetcher = FakeFetcher(cache, {b3(d): d for d in files.values()})
     ops = QuiverOperations(digest, cache, fetcher, SharedCounters(2), prefetcher=prefetcher,
                            readahead=readahead)
     return ops, prefetcher
@@ -61,13 +65,15 @@ def ino(digest: Digest, i: int) -> int:
     return digest.lookup_path(f"d/f{i:03d}").id
 
 
-async def read_files(ops: QuiverOperations, digest: Digest, numbers, reader: int = 4242) -> None:
-    """Misses of ``d/fNN`` for each number, as forwarded READs from process ``reader``."""
+async def read_files(ops: QuiverOperations, digest: Digest, numbers, reader: int = 4242,
+                     files: dict[str, bytes] = FILES, folder: str = "d") -> None:
+    """Misses of ``d/fNNN`` for each number, as forwarded READs from process ``reader``."""
     for i in numbers:
-        request = bytearray(read_request(ino(digest, i), 0, 4096))
+        path = f"{folder}/f{i:03d}"
+        request = bytearray(read_request(digest.lookup_path(path).id, 0, 4096))
         struct.pack_into("<I", request, 32, reader)  # fuse_in_header.pid
         out = await ops.answer(bytes(request))
-        assert b"".join(out)[w.OUT_HEADER.size:] == FILES[f"d/f{i:03d}"]
+        assert b"".join(out)[w.OUT_HEADER.size:] == files[path][:4096]
         await trio.testing.wait_all_tasks_blocked()  # the sender sends before the next read
 
 
@@ -85,9 +91,24 @@ async def sent_after(ops: QuiverOperations, prefetcher: FakePrefetcher, work) ->
 async def test_misses_in_order_prefetch_the_next_files(digest: Digest, tmp_path: Path) -> None:
     ops, prefetcher = operations(digest, tmp_path / "cache")
     sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, range(15)))
-    # The 15th read (f14) makes it a scan: the next 8 files, in one notification.
-    assert sent == [[f"d/f{i:03d}" for i in range(15, 23)]]
-    assert ops.stats()["readahead"] == 8 and ops.stats()["readahead_files"] == 8
+    # The 15th read (f14) makes it a scan: the next 4 files (a new run's window), in one
+    # notification; each is 10 bytes ("content 15" ...).
+    assert sent == [[f"d/f{i:03d}" for i in range(15, 19)]]
+    stats = ops.stats()
+    assert stats["readahead"] == 8 and stats["readahead_cap_bytes"] == window_bytes(1 << 30)
+    assert (stats["readahead_window_files"], stats["readahead_window_bytes"]) == (4, START_BYTES + 10)
+    assert (stats["readahead_files"], stats["readahead_bytes"]) == (4, 40) and prefetcher.bytes == 40
+    ops.close()
+
+
+async def test_the_window_grows_as_the_scan_goes_on(digest: Digest, tmp_path: Path) -> None:
+    ops, prefetcher = operations(digest, tmp_path / "cache")
+    sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, range(20)))
+    # Each file read after f14 widens the window by one, up to 8 (--readahead): f19 + 8.
+    assert sent == [[f"d/f{i:03d}" for i in range(15, 19)], ["d/f019", "d/f020"],
+                    ["d/f021", "d/f022"], ["d/f023", "d/f024"], ["d/f025", "d/f026"], ["d/f027"]]
+    assert ops.stats()["readahead_window_files"] == 8
+    assert ops.stats()["readahead_window_bytes"] == START_BYTES + 6 * 10
     ops.close()
 
 
@@ -102,6 +123,7 @@ async def test_cached_and_empty_files_are_left_out(digest: Digest, tmp_path: Pat
     flat = [path for batch in sent for path in batch]
     # Asked for: f15 .. f31 (8 ahead of f23); sent: all but the cached f25, f27 and empty f30.
     assert flat == [f"d/f{i:03d}" for i in range(15, 32) if i not in (25, 27, 30)]
+    assert ops.stats()["readahead_bytes"] == prefetcher.bytes == 14 * 10
     ops.close()
 
 
@@ -117,7 +139,8 @@ async def test_worker_hit_reports_move_the_window(digest: Digest, tmp_path: Path
         ops.add_hits(struct.pack("<Q", 0) + records)
 
     sent = await sent_after(ops, prefetcher, work)
-    assert sent == [[f"d/f{i:03d}" for i in range(15, 23)], [f"d/f{i:03d}" for i in range(23, 28)]]
+    # The five reported hits move the frontier to f19 and widen the window to 8 files.
+    assert sent == [[f"d/f{i:03d}" for i in range(15, 19)], [f"d/f{i:03d}" for i in range(19, 28)]]
     ops.close()
 
 
@@ -138,13 +161,67 @@ async def test_readahead_zero_is_off(digest: Digest, tmp_path: Path) -> None:
     ops.close()
 
 
-@pytest.mark.parametrize(("cache_size", "window"), [(1 << 30, 8), (8 * 10, 1), (8 * 30, 3), (None, 8)])
-async def test_the_window_is_a_small_share_of_the_cache(digest: Digest, tmp_path: Path,
-                                                         cache_size: int | None, window: int) -> None:
-    # Files here are ~10 bytes: a window holds at most an eighth of the cache (None: unknown,
-    # then only the fixed cap of 512 MiB).
+@pytest.mark.parametrize(("cache_size", "cap", "ahead"),
+                         [(1 << 30, 128 << 20, 4), (8 * 10, 10, 1), (8 * 30, 30, 3), (None, 512 << 20, 4)])
+async def test_the_bytes_ahead_are_a_small_share_of_the_cache(digest: Digest, tmp_path: Path,
+                                                              cache_size: int | None, cap: int,
+                                                              ahead: int) -> None:
+    # Files here are 10 bytes: a window holds at most an eighth of the cache (None: unknown,
+    # then only the fixed cap of 512 MiB), and a new run's window 4 files.
     ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=cache_size)
     sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, range(15)))
-    assert ops.stats()["readahead"] == window
-    assert sent == [[f"d/f{i:03d}" for i in range(15, 15 + window)]]
+    assert ops.stats()["readahead"] == 8 and ops.stats()["readahead_cap_bytes"] == cap
+    assert sent == [[f"d/f{i:03d}" for i in range(15, 15 + ahead)]]
+    ops.close()
+
+
+#: The issue's folder: 250 files of 10 KiB, then a folder whose first files are 30 MB and 1 MB
+#: (declared in the digest only: nobody reads them, so no content is needed).
+SMALL = {f"a/f{i:03d}": f"{i:05d}".encode() * 2048 for i in range(250)}
+LARGE = {"b/f000": 30_000_000, "b/f001": 1_000_000, **{f"b/f{i:03d}": 10 << 10 for i in range(2, 50)}}
+
+
+@pytest.fixture
+def mixed(tmp_path: Path):
+    path = tmp_path / "mixed.qd"
+    files = [NewFile(p, len(d), b3(d)) for p, d in SMALL.items()]
+    files += [NewFile(p, size, b3(p.encode())) for p, size in LARGE.items()]
+    write_digest(path, files, ["file:///nowhere"])
+    with Digest.open(path) as opened:
+        yield opened
+
+
+async def test_large_files_after_the_small_ones_read_are_not_fetched(mixed: Digest,
+                                                                     tmp_path: Path) -> None:
+    # A reader of 2.5 MB of small files made mountd fetch 52.9 MB: the 30 MB and 1 MB files
+    # next in digest order. Now the window ends before a file that alone would hold more than
+    # START_BYTES + what was read, and the reader that stops there stops read-ahead.
+    ops, prefetcher = operations(mixed, tmp_path / "cache", readahead=64, files=SMALL)
+    sent = await sent_after(ops, prefetcher,
+                            lambda: read_files(ops, mixed, range(250), files=SMALL, folder="a"))
+    flat = [path for batch in sent for path in batch]
+    assert flat == [f"a/f{i:03d}" for i in range(15, 250)]
+    assert ops.stats()["readahead_bytes"] == prefetcher.bytes == 235 * 10240
+    ops.close()
+
+
+async def test_sizes_come_from_the_range_queries_the_notifications_use(
+        digest: Digest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Read-ahead asks the digest for the sizes of the files it considers, a range at a time;
+    # the notification then finds those entries remembered.
+    queried: list[int] = []
+    files_between = digest.files_between
+
+    def counting(first: int, last: int):
+        queried.append(last - first + 1)
+        return files_between(first, last)
+
+    monkeypatch.setattr(digest, "files_between", counting)
+    ops, prefetcher = operations(digest, tmp_path / "cache", readahead=64)
+    sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, range(100)))
+    asked = sum(len(batch) for batch in sent) + 1  # f030 is empty: asked, not sent
+    assert asked == 163 - 15 + 1  # f015 .. f163: 64 past f099, the last file read
+    # One query per SIZES_AHEAD files or so, each row read once (the ranges do not overlap).
+    assert len(queried) <= asked // SIZES_AHEAD + 1
+    assert sum(queried) <= asked + SIZES_AHEAD
     ops.close()

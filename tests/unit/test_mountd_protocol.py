@@ -21,6 +21,7 @@ from mountd.rpc.protocol import (
     parse_request,
 )
 from mountd.rpc.server import Server
+from mountd.stats.counters import Counters
 from mountd.store.config import CacheConfig
 from quiverfs.errors import BackendError, CorruptObject, NotFound, QuiverError
 
@@ -180,6 +181,7 @@ class FakeCache:
 
     def __init__(self):
         self.config = CacheConfig(cache_dir=Path("/nonexistent/cache"), cache_size=1 << 30)
+        self.counters = Counters()  # the server times the requests of fills there
         self.gates: dict[bytes, trio.Event] = {}
         self.hits: list = []
 
