@@ -57,7 +57,7 @@ from mountd.store.fillpool import Fills, ThreadFills
 from mountd.store.flights import CacheListener, Flight
 from mountd.store.holds import HOLD_SHARE, Holds
 from mountd.store.index import TOUCH_MEMORY, Index
-from mountd.store.limits import RemoteLimits, take
+from mountd.store.limits import RemoteLimits, Turns, take
 from mountd.store.peers import PEER_URL, PeerContent, PeerSource, fill_through
 from mountd.store.policy import EvictionPolicy, keep_last, make_policy
 from mountd.store.quota import Charges, own_victims
@@ -159,6 +159,8 @@ class Cache(ChunkFills):
         #: (:meth:`_wait_flight`): never evicted, and no fill waits for them beyond a step.
         self._landing: dict[bytes, Flight] = {}
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
+        #: The order in which fetches started together take the remote limits (Turns).
+        self._turns = Turns()
         self._chunk_members: ChunkMembers | None = None
         #: Other caches asked before the bucket (mountd/store/peers.py); None: none.
         self.peers: PeerSource | None = None
@@ -717,12 +719,15 @@ class Cache(ChunkFills):
     async def _await_fill(
         self, hash: bytes, size: int, location: Location, dataset: str | None, prefetch: bool,
         source: SuppliedBytes | None = None, uid: int | None = None, absent: bool = False,
+        turn: int | None = None,
     ) -> str:
         """Join or start the flight of ``hash``: with mountd's authority (``source`` None) or
         from ``source``, charged to ``uid``. A flight of another authority that fails is not
         this caller's failure: it looks again and fills with its own (see
         :meth:`Flight.fills_for`). ``absent``: the caller has just seen the index lack
-        ``hash``, with no await since (one index lookup saved per prefetch)."""
+        ``hash``, with no await since (one index lookup saved per prefetch). ``turn``: the
+        fill's place in the order of a claim's fetches (:class:`Turns`), given to the flight
+        it starts; a caller that joins another's flight gives its turn up at once."""
         while True:
             path = None if absent else self._landed(hash, size, dataset)  # filled meanwhile?
             absent = False
@@ -739,6 +744,9 @@ class Cache(ChunkFills):
             elif flight is not None and flight.size != size:
                 # Another caller fills this hash with another size: at most one of the two
                 # is the content's. Let that fill decide, then look again.
+                if turn is not None:
+                    self._turns.done(turn)
+                    turn = None
                 await flight.done.wait()
                 continue
             if flight is None:
@@ -747,12 +755,17 @@ class Cache(ChunkFills):
                         raise self._larger_than_cache(hash, size)
                     raise await self._too_large(hash, size, location, dataset)
                 self.charges.check_size(hash, size, uid)
-                flight = Flight(hash, size, location, dataset, prefetch, source=source, uid=uid)
+                flight = Flight(hash, size, location, dataset, prefetch, source=source, uid=uid,
+                                turn=turn)
+                turn = None  # the flight keeps it now
                 if source is not None:
                     source.adopted = True
                 self._flights[hash] = flight
                 # A prefetch runs in a task of the cache's own nursery: it fills inline.
                 await self._launch(flight, inline=prefetch)
+            if turn is not None:
+                self._turns.done(turn)  # joined another's fill: no limits to take in turn
+                turn = None
             if not prefetch:
                 flight.awaited = True  # a reader waits: its fill may end protections for room
             await self._wait_flight(flight)
@@ -833,6 +846,9 @@ class Cache(ChunkFills):
         else, or when the caller is a task of that nursery already (``inline``: the
         prefetches), in the caller."""
         opened = self._open_span(flight)
+        if opened is not None and flight.turn is not None:
+            self._turns.done(flight.turn)  # a chunk fill takes its limits out of any order
+            flight.turn = None
         run = self._run_flight if opened is None else partial(self._run_span, *opened)
         args = (flight,) if opened is None else ()
         if self._nursery is not None and not inline:
@@ -847,7 +863,10 @@ class Cache(ChunkFills):
             counters.add_prefetch(flight.dataset)
         start = trio.current_time()
         uid = flight.uid  # fixed once the fill runs: its reservation and its charge
+        turn = flight.turn
         try:
+            if turn is not None:
+                await self._turns.wait(turn)
             await take(self._fill_limiter)
             try:
                 await self._reserve(flight.size, uid, demand=flight.demanded)
@@ -857,7 +876,8 @@ class Cache(ChunkFills):
                     else:
                         path = await self._filler.fill(
                             flight.source, flight.hash, flight.size, flight.location,
-                            flight.dataset, since=start)
+                            flight.dataset, since=start,
+                            holding=None if turn is None else partial(self._turns.done, turn))
                     self._stored(flight, path)
                     if self.peers is not None and flight.source is not None \
                             and not isinstance(flight.source, PeerContent):
@@ -875,6 +895,8 @@ class Cache(ChunkFills):
         except Exception as exc:
             self._failed(flight, exc)
         finally:
+            if turn is not None:
+                self._turns.done(turn)  # whatever happened before it held its limits
             counters.fills_in_flight -= 1
             self._finish(flight)
 
@@ -1302,7 +1324,8 @@ class Cache(ChunkFills):
                 holds.protect(hash, size, owner)
             # Two tasks for one hash (a second claim before this one's task ran) still make
             # one remote read: the later joins the earlier's flight (single-flight).
-            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset)
+            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
+                                     self._turns.ticket())
             started.add(hash)
         return len(started)
 
@@ -1342,7 +1365,8 @@ class Cache(ChunkFills):
                 break
             del self._waiting[hash]
             self.holds.protect(hash, size, owner)
-            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset)
+            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
+                                     self._turns.ticket())
             started += 1
         return started
 
@@ -1360,10 +1384,13 @@ class Cache(ChunkFills):
             self._admit()
 
     async def _fetch_now(
-        self, hash: bytes, size: int, location: Location, dataset: str | None
+        self, hash: bytes, size: int, location: Location, dataset: str | None, turn: int,
     ) -> None:
-        with contextlib.suppress(QuiverError):  # counted and logged by the flight
-            await self._await_fill(hash, size, location, dataset, prefetch=True)
+        try:
+            with contextlib.suppress(QuiverError):  # counted and logged by the flight
+                await self._await_fill(hash, size, location, dataset, prefetch=True, turn=turn)
+        finally:
+            self._turns.done(turn)  # no-op when the fill gave it up already
 
 
     def prefetch(

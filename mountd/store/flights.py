@@ -68,6 +68,9 @@ class Flight:
     #: Callers waiting on ``done`` right now: a landed file is kept from eviction until the
     #: last of them has its path (``Cache._landing``).
     waiting: int = 0
+    #: Its ticket in the order a claim's fetches take the remote limits
+    #: (:class:`mountd.store.limits.Turns`); None: no order to keep.
+    turn: int | None = None
 
     def demanded(self) -> bool:
         """Whether a reader waits for this fill (not a prefetch nobody waits for yet)."""

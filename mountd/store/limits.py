@@ -61,6 +61,45 @@ class TokenBucket:
             raise
 
 
+class Turns:
+    """Tickets that let fills started together take the remote limits in the order they were
+    asked for, not the order trio happens to run their tasks in (trio runs a batch of new
+    tasks in either order, on purpose). A claim's misses are read in claim order: with the
+    bucket's bandwidth capped, the first mini-batch's files must be fetched first, or the job
+    waits for the whole claim (DELI's 50/50 setting waited twice as long as a plain loader).
+
+    Each ticket is ended exactly when its fill holds its remote limits, or needs none (it
+    joined another fill, or failed before): :meth:`done`, idempotent. :meth:`wait` returns
+    once every earlier ticket is done."""
+
+    def __init__(self) -> None:
+        self._issued = 0
+        self._next = 0  # every ticket below this is done
+        self._done: set[int] = set()
+        self._changed = trio.Event()
+
+    def ticket(self) -> int:
+        """The next ticket, in the order of the calls."""
+        self._issued += 1
+        return self._issued - 1
+
+    async def wait(self, ticket: int) -> None:
+        """Until every ticket before ``ticket`` is done."""
+        while self._next < ticket:
+            await self._changed.wait()
+
+    def done(self, ticket: int) -> None:
+        """``ticket``'s fill holds its limits, or needs none; safe to call again."""
+        if ticket < self._next or ticket in self._done:
+            return
+        self._done.add(ticket)
+        while self._next in self._done:
+            self._done.discard(self._next)
+            self._next += 1
+        self._changed.set()
+        self._changed = trio.Event()
+
+
 class Request:
     """One request under :class:`RemoteLimits` (:meth:`RemoteLimits.request`): a plain
     class, not a generator-based context manager, because every fill enters one."""

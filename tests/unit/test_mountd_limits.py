@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from mountd.store.limits import RemoteLimits, TokenBucket
+from mountd.store.limits import RemoteLimits, TokenBucket, Turns
 
 
 class FakeClock:
@@ -149,3 +149,33 @@ async def test_latency_waits_inside_the_concurrency_slot(autojump_clock: trio.te
 def test_no_latency_by_default():
     limits = RemoteLimits(None, None, concurrency=1)
     assert limits.latency == 0.0 and limits.delayed == 0
+
+
+async def test_turns_let_tasks_through_in_ticket_order_whatever_order_they_run_in():
+    turns = Turns()
+    tickets = [turns.ticket() for _ in range(6)]
+    passed: list[int] = []
+
+    async def one(ticket: int) -> None:
+        await turns.wait(ticket)
+        passed.append(ticket)
+        await trio.sleep(0)  # others run meanwhile: only done() lets the next through
+        turns.done(ticket)
+
+    async with trio.open_nursery() as nursery:
+        for ticket in reversed(tickets):  # started last first
+            nursery.start_soon(one, ticket)
+    assert passed == tickets
+
+
+async def test_a_ticket_done_early_or_twice_neither_blocks_nor_skips():
+    turns = Turns()
+    a, b, c = turns.ticket(), turns.ticket(), turns.ticket()
+    turns.done(b)  # b needed no limits: done before a
+    turns.done(b)
+    with trio.move_on_after(0.05) as waited:
+        await turns.wait(c)
+    assert waited.cancelled_caught  # a is not done: c must wait
+    turns.done(a)
+    with trio.fail_after(1):
+        await turns.wait(c)  # a and b done: c goes
