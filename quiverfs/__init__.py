@@ -7,7 +7,8 @@ every module of ours is named in it:
 
 1. **base** (in this package): :mod:`quiverfs.errors` (the error vocabulary),
    :mod:`quiverfs.backends` (remote storage), :mod:`quiverfs.console` (how commands run and
-   fail), :mod:`quiverfs.version`. They import nothing of ours above them.
+   fail), :mod:`quiverfs.forking` (helper processes: FUSE workers, mountd's fill processes),
+   :mod:`quiverfs.version`. They import nothing of ours above them.
 2. :mod:`digests`: dataset manifests; imports the base.
 3. :mod:`mountd`: the per-machine cache server; imports digests and the base.
 4. **the mount, control channel, shim and CLI** (the rest of this package: ``fs``,

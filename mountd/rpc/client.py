@@ -44,6 +44,7 @@ from mountd.rpc.fdpass import (
     DescriptorStream,
     close_all,
     receive_with_fds_blocking,
+    send_frame,
     send_with_fds,
     send_with_fds_blocking,
 )
@@ -606,12 +607,18 @@ class AsyncClient:
             await conn.stream.aclose()
 
     async def _send(self, conn: _Connection, frame: bytes, fds: Sequence[int] = ()) -> None:
+        if not fds:
+            try:
+                # Never leaves half a frame behind (it is cancelled before the first byte,
+                # or writes the whole frame).
+                await send_frame(conn.stream, conn.send_lock, frame)
+                return
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                conn.alive = False
+                raise _ConnectionLost(str(exc)) from None
         async with conn.send_lock:
             try:
-                if fds:
-                    await send_with_fds(conn.stream.socket, frame, fds)
-                else:
-                    await conn.stream.send_all(frame)
+                await send_with_fds(conn.stream.socket, frame, fds)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 conn.alive = False
                 raise _ConnectionLost(str(exc)) from None

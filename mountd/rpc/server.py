@@ -40,7 +40,7 @@ from mountd.cluster.service import Cluster
 from mountd.coop.service import CoopService, info_json
 from mountd.errors import CacheError, PermissionDenied, ProtocolError
 from mountd.rpc import protocol
-from mountd.rpc.fdpass import DescriptorStream, close_all, send_with_fds
+from mountd.rpc.fdpass import DescriptorStream, close_all, send_frame, send_with_fds
 from mountd.rpc.protocol import (
     MAX_OPEN,
     OPERATIONS,
@@ -214,6 +214,12 @@ class Connection:
             frame = protocol.encode_frame(protocol.error_response(message.get("id"), exc))
             fds = ()
         if self.closed:
+            return
+        if not fds:
+            try:
+                await send_frame(self.stream, self.send_lock, frame)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                self.closed = True  # the client left
             return
         async with self.send_lock:
             try:
