@@ -6,6 +6,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import blake3
@@ -13,6 +14,7 @@ import pytest
 import trio
 
 from mountd.store.cache import Cache, CacheConfig
+from mountd.store.fillpool import ProcessFills
 from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
 from quiverfs.backends.base import Location
 
@@ -102,6 +104,44 @@ async def running(
                 await cache.aclose()
     finally:
         await cache.aclose()
+
+
+@asynccontextmanager
+async def pooled(cfg: CacheConfig, processes: int = 2) -> AsyncIterator[tuple[Cache, ProcessFills]]:
+    """An open cache whose fills run in ``processes`` forked fill processes, as mountd's do
+    (mountd/store/fillpool.py); closed, and its fill processes stopped, on exit."""
+    assert cfg.fill_concurrency is not None
+    threads = ProcessFills.threads_for(processes, cfg.fill_concurrency)
+    fills = ProcessFills(cfg.cache_dir, processes, threads,
+                         partial(open_backend, options=BackendOptions(concurrency=threads)))
+    try:
+        cache = Cache(cfg, fills=fills)
+        await cache.open()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(cache.run)
+                try:
+                    yield cache, fills
+                finally:
+                    await cache.aclose()
+        finally:
+            await cache.aclose()
+    finally:
+        fills.close()
+
+
+@asynccontextmanager
+async def running_with(fills: str, cfg: CacheConfig, factory: Callable[[str], Backend] | None = None
+                       ) -> AsyncIterator[Cache]:
+    """:func:`running` (``fills="threads"``: mountd's own threads, with ``factory``) or
+    :func:`pooled` (``"processes"``: fill processes with real backends): for the tests whose
+    guarantees must hold whichever runs the fills."""
+    if fills == "threads":
+        async with running(cfg, factory) as cache:
+            yield cache
+    else:
+        async with pooled(cfg) as (cache, _):
+            yield cache
 
 
 def store_files(cache_dir: Path) -> dict[str, int]:

@@ -15,7 +15,15 @@ import trio
 from mountd.errors import CacheFull
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
-from tests.mountd.conftest import Backends, Source, config, running, store_files, tmp_files
+from tests.mountd.conftest import (
+    Backends,
+    Source,
+    config,
+    running,
+    running_with,
+    store_files,
+    tmp_files,
+)
 
 
 def disk_bytes(cache_dir: Path) -> int:
@@ -167,14 +175,15 @@ def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
+@pytest.mark.parametrize("fills", ["threads", "processes"])
 @pytest.mark.parametrize("chunk_size", [8 << 20, 128 * 1024], ids=["one-chunk", "streamed"])
 async def test_disk_full_evicts_and_succeeds(
-    small_tmpfs: Path, source: Source, backends: Backends, chunk_size: int
+    small_tmpfs: Path, source: Source, backends: Backends, chunk_size: int, fills: str
 ):
     objs = source.many(16, 512 * 1024)  # 8 MiB of content for a 4 MiB disk
     cache_dir = small_tmpfs / "c"
     cfg = config(cache_dir, size=100 << 20, chunk_size=chunk_size, fill_concurrency=2)
-    async with running(cfg, backends) as cache:
+    async with running_with(fills, cfg, backends) as cache:
         for o in objs:
             path = await cache.ensure(o.hash, o.size, o.location)
             assert blake3.blake3(Path(path).read_bytes()).digest() == o.hash
@@ -187,14 +196,16 @@ async def test_disk_full_evicts_and_succeeds(
         assert report.bad == 0 and report.missing == 0 and report.ok == len(files)
 
 
+@pytest.mark.parametrize("fills", ["threads", "processes"])
 @pytest.mark.parametrize("chunk_size", [8 << 20, 512 * 1024], ids=["one-chunk", "streamed"])
 async def test_file_larger_than_disk_is_a_clean_error(
-    small_tmpfs: Path, source: Source, backends: Backends, chunk_size: int
+    small_tmpfs: Path, source: Source, backends: Backends, chunk_size: int, fills: str
 ):
     small = source.many(2, 100_000)
     huge = source.add("huge", os.urandom(5 << 20))
     cache_dir = small_tmpfs / "c"
-    async with running(config(cache_dir, size=100 << 20, chunk_size=chunk_size), backends) as cache:
+    cfg = config(cache_dir, size=100 << 20, chunk_size=chunk_size)
+    async with running_with(fills, cfg, backends) as cache:
         for o in small:
             await cache.ensure(o.hash, o.size, o.location)
         with pytest.raises(CacheFull, match="no space left"):

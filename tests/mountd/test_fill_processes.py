@@ -4,16 +4,14 @@ process boundary.
 The cache's other tests run its fills in worker threads (their fault-injecting backends live
 in the test's process); these run the same cache with real forked fill processes, as mountd
 does, and check what crossing processes could break: verification, single-flight, counting,
-supplied descriptors, a full disk, chunk pacing under the remote limits, cancellation,
-stopping, and a fill process that dies.
+supplied descriptors, chunk pacing under the remote limits, cancellation, stopping, and a
+fill process that dies (a full disk: tests/mountd/test_cache_space.py, with both).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -21,41 +19,17 @@ import blake3
 import pytest
 import trio
 
-from mountd.errors import CacheError, CacheFull
-from mountd.store.cache import Cache, CacheConfig
-from mountd.store.fillpool import ProcessFills
+from mountd.errors import CacheError
+from mountd.store.cache import Cache
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends import BackendOptions, open_backend
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
-from tests.mountd.conftest import Source, config, store_files, tmp_files, wait_until
-from tests.mountd.test_cache_space import small_tmpfs  # noqa: F401 - a fixture
+from tests.mountd.conftest import Source, config, pooled, store_files, tmp_files, wait_until
 
 
 def gets(cache: Cache) -> int:
     """GETs the fills made, as ``stats`` reports them (the fill processes' backends)."""
     return sum(source["requests"].get("GET", 0) for source in cache.backend_counters().values())
-
-
-@asynccontextmanager
-async def pooled(cfg: CacheConfig, processes: int = 2) -> AsyncIterator[tuple[Cache, ProcessFills]]:
-    """An open cache whose fills run in ``processes`` forked fill processes."""
-    assert cfg.fill_concurrency is not None
-    threads = ProcessFills.threads_for(processes, cfg.fill_concurrency)
-    fills = ProcessFills(cfg.cache_dir, processes, threads,
-                         partial(open_backend, options=BackendOptions(concurrency=threads)))
-    cache = Cache(cfg, fills=fills)
-    await cache.open()
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(cache.run)
-            try:
-                yield cache, fills
-            finally:
-                await cache.aclose()
-    finally:
-        await cache.aclose()
-        fills.close()
 
 
 async def test_fills_land_verified_in_the_fill_processes(tmp_path: Path, source: Source):
@@ -158,32 +132,6 @@ async def test_cancelled_stream_leaves_nothing(tmp_path: Path, source: Source):
         await cache.aclose()
     assert tmp_files(cache_dir) == []
     assert store_files(cache_dir) == {}
-
-
-async def test_disk_full_evicts_and_the_fill_succeeds(small_tmpfs: Path,  # noqa: F811
-                                                      source: Source):
-    objs = source.many(16, 512 * 1024)  # 8 MiB of content for a 4 MiB disk
-    cache_dir = small_tmpfs / "c"
-    async with pooled(config(cache_dir, size=100 << 20)) as (cache, _):
-        for o in objs:
-            path = await cache.ensure(o.hash, o.size, o.location)
-            assert blake3.blake3(Path(path).read_bytes()).digest() == o.hash
-        assert cache.counters.total.evicted_files > 0
-        assert cache.counters.total.fill_errors == 0
-        files = store_files(cache_dir)
-        assert sum(files.values()) == cache.used and len(files) == cache.entries
-    assert tmp_files(cache_dir) == []
-
-
-async def test_file_larger_than_the_disk_fails_cleanly(small_tmpfs: Path,  # noqa: F811
-                                                       source: Source):
-    huge = source.add("huge", os.urandom(5 << 20))
-    cache_dir = small_tmpfs / "c"
-    async with pooled(config(cache_dir, size=100 << 20)) as (cache, _):
-        with pytest.raises(CacheFull, match="no space left"):
-            await cache.ensure(huge.hash, huge.size, huge.location)
-        assert not cache.contains(huge.hash) and cache.reserved == 0
-    assert tmp_files(cache_dir) == []
 
 
 async def test_a_dead_fill_process_fails_its_fills_and_is_replaced(tmp_path: Path,
