@@ -30,7 +30,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -429,16 +429,19 @@ def run_azurite(
 
 
 @contextlib.contextmanager
-def run_gcs_emulator(*, deadline: float = START_DEADLINE) -> Iterator[GCSEmulator]:
+def run_gcs_emulator(*, deadline: float = START_DEADLINE,
+                     program: Sequence[str] | None = None) -> Iterator[GCSEmulator]:
     """gcp-storage-emulator, in memory, on a free loopback port.
 
     Its server is single-threaded with a listen backlog of 5, so :meth:`Emulator.upload_many`
-    uploads one object at a time here.
+    uploads one object at a time here. ``program``: the command that runs the emulator's
+    command line instead of its own script (a benchmark that patches it first).
     """
-    binary = _require(VENV_BIN / "gcp-storage-emulator", "gcp-storage-emulator")
+    command = list(program) if program is not None else [
+        str(_require(VENV_BIN / "gcp-storage-emulator", "gcp-storage-emulator"))]
 
     def argv(port: int) -> list[str]:
-        return [str(binary), "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
+        return [*command, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory"]
 
     ready = f"/storage/v1/b?project={GCS_PROJECT}"
     with _running("gcs", argv, ready, deadline=deadline) as (process, port, log_path):

@@ -83,7 +83,6 @@ from quiverfs.testing import emulators  # noqa: E402
 from quiverfs.testing.emulators import (  # noqa: E402
     AZURITE_ACCOUNT,
     AZURITE_KEY,
-    GCS_PROJECT,
     MOTO_ACCESS_KEY,
     MOTO_REGION,
     MOTO_SECRET_KEY,
@@ -593,24 +592,9 @@ def obstore_gcs_problem(gs: GCSEmulator) -> str:
     return "" if bytes(data) == b"probe" else f"read back {bytes(data)!r}, not b'probe'"
 
 
-@contextlib.contextmanager
-def run_gcs_emulator_with_get_headers() -> Iterator[GCSEmulator]:
+def run_gcs_emulator_with_get_headers() -> contextlib.AbstractContextManager[GCSEmulator]:
     """gcp-storage-emulator, in memory, with :data:`GCS_HEADERS_SHIM`'s two headers."""
-
-    def argv(port: int) -> list[str]:
-        return [sys.executable, "-c", GCS_HEADERS_SHIM, "start", "--host", "127.0.0.1",
-                "--port", str(port), "--in-memory"]
-
-    ready = f"/storage/v1/b?project={GCS_PROJECT}"
-    # emulators._running is run_gcs_emulator's own start/ready/stop, minus the binary's argv.
-    with emulators._running("gcs-headers", argv, ready) as (process, port, log_path):
-        endpoint = f"http://127.0.0.1:{port}"
-        handle = GCSEmulator("gs", endpoint, port, process, log_path, upload_threads=1)
-        try:
-            yield handle
-        finally:
-            if handle._client is not None:
-                handle._client.close()
+    return emulators.run_gcs_emulator(program=[sys.executable, "-c", GCS_HEADERS_SHIM])
 
 
 def section_gcs(count: int, threads: int, rounds: int) -> None:
