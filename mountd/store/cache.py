@@ -159,7 +159,7 @@ class Cache(ChunkFills):
         #: (:meth:`_wait_flight`): never evicted, and no fill waits for them beyond a step.
         self._landing: dict[bytes, Flight] = {}
         self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
-        #: The order in which fetches started together take the remote limits (Turns).
+        #: The order in which fills started together take a fill slot (a claim's fetches).
         self._turns = Turns()
         self._chunk_members: ChunkMembers | None = None
         #: Other caches asked before the bucket (mountd/store/peers.py); None: none.
@@ -726,8 +726,8 @@ class Cache(ChunkFills):
         this caller's failure: it looks again and fills with its own (see
         :meth:`Flight.fills_for`). ``absent``: the caller has just seen the index lack
         ``hash``, with no await since (one index lookup saved per prefetch). ``turn``: the
-        fill's place in the order of a claim's fetches (:class:`Turns`), given to the flight
-        it starts; a caller that joins another's flight gives its turn up at once."""
+        fill's ticket in the order of a claim's fetches (:class:`Turns`), for the flight it
+        starts (one that joins another's flight never takes limits: its ticket is unused)."""
         while True:
             path = None if absent else self._landed(hash, size, dataset)  # filled meanwhile?
             absent = False
@@ -744,9 +744,6 @@ class Cache(ChunkFills):
             elif flight is not None and flight.size != size:
                 # Another caller fills this hash with another size: at most one of the two
                 # is the content's. Let that fill decide, then look again.
-                if turn is not None:
-                    self._turns.done(turn)
-                    turn = None
                 await flight.done.wait()
                 continue
             if flight is None:
@@ -757,15 +754,11 @@ class Cache(ChunkFills):
                 self.charges.check_size(hash, size, uid)
                 flight = Flight(hash, size, location, dataset, prefetch, source=source, uid=uid,
                                 turn=turn)
-                turn = None  # the flight keeps it now
                 if source is not None:
                     source.adopted = True
                 self._flights[hash] = flight
                 # A prefetch runs in a task of the cache's own nursery: it fills inline.
                 await self._launch(flight, inline=prefetch)
-            if turn is not None:
-                self._turns.done(turn)  # joined another's fill: no limits to take in turn
-                turn = None
             if not prefetch:
                 flight.awaited = True  # a reader waits: its fill may end protections for room
             await self._wait_flight(flight)
@@ -846,9 +839,6 @@ class Cache(ChunkFills):
         else, or when the caller is a task of that nursery already (``inline``: the
         prefetches), in the caller."""
         opened = self._open_span(flight)
-        if opened is not None and flight.turn is not None:
-            self._turns.done(flight.turn)  # a chunk fill takes its limits out of any order
-            flight.turn = None
         run = self._run_flight if opened is None else partial(self._run_span, *opened)
         args = (flight,) if opened is None else ()
         if self._nursery is not None and not inline:
@@ -863,11 +853,8 @@ class Cache(ChunkFills):
             counters.add_prefetch(flight.dataset)
         start = trio.current_time()
         uid = flight.uid  # fixed once the fill runs: its reservation and its charge
-        turn = flight.turn
         try:
-            if turn is not None:
-                await self._turns.wait(turn)
-            await take(self._fill_limiter)
+            await self._take_slot(flight)
             try:
                 await self._reserve(flight.size, uid, demand=flight.demanded)
                 try:
@@ -876,8 +863,7 @@ class Cache(ChunkFills):
                     else:
                         path = await self._filler.fill(
                             flight.source, flight.hash, flight.size, flight.location,
-                            flight.dataset, since=start,
-                            holding=None if turn is None else partial(self._turns.done, turn))
+                            flight.dataset, since=start)
                     self._stored(flight, path)
                     if self.peers is not None and flight.source is not None \
                             and not isinstance(flight.source, PeerContent):
@@ -895,10 +881,23 @@ class Cache(ChunkFills):
         except Exception as exc:
             self._failed(flight, exc)
         finally:
-            if turn is not None:
-                self._turns.done(turn)  # whatever happened before it held its limits
             counters.fills_in_flight -= 1
             self._finish(flight)
+
+    async def _take_slot(self, flight: Flight) -> None:
+        """A fill slot for ``flight``: in the order of its ticket when it has one (a claim's
+        fetches: :class:`~mountd.store.limits.Turns`). From the slot on, a fill reaches the
+        remote limits without waiting unless it must wait for room or tokens, so the order
+        of the slots is the order of the bandwidth."""
+        turn = flight.turn
+        if turn is None:
+            await take(self._fill_limiter)
+            return
+        await self._turns.arrive(turn)
+        try:
+            await take(self._fill_limiter)
+        finally:
+            self._turns.leave(turn)
 
     def _stored(self, flight: Flight, path: os.PathLike[str] | str) -> None:
         """The file of ``flight`` is at its final name: index it in this same trio step as
@@ -1386,11 +1385,8 @@ class Cache(ChunkFills):
     async def _fetch_now(
         self, hash: bytes, size: int, location: Location, dataset: str | None, turn: int,
     ) -> None:
-        try:
-            with contextlib.suppress(QuiverError):  # counted and logged by the flight
-                await self._await_fill(hash, size, location, dataset, prefetch=True, turn=turn)
-        finally:
-            self._turns.done(turn)  # no-op when the fill gave it up already
+        with contextlib.suppress(QuiverError):  # counted and logged by the flight
+            await self._await_fill(hash, size, location, dataset, prefetch=True, turn=turn)
 
 
     def prefetch(

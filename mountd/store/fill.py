@@ -17,7 +17,6 @@ whatever came of its bytes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -48,7 +47,6 @@ class Filler:
     async def fill(
         self, source: SuppliedBytes | None, hash: bytes, size: int, location: Location,
         dataset: str | None, since: float | None = None,
-        holding: Callable[[], None] | None = None,
     ) -> str:
         """Fetch, verify and store; returns the final path. Raises CorruptObject, CacheFull,
         backend errors. The caller has reserved ``size`` bytes and indexes the result.
@@ -57,15 +55,12 @@ class Filler:
         limits; otherwise the bytes a client supplied (or a peer sent), verified the same
         way, neither limited nor counted as requests (the client did the remote read, under
         its own rights). ``since``: when the fill began waiting (trio time), for the
-        ``queue`` stage of ``fill_stages``. ``holding()`` is called once the fill holds its
-        remote limits (its turn in a claim's order is over: :class:`Turns`)."""
+        ``queue`` stage of ``fill_stages``."""
         target = Target.of(hash, size, location)
         if source is None:
             job = FillJob(target, "remote", chunk_size=self.chunk_size)
             # The first read's limits; a streamed object's later chunks are paced by the job.
             async with self.limits.request(min(size, self.chunk_size)):
-                if holding is not None:
-                    holding()
                 outcome = await self._run(job, None, since)
         elif source.inline is not None:
             job = FillJob(target, "bytes", data=source.inline, chunk_size=self.chunk_size)

@@ -69,7 +69,8 @@ class Flight:
     #: last of them has its path (``Cache._landing``).
     waiting: int = 0
     #: Its ticket in the order a claim's fetches take the remote limits
-    #: (:class:`mountd.store.limits.Turns`); None: no order to keep.
+    #: (:class:`mountd.store.limits.Turns`); None: no order to keep (a chunk fill takes its
+    #: limits out of any order).
     turn: int | None = None
 
     def demanded(self) -> bool:

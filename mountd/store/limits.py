@@ -12,6 +12,8 @@ concurrent requests wait side by side (it models latency, not a lock).
 
 from __future__ import annotations
 
+import heapq
+
 import trio
 
 
@@ -62,20 +64,25 @@ class TokenBucket:
 
 
 class Turns:
-    """Tickets that let fills started together take the remote limits in the order they were
-    asked for, not the order trio happens to run their tasks in (trio runs a batch of new
-    tasks in either order, on purpose). A claim's misses are read in claim order: with the
-    bucket's bandwidth capped, the first mini-batch's files must be fetched first, or the job
-    waits for the whole claim (DELI's 50/50 setting waited twice as long as a plain loader).
+    """Lets fills started together take their fill slots (and so the remote limits, which
+    they reach straight from the slot) in the order they were asked for, not the order trio
+    happens to run their tasks in (trio runs a batch of new tasks in either order, on
+    purpose). A claim's misses are read in claim order: with the bucket's bandwidth capped,
+    the first mini-batch's files must be fetched first, or the job waits for the whole claim
+    (DELI's 50/50 setting waited twice as long as a plain loader).
 
-    Each ticket is ended exactly when its fill holds its remote limits, or needs none (it
-    joined another fill, or failed before): :meth:`done`, idempotent. :meth:`wait` returns
-    once every earlier ticket is done."""
+    Each fill gets a :meth:`ticket` when it is asked for; when it wants its slot it arrives
+    (:meth:`arrive`), lets the other tasks of its batch arrive too (one trip through the
+    scheduler), and goes once it has the lowest ticket of those waiting; it leaves
+    (:meth:`leave`) as soon as it holds its slot (or gives up). Only fills waiting for a slot
+    wait for each other: one that joined another's fill never arrives, and one that then
+    waits for room in the cache has left already, so it holds nobody up (a claim's fill
+    waiting for room that only the job's next reads free must not stop the fetches of those
+    reads: the first version, which kept the order until the limits, hung a chunked job)."""
 
     def __init__(self) -> None:
         self._issued = 0
-        self._next = 0  # every ticket below this is done
-        self._done: set[int] = set()
+        self._waiting: list[int] = []  # a heap of the tickets at the limits
         self._changed = trio.Event()
 
     def ticket(self) -> int:
@@ -83,21 +90,24 @@ class Turns:
         self._issued += 1
         return self._issued - 1
 
-    async def wait(self, ticket: int) -> None:
-        """Until every ticket before ``ticket`` is done."""
-        while self._next < ticket:
-            await self._changed.wait()
+    async def arrive(self, ticket: int) -> None:
+        """Wait at the limits until ``ticket`` is the lowest of the tickets waiting there."""
+        heapq.heappush(self._waiting, ticket)
+        try:
+            await trio.lowlevel.checkpoint()  # the rest of this batch of tasks arrives
+            while self._waiting[0] != ticket:
+                await self._changed.wait()
+        except BaseException:
+            self.leave(ticket)
+            raise
 
-    def done(self, ticket: int) -> None:
-        """``ticket``'s fill holds its limits, or needs none; safe to call again."""
-        if ticket < self._next or ticket in self._done:
-            return
-        self._done.add(ticket)
-        while self._next in self._done:
-            self._done.discard(self._next)
-            self._next += 1
-        self._changed.set()
-        self._changed = trio.Event()
+    def leave(self, ticket: int) -> None:
+        """``ticket`` holds its limits, or gave up; the next may go. Safe to call again."""
+        if ticket in self._waiting:
+            self._waiting.remove(ticket)
+            heapq.heapify(self._waiting)
+            self._changed.set()
+            self._changed = trio.Event()
 
 
 class Request:

@@ -157,10 +157,10 @@ async def test_turns_let_tasks_through_in_ticket_order_whatever_order_they_run_i
     passed: list[int] = []
 
     async def one(ticket: int) -> None:
-        await turns.wait(ticket)
+        await turns.arrive(ticket)
         passed.append(ticket)
-        await trio.sleep(0)  # others run meanwhile: only done() lets the next through
-        turns.done(ticket)
+        await trio.sleep(0)  # others run meanwhile: only leave() lets the next through
+        turns.leave(ticket)
 
     async with trio.open_nursery() as nursery:
         for ticket in reversed(tickets):  # started last first
@@ -168,14 +168,25 @@ async def test_turns_let_tasks_through_in_ticket_order_whatever_order_they_run_i
     assert passed == tickets
 
 
-async def test_a_ticket_done_early_or_twice_neither_blocks_nor_skips():
+async def test_a_ticket_that_never_arrives_holds_nobody_up():
+    """A fill that joined another's, or waits elsewhere, never arrives: the later ones go."""
     turns = Turns()
-    a, b, c = turns.ticket(), turns.ticket(), turns.ticket()
-    turns.done(b)  # b needed no limits: done before a
-    turns.done(b)
-    with trio.move_on_after(0.05) as waited:
-        await turns.wait(c)
-    assert waited.cancelled_caught  # a is not done: c must wait
-    turns.done(a)
+    absent, later = turns.ticket(), turns.ticket()
     with trio.fail_after(1):
-        await turns.wait(c)  # a and b done: c goes
+        await turns.arrive(later)
+    turns.leave(later)
+    turns.leave(later)  # again: nothing happens
+    turns.leave(absent)  # never arrived: nothing happens
+
+
+async def test_a_cancelled_arrival_leaves_its_place():
+    turns = Turns()
+    first, second = turns.ticket(), turns.ticket()
+    await turns.arrive(first)  # at the front, holding it
+    with trio.move_on_after(0.05) as waited:
+        await turns.arrive(second)
+    assert waited.cancelled_caught  # first holds the front: second waited, then gave up
+    turns.leave(first)
+    third = turns.ticket()
+    with trio.fail_after(1):
+        await turns.arrive(third)  # second left when cancelled: third goes at once
