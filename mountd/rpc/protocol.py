@@ -346,28 +346,7 @@ def check_location(value: Any) -> dict[str, Any]:
 
 
 def check_item(value: Any) -> tuple[bytes, int, dict[str, Any]]:
-    """One ``{hash, size, location}`` item of ``ensure`` or ``prefetch``.
-
-    Every miss and every file read ahead passes here, so a well-formed item takes a short
-    way (exact types, no unknown fields, ASCII-safe lengths); anything else goes through the
-    field checks, which say what is wrong."""
-    if type(value) is dict:
-        hash, size, location = value.get("hash"), value.get("size"), value.get("location")
-        if (type(hash) is str and len(hash) == 2 * HASH_BYTES and type(size) is int
-                and size >= 0 and type(location) is dict and len(location) == 4):
-            url, key = location.get("url"), location.get("key")
-            offset, length = location.get("offset"), location.get("length")
-            if (type(url) is str and type(key) is str and type(offset) is int
-                    and type(length) is int and 0 < len(url) <= MAX_TEXT
-                    and len(key) <= MAX_TEXT and offset >= 0 and length >= 0
-                    and "\x00" not in url and "\x00" not in key):
-                try:
-                    digest = bytes.fromhex(hash)
-                except ValueError:
-                    pass  # the field check below says it
-                else:
-                    return digest, size, {"url": url, "key": key, "offset": offset,
-                                          "length": length}
+    """One ``{hash, size, location}`` item of ``ensure`` or ``prefetch``."""
     if not isinstance(value, dict):
         raise ProtocolError("each item must be an object {hash, size, location}")
     return check_hash(value.get("hash")), check_int(value, "size"), check_location(value.get("location"))
