@@ -92,17 +92,11 @@ class Tree:
         self._recent: OrderedDict[int, Entry] = OrderedDict()
         #: (directory, cookie, entries, last) of the last listing page that did not fit
         self._spare: tuple[int, int, list[Listed], bool] = (0, 0, [], False)
-        # The store path of a hash, as a plain string: reads are the hot path and pathlib
-        # costs ~10 µs a call. Checked against the layout contract so the two cannot drift.
-        self._store_prefix = os.path.join(self.cache_dir, layout.STORE, "")
-        probe = bytes(range(layout.HASH_BYTES))
-        if self.store_path(probe) != os.fspath(layout.store_path(self.cache_dir, probe)):
-            raise AssertionError("quiverfs.tree and mountd.store.layout disagree on store paths")
 
     def store_path(self, content_hash: bytes) -> str:
-        """Where the store keeps ``content_hash`` (mountd.store.layout.store_path, fast)."""
-        name = content_hash.hex()
-        return f"{self._store_prefix}{name[0:2]}/{name[2:4]}/{name}"
+        """Where the store keeps ``content_hash`` (:func:`mountd.store.layout.store_file`:
+        a string, no ``pathlib``, as reads are the hot path)."""
+        return layout.store_file(self.cache_dir, content_hash)
 
     # -- entries ---------------------------------------------------------------------------
 

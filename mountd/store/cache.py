@@ -41,7 +41,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from functools import partial
 
@@ -169,12 +169,11 @@ class Cache(ChunkFills):
         self.fills: Fills = fills or ThreadFills(config.cache_dir, self._backend,
                                                  config.io_threads)
         self.fills.attach(self._room_for_fill, self.limits.pace)
-        self._filler = Filler(config.cache_dir, self.limits, self.counters, self.fills,
-                              config.chunk_size)
+        self._filler = Filler(self.limits, self.counters, self.fills, config.chunk_size)
         self.used = 0
         self.reserved = 0
         self.entries = 0
-        self._store_root = os.fspath(layout.store_dir(config.cache_dir))
+        self._cache_dir = os.fspath(config.cache_dir)
         #: Bytes charged to each uid, and the per-user quota (mountd/store/quota.py).
         self.charges = Charges(config.user_quota)
         #: Set and replaced whenever space is released or a fill ends (waiters for room).
@@ -411,8 +410,7 @@ class Cache(ChunkFills):
     def store_path(self, hash: bytes) -> str:
         """Final path of ``hash`` in the store (exists or not); see :func:`layout.store_path`
         (the same name, made without ``pathlib``: this runs for every miss)."""
-        name = hash.hex()
-        return f"{self._store_root}/{name[0:2]}/{name[2:4]}/{name}"
+        return layout.store_file(self._cache_dir, hash)
 
     def contains(self, hash: bytes) -> bool:
         """True when ``hash`` is indexed (its file is complete and verified)."""
@@ -1491,13 +1489,10 @@ class Cache(ChunkFills):
         for url, (counters, path) in self.fills.remote_counters().items():
             parts, own = sources.get(url, ([], None))
             sources[url] = (parts + [counters], path or own)
-        return {
-            url: {
-                "requests": dict(sum((Counter(c.requests) for c in parts), Counter())),
-                "bytes_read": sum(c.bytes_read for c in parts),
-                "retries": sum(c.retries for c in parts),
-                "failures": dict(sum((Counter(c.failures) for c in parts), Counter())),
-                "reads": path,
-            }
-            for url, (parts, path) in sources.items()
-        }
+        out = {}
+        for url, (parts, path) in sources.items():
+            total = RemoteCounters.total(parts)
+            out[url] = {"requests": dict(total.requests), "bytes_read": total.bytes_read,
+                        "retries": total.retries, "failures": dict(total.failures),
+                        "reads": path}
+        return out

@@ -77,7 +77,7 @@ class TempFile:
         self.hash = hash
         name = hash.hex()
         self.path = f"{self.cache_dir}/{layout.TMP}/{name}.{secrets.token_hex(6)}{layout.TMP_SUFFIX}"
-        self.final = f"{self.cache_dir}/{layout.STORE}/{name[0:2]}/{name[2:4]}/{name}"
+        self.final = layout.store_file(self.cache_dir, hash)
         self.fd: int | None = os.open(
             self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, TEMP_FILE
         )

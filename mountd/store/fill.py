@@ -16,9 +16,6 @@ whatever came of its bytes.
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import trio
 
 from mountd.errors import CacheClosed
@@ -30,15 +27,12 @@ from mountd.store.span import Span
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends.base import Location
 
-log = logging.getLogger("mountd.store.fill")
-
 
 class Filler:
     """Runs fills for the cache through ``fills``; holds no per-fill state."""
 
-    def __init__(self, cache_dir: Path, limits: RemoteLimits, counters: Counters, fills: Fills,
+    def __init__(self, limits: RemoteLimits, counters: Counters, fills: Fills,
                  chunk_size: int) -> None:
-        self.cache_dir = cache_dir
         self.limits = limits
         self.counters = counters
         self.fills = fills

@@ -350,16 +350,15 @@ class ProcessFills:
                         child.sock.send(message)
 
     def remote_counters(self) -> dict[str, tuple[RemoteCounters, str | None]]:
-        out: dict[str, tuple[RemoteCounters, str | None]] = {}
-        for url, dead in self._dead_counters.items():
-            out[url] = (_sum_counters([dead]), None)
+        parts: dict[str, list[RemoteCounters]] = {url: [dead] for url, dead
+                                                  in self._dead_counters.items()}
+        paths: dict[str, str | None] = {}
         for child in self._children:
             for url, (totals, path) in child.counters.items():
-                counters = _counters_of(totals)
-                have = out.get(url)
-                out[url] = (_sum_counters([counters] if have is None else [have[0], counters]),
-                            path or (have[1] if have else None))
-        return out
+                parts.setdefault(url, []).append(_counters_of(totals))
+                paths[url] = path or paths.get(url)
+        return {url: (RemoteCounters.total(counters), paths.get(url))
+                for url, counters in parts.items()}
 
     # -- answers -------------------------------------------------------------------------------------
 
@@ -472,9 +471,9 @@ class ProcessFills:
         if self._closed:
             return
         for url, (totals, _) in child.counters.items():
-            self._dead_counters[url] = _sum_counters(
-                [_counters_of(totals)]
-                + ([self._dead_counters[url]] if url in self._dead_counters else []))
+            self._dead_counters[url] = RemoteCounters.total(
+                [_counters_of(totals), *([self._dead_counters[url]]
+                                         if url in self._dead_counters else [])])
         now = trio.current_time()
         self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW] + [now]
         if len(self._restarts) > MAX_RESTARTS * self.processes:
@@ -522,17 +521,6 @@ def _counters_of(totals: tuple) -> RemoteCounters:
     counters.requests.update(requests)
     counters.failures.update(failures)
     return counters
-
-
-def _sum_counters(parts: list[RemoteCounters]) -> RemoteCounters:
-    total = RemoteCounters()
-    for part in parts:
-        total.requests.update(part.requests)
-        total.bytes_read += part.bytes_read
-        total.bytes_written += part.bytes_written
-        total.retries += part.retries
-        total.failures.update(part.failures)
-    return total
 
 
 def _memfd(data: bytes) -> int:

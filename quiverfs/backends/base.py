@@ -18,7 +18,7 @@ import random
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar, TypeVar
@@ -122,6 +122,19 @@ class RemoteCounters:
     bytes_written: int = 0
     retries: int = 0
     failures: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def total(cls, parts: Iterable[RemoteCounters]) -> RemoteCounters:
+        """The sum of ``parts`` (one source's counters kept in several places: mountd's own
+        backend, each fill process's)."""
+        out = cls()
+        for part in parts:
+            out.requests.update(part.requests)
+            out.bytes_read += part.bytes_read
+            out.bytes_written += part.bytes_written
+            out.retries += part.retries
+            out.failures.update(part.failures)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
