@@ -406,3 +406,7 @@ def _print_json(obj: object) -> None:
 def main() -> None:
     """Console-script entry point."""
     run_app(app, "digests")
+
+
+if __name__ == "__main__":  # ``python -m digests.cli`` (``python -m digests``: digests/__main__.py)
+    main()

@@ -40,7 +40,8 @@ def version() -> None:
 #: Cache size used when --cache-size is not given: a share of the cache directory's filesystem.
 DEFAULT_CACHE_SIZE = "10%"
 
-_CACHE_DIR_HELP = "Cache directory (default: $XDG_CACHE_HOME/quiverfs or ~/.cache/quiverfs)."
+_CACHE_DIR_HELP = ("Cache directory (default: $XDG_CACHE_HOME/quiverfs, ~/.cache/quiverfs, or "
+                   "$TMPDIR/quiverfs-UID/cache for an account without a usable home).")
 
 
 def _cache_dir(value: Path | None) -> Path:

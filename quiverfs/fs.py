@@ -143,7 +143,8 @@ class QuiverOperations:
     mount adds its pid, mountpoint and mountd state). With a ``prefetcher`` and ``readahead``
     > 0, scans in digest order are read ahead by up to that many files (and an eighth of the
     cache), once :meth:`send_prefetches` runs and has learnt the cache's size
-    (quiverfs/readahead.py).
+    (quiverfs/readahead.py). ``kept_bytes``: most bytes of store files this process keeps
+    open (its share of the mount's: :func:`quiverfs.reads.kept_bytes`; None: the default).
     """
 
     def __init__(
@@ -159,6 +160,7 @@ class QuiverOperations:
         extra_stats: Callable[[], dict] | None = None,
         prefetcher: Prefetcher | None = None,
         readahead: int = 0,
+        kept_bytes: int | None = None,
     ) -> None:
         self.digest = digest
         self.dataset_id = digest.dataset_id
@@ -169,7 +171,8 @@ class QuiverOperations:
         self.shared = counters
         self.counters = counters.slot(0)
         self._extra_stats = extra_stats
-        self.reads = StoreReads(self.tree, self.counters, max_files=OPEN_FILES)
+        self.reads = StoreReads(self.tree, self.counters, max_files=OPEN_FILES,
+                                max_bytes=kept_bytes)
         #: inode → set when the fetch in progress for it ends
         self._fetching: dict[int, trio.Event] = {}
         #: inodes fetched for a READ past offset 0, whose offset-0 READ counts the miss
@@ -228,7 +231,7 @@ class QuiverOperations:
         """The inodes served from ``hashes``, which mountd has just evicted (and forgets them).
 
         Also closes the store files kept open here that left the store (these hashes, and
-        any other whose file is gone: the sweep is the main process's periodic timer)."""
+        any other whose file is gone: mountd's report is the main process's sweep)."""
         self.reads.forget(hashes)
         self.reads.sweep()
         served = self._served

@@ -25,7 +25,10 @@ Counters live in a shared memory block, one slot per process (quiverfs/reads.py)
 reports for mountd are batched and sent to the main process every :data:`FLUSH_INTERVAL` (files
 mountd handed over, which it counted already, go as :data:`SERVED`, not as hits), and
 kept store files that mountd evicted are closed as often (both from a timer signal, which is
-also what interrupts a worker blocked in ``read`` while the mount is idle).
+also what interrupts a worker blocked in ``read`` while the mount is idle). When mountd
+reports evictions the main process signals the workers (:data:`SWEEP_SIGNAL`, the same
+handler), so that evicted files are closed at once rather than at the next tick
+(quiverfs/worker_pool.py).
 
 Odd requests: FORGET, BATCH_FORGET and INTERRUPT get no reply (the kernel expects none; there
 is no per-inode state to forget, and an interrupted request is simply answered when done); an
@@ -59,6 +62,12 @@ FLUSH_INTERVAL = 0.25
 #: Hit reports sent at once when this many are pending, whatever the time.
 FLUSH_BATCH = 512
 
+#: The signal the main process sends the workers when mountd has evicted files they may
+#: hold open: it runs their periodic work (:meth:`Worker.tick`) now, as their timer's
+#: ``SIGALRM`` does. Its default action is to be ignored, so a worker forked a moment ago,
+#: which has not set its handler yet, is not killed by it (``SIGALRM`` would kill it).
+SWEEP_SIGNAL = signal.SIGURG
+
 #: Message kinds on the socket between workers and the main process.
 FORWARD = b"Q"  # a raw request for the main process to answer
 HITS = b"H"  # u64 bytes, then one record per file read from the store: 32-byte hash, u64 inode
@@ -69,15 +78,18 @@ _UNIQUE = struct.Struct("<Q")  # a request's unique id, at offset 8 of its heade
 
 
 class Worker:
-    """One serving process: reads requests from ``fuse_fd`` and answers or forwards them."""
+    """One serving process: reads requests from ``fuse_fd`` and answers or forwards them.
+
+    ``kept_bytes``: most bytes of store files it keeps open (its share of the mount's,
+    quiverfs/reads.py :func:`~quiverfs.reads.kept_bytes`; None: the default)."""
 
     def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview,
-                 in_flight: memoryview | None = None) -> None:
+                 in_flight: memoryview | None = None, kept_bytes: int | None = None) -> None:
         self.fd = fuse_fd
         self.tree = tree
         self.main = main
         self.counters = counters
-        self.reads = StoreReads(tree, counters)
+        self.reads = StoreReads(tree, counters, max_bytes=kept_bytes)
         self.in_flight = in_flight  # see SharedCounters.in_flight (quiverfs/reads.py)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -91,6 +103,7 @@ class Worker:
     def run(self) -> None:
         """Serve until the connection ends (unmounted: ENODEV)."""
         signal.signal(signal.SIGALRM, self._on_timer)
+        signal.signal(SWEEP_SIGNAL, self._on_timer)
         signal.setitimer(signal.ITIMER_REAL, FLUSH_INTERVAL, FLUSH_INTERVAL)
         fd, read, handle, send = self.fd, os.read, self.handle, fuse_channel.send
         in_flight = self.in_flight if self.in_flight is not None else [0]

@@ -68,8 +68,16 @@ log = logging.getLogger("quiverfs.mount")
 #: files/s kept a second of files already read protected, most of a small cache's share.
 HITS_INTERVAL = 0.25
 
-#: Seconds between two questions to mountd's eviction journal.
-EVICTIONS_INTERVAL = 0.5
+#: Milliseconds a question to mountd's eviction journal waits for news: mountd answers as
+#: soon as it evicts (docs/mountd-protocol.md ``evictions``), or after this with none.
+EVICTIONS_WAIT_MS = 10_000
+
+#: Seconds between an answer of the eviction journal and the next question: evictions in
+#: between come in one answer (a burst costs mountd a few answers, not one per file).
+EVICTIONS_BATCH = 0.02
+
+#: Seconds before asking again when mountd is away, or answers without waiting.
+EVICTIONS_RETRY = 0.5
 
 #: Most hashes mountd answers at once (mountd.store.evictions.MAX_ANSWER): a full page asks again.
 EVICTIONS_PAGE = 20_000
@@ -90,17 +98,25 @@ LOG_FILE = "mount.log"
 def mount_state_dir(cache_dir: Path) -> Path:
     """Where a mount keeps its digest snapshot and log: the cache directory when it is this
     user's own (a personal mountd), else a private folder of this user's, because a mountd
-    shared by every user (docs/operations.md "Security") lets nobody else write there.
-    ``$XDG_RUNTIME_DIR/quiverfs/`` (or ``~/.cache/quiverfs/``) ``mounts-<cache dir hash>``."""
+    shared by every user (docs/operations.md "Security") lets nobody else write there:
+    ``mounts-<cache dir hash>`` in :func:`mountd.store.layout.runtime_dir` (``$XDG_RUNTIME_DIR``,
+    ``~/.cache``, or a private folder under the temporary directory for an account without a
+    home). Raises :class:`UsageError` (one line) when it cannot be made."""
+    from mountd.store.layout import runtime_dir
+
     try:
         if cache_dir.stat().st_uid == os.geteuid():
             return cache_dir
     except FileNotFoundError:
         return cache_dir  # created by us, below
-    base = Path(os.environ.get("XDG_RUNTIME_DIR") or Path.home() / ".cache") / "quiverfs"
     tag = hashlib.blake2b(os.fsencode(cache_dir.resolve()), digest_size=6).hexdigest()
-    state = base / f"mounts-{tag}"
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state = runtime_dir() / f"mounts-{tag}"
+    try:
+        state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UsageError(f"cannot create {state} for the mount's digest copy and log: "
+                         f"{os.strerror(exc.errno or errno.EIO)} (set XDG_RUNTIME_DIR to a "
+                         "directory of yours)") from None
     return state
 
 #: Who can speak FUSE for a mount (docs/mount.md "Front ends"): our own protocol code with
@@ -274,6 +290,17 @@ def claim_mountpoint(mountpoint: Path, nonempty: bool = False) -> Iterator[None]
 # -- serving ---------------------------------------------------------------------------------
 
 
+def store_bytes(info: dict) -> int | None:
+    """What mountd's store holds at most, as its ``hello`` answer (``info``) says: its
+    ``capacity`` (the cap, or the filesystem holding the store when that is smaller), else
+    its ``cache_size``; None when it says neither."""
+    for key in ("capacity", "cache_size"):
+        size = info.get(key)
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            return size
+    return None
+
+
 class MountdFetcher:
     """The :class:`quiverfs.fs.Fetcher` and :class:`quiverfs.fs.Prefetcher` of a mount:
     mountd's ``ensure`` and ``prefetch`` for one dataset."""
@@ -298,9 +325,8 @@ class MountdFetcher:
         return path
 
     async def cache_bytes(self) -> int | None:
-        # mountd says its cache's size in its ``hello`` answer, which the client already has.
-        size = self.client.info.get("cache_size")
-        if isinstance(size, int) and size > 0:
+        size = store_bytes(self.client.info)
+        if size is not None:
             return size
         log.info("read-ahead does not know the cache's size: windows up to %d MiB",
                  WINDOW_BYTES >> 20)
@@ -362,12 +388,17 @@ async def _report_hits(ops, client, dataset: str) -> None:
             log.debug("dropped %d hit reports: %s", len(hashes), exc)
 
 
-async def _forget_evicted(ops, client, invalidate: Callable[[list[int]], None]) -> None:
-    """Every EVICTIONS_INTERVAL, drop from the kernel the pages of files mountd evicted.
+async def _forget_evicted(ops, client, invalidate: Callable[[list[int]], None],
+                          sweep: Callable[[], None] | None = None) -> None:
+    """As mountd evicts, drop from the kernel the pages of the files it evicted, and close
+    the store files the mount's processes still hold open (``sweep`` signals the workers).
 
     The kernel keeps every file's pages (zero-message opens); without this, a file evicted
     from the store would go on being read from RAM, and the mount would cache more than the
-    budget says (mountd/store/evictions.py). Advisory: while mountd is away nothing is evicted.
+    budget says (mountd/store/evictions.py). An evicted file a process holds open keeps its
+    blocks: on a disk no larger than the cache, a fill waits for them. The question waits
+    for news (``wait_ms``), so both happen as soon as mountd evicts. Advisory: while mountd
+    is away nothing is evicted.
     """
     from mountd.errors import MountdUnavailable
 
@@ -375,23 +406,31 @@ async def _forget_evicted(ops, client, invalidate: Callable[[list[int]], None]) 
     seq: int | None = None
     while True:
         try:
-            args = {} if seq is None else {"since": seq, "journal": journal}
+            args = {} if seq is None else {"since": seq, "journal": journal,
+                                           "wait_ms": EVICTIONS_WAIT_MS}
+            asked = trio.current_time()
             answer = await client.call("evictions", args)
         except (MountdUnavailable, QuiverError, OSError) as exc:
             log.debug("eviction journal unavailable: %s", exc)
-            await trio.sleep(EVICTIONS_INTERVAL)
+            await trio.sleep(EVICTIONS_RETRY)
             continue
         if seq is not None and not answer["complete"]:
             log.info("lost track of mountd's evictions (restarted, or too far behind): "
                      "pages of evicted files may be served from the kernel's cache until it drops them")
         journal, seq = answer["journal"], answer["seq"]
-        inodes = ops.evicted([bytes.fromhex(h) for h in answer["hashes"]])
+        hashes = answer["hashes"]
+        inodes = ops.evicted([bytes.fromhex(h) for h in hashes])
+        if hashes and sweep is not None:
+            sweep()
         if inodes:
             # From a thread: dropping a page waits for a READ of it in flight, which this
             # very thread may be the one to answer (a miss).
             await trio.to_thread.run_sync(invalidate, inodes)
-        if len(answer["hashes"]) < EVICTIONS_PAGE:
-            await trio.sleep(EVICTIONS_INTERVAL)
+        if "wait_ms" in args and not hashes and answer["complete"] and \
+                trio.current_time() - asked < EVICTIONS_WAIT_MS / 2000:
+            await trio.sleep(EVICTIONS_RETRY)  # a mountd that does not wait: ask at its pace
+        elif len(hashes) < EVICTIONS_PAGE:
+            await trio.sleep(EVICTIONS_BATCH)
 
 
 def _invalidate(fuse_fd: int, inodes: list[int]) -> None:
@@ -443,18 +482,25 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
 
         def extra_stats() -> dict:
             # cache_dir and digest let a process read hits from the store itself, bypassing
-            # FUSE (quiverfs/direct.py); both are paths, never contents.
+            # FUSE (quiverfs/direct.py); both are paths, never contents. ``digest`` is the
+            # private copy served (and registered with mountd); ``mounted_digest`` the file the
+            # user mounted, which `quiverfs mounts` shows.
             return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint),
                     "workers": len(pool.workers) if pool else 0, "frontend": options.frontend,
-                    "cache_dir": os.fspath(cache_dir), "digest": os.fspath(digest.path)}
+                    "cache_dir": os.fspath(cache_dir), "digest": os.fspath(digest.path),
+                    "mounted_digest": os.fspath(options.digest)}
 
         workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())
         counters = reads.SharedCounters(workers + 1)
+        # What the mount's processes keep open, together, is a share of what mountd's store
+        # holds (its ``hello`` says it): evicted files stay allocated while open
+        # (quiverfs/reads.py).
+        kept = reads.kept_bytes(store_bytes(client.info), workers + 1)
         fetcher = MountdFetcher(client, dataset)
         ops = QuiverOperations(digest, cache_dir, fetcher, counters, sessions=client,
                                extra_stats=extra_stats, prefetcher=fetcher,
-                               readahead=options.readahead)
+                               readahead=options.readahead, kept_bytes=kept)
         fuse_options = {"ro", "nosuid", "nodev", "default_permissions",
                         f"fsname=quiverfs:{dataset[:16]}", "subtype=quiverfs"}
         if options.allow_other:
@@ -487,14 +533,15 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
             gc.freeze()
             # The main process keeps ``theirs`` for the replacements of workers that die, so
             # the end of the mount is the pool's last worker leaving, not the socket's EOF.
-            target = partial(_worker_main, digest, cache_dir, counters, ours, theirs)
+            target = partial(_worker_main, digest, cache_dir, counters, kept, ours, theirs)
             pool = WorkerPool(workers, target, counters, fuse_fd)
             pool.start()
             stop = partial(_stop_serving, mountpoint, mine, pool)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
                 nursery.start_soon(ops.send_prefetches)
-                nursery.start_soon(_forget_evicted, ops, client, partial(_invalidate, fuse_fd))
+                nursery.start_soon(_forget_evicted, ops, client, partial(_invalidate, fuse_fd),
+                                   pool.sweep)
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
                 nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool)
@@ -551,17 +598,18 @@ async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_
         log.info("unmounted %s", mountpoint)
 
 
-def _worker_main(digest, cache_dir: Path, counters, ours: socket.socket, theirs: socket.socket,
-                 slot: int, fuse_fd: int) -> None:
+def _worker_main(digest, cache_dir: Path, counters, kept: int, ours: socket.socket,
+                 theirs: socket.socket, slot: int, fuse_fd: int) -> None:
     """A forked worker (quiverfs/fuse_worker.py) serving on its channel ``fuse_fd``: its own
-    digest connection, then serve."""
+    digest connection, then serve, keeping at most ``kept`` bytes of store files open."""
     from quiverfs.tree import Tree
 
     ours.close()
     # The parent's connection must not be used here (nor closed: it is the parent's).
     with digest.reopen() as own:
         tree = Tree(own, cache_dir)
-        fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot), counters.in_flight(slot)).run()
+        fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot), counters.in_flight(slot),
+                           kept).run()
 
 
 #: Ancillary space for the sender's credentials (SO_PASSCRED: pid, uid, gid).

@@ -20,7 +20,9 @@ import typer
 from quiverfs.errors import QuiverError, UsageError
 from quiverfs.readahead import WINDOW
 
-_CACHE_DIR_HELP = "Cache directory shared with mountd (default: $XDG_CACHE_HOME/quiverfs or ~/.cache/quiverfs)."
+_CACHE_DIR_HELP = ("Cache directory shared with mountd (default: $XDG_CACHE_HOME/quiverfs, "
+                   "~/.cache/quiverfs, or $TMPDIR/quiverfs-UID/cache for an account without a "
+                   "usable home).")
 
 #: Seconds ``mount_stats`` waits for one mount's ``user.quiver.stats`` (a hung mount must not
 #: hang ``quiverfs stats``).
@@ -92,6 +94,10 @@ def mount_stats(mounts: Iterable[Mapping[str, Any]], timeout: float = STATS_TIME
 
     Each result is the record plus ``"stats"`` (a dict, or None) and ``"stats_error"`` (why
     there are none: not a mount point any more, not answering within ``timeout``, ...).
+
+    ``"digest"`` is the digest file the user mounted, as the mount says (None when it says
+    nothing); ``"snapshot"`` the record's digest: the mount's private copy, which is what it
+    registered with mountd and serves (docs/mount.md "The digest copy").
     """
     out = []
     for record in mounts:
@@ -102,6 +108,9 @@ def mount_stats(mounts: Iterable[Mapping[str, Any]], timeout: float = STATS_TIME
             row["stats_error"] = "no mount point registered"
         else:
             row["stats"], row["stats_error"] = _read_stats(mountpoint, timeout)
+        row["snapshot"] = record.get("digest")
+        mounted = (row["stats"] or {}).get("mounted_digest")
+        row["digest"] = mounted if isinstance(mounted, str) else None
         out.append(row)
     return out
 
@@ -289,17 +298,23 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
 
 
 def helper_main(argv: list[str] | None = None) -> int:
-    """Entry point of ``mount.fuse.quiverfs``; mount(8) exit codes (1 usage, 32 failure)."""
+    """Entry point of ``mount.fuse.quiverfs``; mount(8) exit codes: 1 for a refusal (a bad
+    command line, a mount point that is taken, not empty or missing), 32 for a mount that
+    failed."""
     args = sys.argv[1:] if argv is None else argv
     try:
         kwargs = parse_helper_args(args)
         if kwargs.pop("fake"):
             return 0
         line = mount(**kwargs)
-    except UsageError as exc:
-        print(f"{HELPER}: {exc}", file=sys.stderr)
-        return 1
     except QuiverError as exc:
+        # Judged by the exit code, not the class: a detached mount's serving process reports
+        # its error as a line and its exit status, and the parent raises it as a MountError
+        # with that status. A refusal there (a racing mount took the mount point between the
+        # parent's check and the child's) is as much a UsageError as the parent's own.
+        if exc.exit_code == UsageError.exit_code:
+            print(f"{HELPER}: {exc}", file=sys.stderr)
+            return 1
         print(f"{HELPER}: error: {exc}", file=sys.stderr)
         return 32
     except KeyboardInterrupt:

@@ -67,11 +67,15 @@ def _rows(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 
 
 def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = None) -> None:
-    """One row per mount with that mount's own counters (from ``mount_cli.mount_stats``),
-    and the files (bytes) its read-ahead sent to mountd."""
+    """One row per mount with the digest file it mounted (the user's, not the private copy it
+    serves), that mount's own counters (from ``mount_cli.mount_stats``), and the files
+    (bytes) its read-ahead sent to mountd."""
     table = Table(title="mounts", title_justify="left")
-    for column in ("mount point", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes", "errors",
-                   "read ahead"):
+    for column in ("mount point", "digest", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes",
+                   "errors", "read ahead"):
+        if column == "digest":  # a path: folded where it must, whatever its characters
+            table.add_column(column, justify="left", overflow="fold")
+            continue
         left = column in ("mount point", "dataset")
         table.add_column(column, justify="left" if left else "right", no_wrap=left)
     for row in rows:
@@ -80,8 +84,8 @@ def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = No
         if not row.get("stats"):
             figures[0] = row.get("stats_error") or "-"
         table.add_row(
-            str(row.get("mountpoint") or "-"), str(row.get("dataset", ""))[:SHORT_ID],
-            str(row.get("pid", "")), *figures, _read_ahead(stats),
+            str(row.get("mountpoint") or "-"), str(row.get("digest") or "-"),
+            str(row.get("dataset", ""))[:SHORT_ID], str(row.get("pid", "")), *figures, _read_ahead(stats),
         )
     (console or _console()).print(table)
 

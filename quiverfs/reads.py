@@ -11,12 +11,15 @@ so what a READ does to the disk and to the counters is written once:
   cache answers such a row as a cold one does (mountd's fill refuses the same bytes): ``EIO``.
 * **Kept descriptors never pin evicted disk.** The READs of a large file follow each other, so
   a process keeps the store files it is reading open, by inode. An open descriptor keeps an
-  evicted (unlinked) file's blocks allocated, so what is kept is bounded: a file is closed
-  once a READ reaches its end (the kernel keeps the pages it read), at most
-  :data:`OPEN_FILES` files and :data:`KEPT_BYTES` bytes of files are kept (at least the one
-  being read), and :meth:`StoreReads.sweep` closes every kept file that has left the store
-  (``st_nlink`` 0), which each process runs on its periodic timer. A READ that then needs a
-  closed file reopens it from the store, or finds it gone (a miss, fetched again).
+  evicted (unlinked) file's blocks allocated, outside mountd's cap, so what is kept is
+  bounded: a file is closed once a READ reaches its end (the kernel keeps the pages it read);
+  a process keeps at most :data:`OPEN_FILES` files and ``max_bytes`` bytes of them, its share
+  of :data:`KEPT_SHARE` of the cache (:func:`kept_bytes`: all of a mount's processes
+  together keep at most that), and a file larger than its share is closed after each READ;
+  and :meth:`StoreReads.sweep` closes every kept file that has left the store
+  (``st_nlink`` 0), which each process runs when mountd reports evictions and on its
+  periodic timer. A READ that then needs a closed file reopens it from the store, or finds
+  it gone (a miss, fetched again).
 * **A store closed to this process is read by hand-off.** With ``mountd --private-store``
   only mountd's user may open store files; another user's mount gets ``EACCES``. Then
   :meth:`StoreReads.open` asks mountd for the descriptor (the ``open`` operation, through one
@@ -48,11 +51,15 @@ log = logging.getLogger("quiverfs.reads")
 #: Most store files one process keeps open.
 OPEN_FILES = 64
 
-#: Most bytes of store files one process keeps open (the sum of their sizes; a larger file is
-#: still kept while it is the only one). Evicted files stay allocated while a descriptor is
-#: open, so this bounds how far a mount's processes can push the disk past mountd's cap
-#: between two sweeps: (workers + 1) x KEPT_BYTES at worst, usually nothing (files being read
-#: are the least likely to be evicted, and finished files are closed at once).
+#: Share of the cache's size that the store files a mount's serving processes keep open add
+#: up to at most, all of them together (:func:`kept_bytes`). Evicted files stay allocated
+#: while a descriptor is open, so this bounds how far a mount can push the disk past
+#: mountd's cap until it closes them (at once when mountd reports the eviction; at its
+#: next sweep otherwise): on a disk no larger than the cap, that is the room a fill may
+#: have to wait for. Usually nothing is kept at all (finished files are closed at once).
+KEPT_SHARE = 0.05
+
+#: Most bytes of store files one process keeps open when the cache's size is unknown.
 KEPT_BYTES = 16 << 20
 
 #: Counter slots: what ``user.quiver.stats`` shows (see quiverfs.fs.MountCounters).
@@ -87,6 +94,16 @@ class SharedCounters:
             for i, value in enumerate(struct.unpack_from(f"<{len(COUNTERS)}Q", self._map, index * self._width)):
                 sums[i] += value
         return dict(zip(COUNTERS, sums, strict=True))
+
+
+def kept_bytes(cache_size: int | None, processes: int) -> int:
+    """Most bytes of store files each of a mount's ``processes`` serving processes keeps open
+    (their sizes summed): an equal part of :data:`KEPT_SHARE` of ``cache_size`` (what
+    mountd's store holds: its ``hello``'s ``capacity``), or :data:`KEPT_BYTES` when that is
+    unknown."""
+    if not cache_size or cache_size <= 0:
+        return KEPT_BYTES
+    return int(cache_size * KEPT_SHARE) // max(1, processes)
 
 
 @dataclass(slots=True)
@@ -204,8 +221,11 @@ class StoreReads:
         files = self._kept
         files[inode] = kept
         self._kept_bytes += kept.size
-        # The new file is the newest: it stays, whatever its size.
-        while len(files) > 1 and (len(files) > self.max_files or self._kept_bytes > self.max_bytes):
+        # A file larger than the share is closed after the READ it was opened for (read):
+        # nothing makes room for it. The new file is the newest: it stays until then.
+        passing = kept.size if kept.size > self.max_bytes else 0
+        while len(files) > 1 and (len(files) > self.max_files
+                                  or self._kept_bytes - passing > self.max_bytes):
             self._close(next(iter(files)))
 
     def _close(self, inode: int) -> None:
@@ -260,18 +280,23 @@ class StoreReads:
 
     def read(self, inode: int, fd: int, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset`` of the store file ``fd`` (inode ``inode``), counted;
-        a kept file is closed once a READ reaches its end. An OSError is counted (the caller
+        a kept file is closed once a READ reaches its end, and a file larger than this
+        process's share of kept bytes after every READ. An OSError is counted (the caller
         logs it)."""
         counters = self.counters
+        kept = self._kept.get(inode)
+        if kept is not None and kept.fd != fd:
+            kept = None
         try:
             data = os.pread(fd, size, offset)
         except OSError:
             counters[ERRORS] += 1
+            if kept is not None and kept.size > self.max_bytes:
+                self._close(inode)
             raise
         counters[READS] += 1
         counters[BYTES] += len(data)
-        kept = self._kept.get(inode)
-        if kept is not None and kept.fd == fd and offset + len(data) >= kept.size:
+        if kept is not None and (offset + len(data) >= kept.size or kept.size > self.max_bytes):
             # The kernel keeps what it read; a later READ of this file reopens it.
             self._close(inode)
         return data

@@ -166,6 +166,14 @@ class WorkerPool:
         log.warning("FUSE worker %d (pid %d) died (%s)%s; replaced by pid %d",
                     slot, pid, how, answered, self.workers[slot])
 
+    def sweep(self) -> None:
+        """Have every worker close now the kept store files that left the store (mountd
+        reported evictions): :data:`~quiverfs.fuse_worker.SWEEP_SIGNAL`, which runs the
+        periodic work of its timer at once (quiverfs/fuse_worker.py)."""
+        for pid in self.pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, fuse_worker.SWEEP_SIGNAL)
+
     def stop(self) -> None:
         """SIGTERM every worker; none is replaced from now on."""
         self.stopping = True

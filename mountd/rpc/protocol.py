@@ -56,6 +56,9 @@ MAX_FDS = 4
 #: 64 keeps the ancillary buffer small and bounds what a client holds open per request.
 MAX_OPEN = 64
 
+#: Longest an ``evictions`` request may wait for news (``wait_ms``), in milliseconds.
+MAX_WAIT_MS = 60_000
+
 @dataclass(frozen=True, slots=True)
 class Operation:
     """One mountd operation and the properties every side reads from :data:`OPERATIONS`:

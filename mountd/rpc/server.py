@@ -43,6 +43,7 @@ from mountd.rpc import protocol
 from mountd.rpc.fdpass import DescriptorStream, close_all, send_frame, send_with_fds
 from mountd.rpc.protocol import (
     MAX_OPEN,
+    MAX_WAIT_MS,
     OPERATIONS,
     PROTOCOL_VERSION,
     Request,
@@ -197,6 +198,9 @@ class Connection:
     slots: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(MAX_IN_FLIGHT))
     mounts: set[int] = field(default_factory=set)
     closed: bool = False
+    #: Requests waiting for news (``evictions`` with ``wait_ms``): cancelled when the client
+    #: stops sending (end of stream), so a closed connection is let go at once.
+    waits: set[trio.CancelScope] = field(default_factory=set)
 
     @property
     def charge_uid(self) -> int | None:
@@ -341,6 +345,8 @@ class Server:
             async with stream, trio.open_nursery() as nursery:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     await self._read_loop(conn, nursery)
+                for scope in conn.waits:
+                    scope.cancel()  # their answers would go nowhere
                 # After EOF the requests already read still run and answer (a client may
                 # half-close); their fills are useful to the cache whoever waits.
         except Exception:
@@ -455,6 +461,7 @@ class Server:
             "uid": self.owner_uid,
             "cache_dir": str(self.cache_dir),
             "cache_size": self.cache.config.cache_size,
+            "capacity": self.cache.capacity,
             "started_at": self.started_at,
             "ops": sorted(OPERATIONS),
             "peer": dataclasses.asdict(conn.peer),
@@ -566,6 +573,19 @@ class Server:
     async def _op_evictions(self, conn: Connection, request: Request) -> dict[str, Any]:
         seq = None if request.args.get("since") is None else check_int(request.args, "since")
         journal = check_text(request.args, "journal", optional=True)
+        wait = check_int(request.args, "wait_ms", default=0)
+        if wait > MAX_WAIT_MS:
+            raise ProtocolError(f"'wait_ms' must be at most {MAX_WAIT_MS}, not {wait}")
+        changed = self.evictions.changed(seq, journal) if wait else None
+        if changed is not None:
+            # Nothing new yet: answer at the next eviction (a mount closes the evicted
+            # files it holds open at once: docs/mount.md "Kept descriptors").
+            with trio.move_on_after(wait / 1000) as scope:
+                conn.waits.add(scope)
+                try:
+                    await changed.wait()
+                finally:
+                    conn.waits.discard(scope)
         return self.evictions.since(seq, journal)
 
     async def _op_register(self, conn: Connection, request: Request) -> dict[str, Any]:

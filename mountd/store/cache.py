@@ -107,6 +107,26 @@ TOUCH_WRITE_STEP = 2048
 #: gives the hash to the next requester.
 LEASE_SECONDS = 60.0
 
+#: Seconds a fill that met a full disk waits for room (:meth:`Cache._room_for_fill`) before
+#: it fails with ``CacheFull``.
+DISK_WAIT = 5.0
+
+#: Seconds the blocks of files evicted for a full disk get to come back before more is
+#: evicted: a reader may still have an evicted file open (mountd tells the mounts at once,
+#: and they close it within milliseconds; docs/mount.md "Kept descriptors").
+DISK_SETTLE = 0.25
+
+#: Seconds between two looks at the disk's free space while a fill waits for room.
+DISK_POLL = 0.005
+
+#: Free bytes a fill that met a full disk has made beyond its own need (at most a 32nd of
+#: the disk): the index's next group commit grows SQLite's log, and rows it cannot write
+#: wait for room, then have their files dropped (:meth:`Cache._flush_index`).
+DISK_HEADROOM = 1 << 20
+
+#: Seconds between two warnings that the disk, not the cap, bounds the cache.
+DISK_FULL_LOG = 60.0
+
 
 class Cache(ChunkFills):
     """The store, its index and the fills that populate it. See the module docstring."""
@@ -174,6 +194,22 @@ class Cache(ChunkFills):
         self.reserved = 0
         self.entries = 0
         self._cache_dir = os.fspath(config.cache_dir)
+        #: Bytes of the filesystem holding the store (read at open; None before): content
+        #: larger than that is refused before anything is read or evicted.
+        self._disk_size: int | None = None
+        #: When a full disk was last logged (trio time; see :data:`DISK_FULL_LOG`).
+        self._disk_full_logged: float | None = None
+        #: Fills waiting for room on a full disk (:meth:`_room_for_fill`); new fills wait
+        #: until none is left (:attr:`_disk_clear`), or they would take the room it makes.
+        self._disk_waits = 0
+        self._disk_clear = trio.Event()
+        #: Fills that met a full disk make their room one at a time, first come first served
+        #: (a lock is fair in trio): side by side, each took the room another made.
+        self._disk_turns = trio.Lock()
+        #: Since when (monotonic) the index holds rows no commit could store, and when it
+        #: may next evict for them (:meth:`_flush_index`).
+        self._lost_since: float | None = None
+        self._index_room_at = 0.0
         #: Bytes charged to each uid, and the per-user quota (mountd/store/quota.py).
         self.charges = Charges(config.user_quota)
         #: Set and replaced whenever space is released or a fill ends (waiters for room).
@@ -214,6 +250,11 @@ class Cache(ChunkFills):
             raise
         self._policy = make_policy(self.config.policy, self._index)
         self.charges.load(self._index.charged())
+        self._disk_size = disk.space(cache_dir)[0]
+        if self._disk_size < self.config.cache_size:
+            log.warning("the filesystem holding %s has %d bytes, less than the cache size (%d): "
+                        "the disk bounds the cache (a full disk evicts)", cache_dir,
+                        self._disk_size, self.config.cache_size)
         self.entries, self.used = self.recovery.entries, self.recovery.bytes
         self._cap_protection()  # pins survive restarts
         if self.used > self.config.cache_size:
@@ -296,7 +337,7 @@ class Cache(ChunkFills):
             # the last checkpoint made everything durable.
             with trio.CancelScope(shield=True):
                 synced = await self.checkpoint()
-            if not self._flights and not self._dirty and synced:
+            if not self._flights and not self._dirty and not self._index.deleting and synced:
                 try:
                     self._index.set_clean(True)
                 except sqlite3.Error:
@@ -311,23 +352,47 @@ class Cache(ChunkFills):
         """Commit the index's group commit, and settle rows no commit could store.
 
         A failed group commit (disk full) is retried row by row by the index; rows that
-        still fail come back here: evict to make room and insert them once more, then
-        remove the files of any that failed again (and their accounting), so that no file
-        is ever in the store, counted in ``used``, and unknown to the index and its
+        still fail stay with it (visible to lookups: their files are there and counted), and
+        are written once the disk has room: this evicts for it (at most every
+        :data:`DISK_SETTLE` seconds) and the committer tries again with its next round.
+        Rows still unwritten after :data:`DISK_WAIT` seconds, or when the cache is not
+        running, have their files removed (and their accounting), so that no file is in
+        the store for long, counted in ``used``, and unknown to the index and its
         eviction."""
         index = self._index
         if index is None:
             return
+        try:
+            index.retry_deletes()  # rows of evicted files a full disk kept (Index.delete)
+        except sqlite3.Error:
+            log.exception("could not drop %d evicted rows from the index", len(index.deleting))
+            index.deleting.clear()  # left to the next open (rows without files: state C)
+            self._dirty = True
         index.flush()
-        lost = index.take_lost()
+        lost = index.lost
         if not lost:
+            self._lost_since = None
             return
-        log.warning("could not index %d new files (disk full?); evicting and retrying", len(lost))
-        self._free_disk(max(sum(row.size for row in lost), 1 << 20))
-        failed = index.insert_now(lost)
-        if not failed:
+        now = time.monotonic()
+        if self._lost_since is None:
+            self._lost_since = now
+            log.debug("could not index %d new files (disk full?); evicting and retrying",
+                      len(lost))
+        if now >= self._index_room_at:
+            self._index_room_at = now + DISK_SETTLE
+            free = disk.space(self._cache_dir)[1]
+            want = max(sum(row.size for row in lost), DISK_HEADROOM)
+            if free < want:
+                self._free_disk(want - free)
+        if not index.retry_lost():
+            self._lost_since = None
             return
-        log.warning("dropping %d new files the index could not store", len(failed))
+        if self._nursery is not None and now - self._lost_since < DISK_WAIT:
+            self._rows_waiting.set()  # the committer tries again
+            return
+        failed = index.take_lost()
+        self._lost_since = None
+        log.warning("dropping %d new files the index could not store (disk full?)", len(failed))
         self._remove([(row.hash, row.size) for row in failed], reason="unindexed",
                      owners={row.hash: row.uid for row in failed if row.uid is not None})
 
@@ -652,7 +717,7 @@ class Cache(ChunkFills):
                 return path
             flight = self._flights.get(hash)
             if flight is None:
-                if size > self.config.cache_size:
+                if not self._fits(size):
                     raise self._larger_than_cache(hash, size)
                 self.charges.check_size(hash, size, uid)
                 flight = Flight(hash, size, Location("", "", 0, size), dataset, prefetch=False,
@@ -678,7 +743,7 @@ class Cache(ChunkFills):
         stored, charged to ``uid`` like bytes it supplied; None when no peer has it, a fill
         is already in flight here (joining it is the lease loop's job), or storing it
         failed (then the client supplies, and hears its own error if any)."""
-        if self.peers is None or hash in self._flights or size > self.config.cache_size:
+        if self.peers is None or hash in self._flights or not self._fits(size):
             return None
         content = await self.peers.find(hash, size)
         if content is None:
@@ -745,7 +810,7 @@ class Cache(ChunkFills):
                 await flight.done.wait()
                 continue
             if flight is None:
-                if size > self.config.cache_size:
+                if not self._fits(size):
                     if source is not None:
                         raise self._larger_than_cache(hash, size)
                     raise await self._too_large(hash, size, location, dataset)
@@ -801,9 +866,23 @@ class Cache(ChunkFills):
         log.warning("verify failure: %s", error)
         return error
 
+    @property
+    def capacity(self) -> int:
+        """Bytes the store can hold at most: the cap, or the filesystem holding the store
+        when that is smaller (known once open)."""
+        if self._disk_size is None:
+            return self.config.cache_size
+        return min(self.config.cache_size, self._disk_size)
+
+    def _fits(self, size: int) -> bool:
+        """Whether content of ``size`` bytes can be cached at all: not larger than the cache,
+        nor than the filesystem holding it."""
+        return size <= self.capacity
+
     async def _too_large(self, hash: bytes, size: int, location: Location,
                          dataset: str | None) -> QuiverError:
-        """The error for content larger than the whole cache, which cannot be filled.
+        """The error for content larger than the whole cache (or its disk: :meth:`_fits`),
+        which cannot be filled.
 
         One ``stat`` of the object first: when the object cannot even hold ``size`` bytes at
         its offset, the digest row lies about the size, and the answer is the one a warm cache
@@ -822,9 +901,18 @@ class Cache(ChunkFills):
         return self._larger_than_cache(hash, size)
 
     def _larger_than_cache(self, hash: bytes, size: int) -> CacheFull:
-        return CacheFull(
-            f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
-            f"({self.config.cache_size} bytes); raise --cache-size")
+        """The error for content :meth:`_fits` refuses; one log line when the disk is what
+        refuses it (the cap is the operator's choice; a disk smaller than it is news)."""
+        if size > self.config.cache_size:
+            return CacheFull(
+                f"object {hash.hex()} ({size} bytes) is larger than the whole cache "
+                f"({self.config.cache_size} bytes); raise --cache-size")
+        error = CacheFull(
+            f"no space left on the device holding {self._cache_dir} for object {hash.hex()} "
+            f"({size} bytes): it is larger than the whole filesystem ({self._disk_size} "
+            "bytes); give the cache a larger disk")
+        log.warning("%s", error)
+        return error
 
     def _start(self, flight: Flight) -> None:
         assert self._nursery is not None
@@ -984,6 +1072,10 @@ class Cache(ChunkFills):
         fills the file on demand)."""
         cap = self.config.cache_size
         charges = self.charges
+        while self._disk_waits:
+            # A fill waits for room on a full disk: starting more fills now would take the
+            # room it makes (a large file among many small ones never got its turn).
+            await self._disk_clear.wait()
         while True:
             own = charges.over(uid, size)
             over = self.used + self.reserved + size - cap
@@ -1041,8 +1133,9 @@ class Cache(ChunkFills):
     def _evict_until(self, need: int, *, holds: bool = True) -> tuple[int, int]:
         """Evict by policy until ``need`` bytes are freed (or nothing evictable is left);
         files just answered and files protected (mountd/store/holds.py) are skipped unless
-        ``holds`` is False (a full disk). In a cluster, files this node keeps for the others
-        (:meth:`PeerSource.keeps`) go last (:func:`keep_last`)."""
+        ``holds`` is False (a full disk); files landed for readers not answered yet
+        (:attr:`_landing`, one trio step) always are. In a cluster, files this node keeps
+        for the others (:meth:`PeerSource.keeps`) go last (:func:`keep_last`)."""
         assert self._policy is not None
         victims: list[tuple[bytes, int]] = []
         freed = 0
@@ -1063,7 +1156,7 @@ class Cache(ChunkFills):
                 break
             if hash in self._flights:
                 continue  # being refilled right now (cannot happen for indexed rows; be safe)
-            if holds and hash in self._landing:
+            if hash in self._landing:
                 continue  # landed for readers who have not had its path yet
             if hash in held:
                 if self._first_held is None:
@@ -1108,15 +1201,78 @@ class Cache(ChunkFills):
         return self._remove(victims, reason="evict")
 
     def _free_disk(self, need: int) -> int:
-        """ENOSPC while writing: evict ``need`` bytes beyond the accounting (the disk is
-        smaller than the cap, or shared with others); returns bytes freed."""
-        return self._evict_until(need, holds=False)[1]
-
-    def _room_for_fill(self, need: int) -> int:
-        """A fill met a full disk (mountd/store/fillwork.py): :meth:`_free_disk`, logged."""
-        freed = self._free_disk(need)
-        log.warning("disk full while filling; evicted %d bytes and retrying once", freed)
+        """The disk is full (the disk is smaller than the cap, or shared with others): evict
+        ``need`` bytes beyond the accounting, by policy, files nobody was just answered
+        first, then those too; returns bytes evicted. What a reader still has open keeps
+        its blocks until it is closed: :meth:`_room_for_fill` watches the disk for that."""
+        freed = self._evict_until(need)[1]
+        if freed < need:
+            freed += self._evict_until(need - freed, holds=False)[1]
         return freed
+
+    async def _room_for_fill(self, need: int) -> bool:
+        """A fill met a full disk (mountd/store/fillwork.py): have ``need`` bytes free on
+        it; True once they are (the fill writes again), False when they could not be made
+        within :data:`DISK_WAIT` seconds (the fill fails with ``CacheFull``).
+
+        Evicting is not enough: an evicted file whose descriptor a reader (a mount, a
+        loader) still holds keeps its blocks until it is closed, so this looks at the
+        filesystem's free space, evicts only what is still missing, and gives what it
+        evicted :data:`DISK_SETTLE` seconds to come back before evicting more (mountd
+        tells the mounts what it evicted at once: docs/mountd-protocol.md ``evictions``).
+        It aims at :data:`DISK_HEADROOM` more than ``need`` (the index needs room too),
+        and settles for ``need`` once nothing is left to evict. Fills not started yet wait
+        meanwhile (:meth:`_reserve`); those running end or meet the same wall, and then
+        wait for their turn (one fill makes its room at a time, each for up to
+        :data:`DISK_WAIT` seconds), holding none of the bytes their failed write left
+        (mountd/store/fillwork.py)."""
+        self._disk_waits += 1
+        try:
+            async with self._disk_turns:
+                return await self._make_disk_room(need)
+        finally:
+            self._disk_waits -= 1
+            if not self._disk_waits:
+                self._disk_clear.set()
+                self._disk_clear = trio.Event()
+
+    async def _make_disk_room(self, need: int) -> bool:
+        """:meth:`_room_for_fill`'s work."""
+        start = now = trio.current_time()
+        deadline, settle = start + DISK_WAIT, start + DISK_SETTLE
+        want = need + min(DISK_HEADROOM, (self._disk_size or 0) // 32)
+        evicted = total = 0  # bytes evicted whose blocks have not come back; all evicted
+        while True:
+            free = disk.space(self._cache_dir)[1]
+            if free >= want:
+                break
+            exhausted = False
+            if evicted < want - free:
+                freed = self._free_disk(want - free - evicted)
+                exhausted = not freed
+                evicted += freed
+                total += freed
+            if exhausted and free >= need:
+                break  # nothing more to evict: the fill's own need will do
+            now = trio.current_time()
+            if now >= deadline:
+                log.warning("disk full: no room for a %d-byte fill after %.1f s (%d bytes "
+                            "free, %d evicted: the rest is held by files still open, "
+                            "pinned, or not the cache's)", need, now - start, free, total)
+                return False
+            if now >= settle:
+                evicted, settle = 0, now + DISK_SETTLE  # still held open: evict more
+            await trio.sleep(DISK_POLL)
+        now = trio.current_time()
+        last = self._disk_full_logged
+        if last is None or now - last >= DISK_FULL_LOG:
+            self._disk_full_logged = now
+            log.warning("the disk holding the cache is full (smaller than the cache size, or "
+                        "shared): evicting beyond the cap (%d bytes for a %d-byte fill, "
+                        "%.3f s); logged once a minute", total, need, now - start)
+        else:
+            log.debug("disk full: evicted %d bytes for a %d-byte fill", total, need)
+        return True
 
     def _remove(self, victims: Sequence[tuple[bytes, int]], reason: str,
                 owners: Mapping[bytes, int] | None = None) -> tuple[int, int]:
@@ -1127,9 +1283,11 @@ class Cache(ChunkFills):
         Files go first: on a full disk the row delete itself needs space (SQLite's WAL), which
         the unlinks provide. A crash in between leaves rows without files (recovery state C).
         """
+        index = self._require_open()
+        if index.deleting:  # gone already, their rows waiting for room (Index.delete)
+            victims = [v for v in victims if v[0] not in index.deleting]
         if not victims:
             return 0, 0
-        index = self._require_open()
         hashes = [h for h, _ in victims]
         refs = index.refs_of(hashes) if reason == "evict" else {}
         if owners is None:
@@ -1151,7 +1309,10 @@ class Cache(ChunkFills):
         self._notify_space()
         self._tell("removed", lambda listener: listener.removed(hashes))
         try:
-            index.delete(hashes)
+            if not index.delete(hashes):
+                # A full disk: the files are gone (and accounted), the rows wait for room.
+                log.debug("no room on the disk to drop %d rows; retried with the next "
+                          "group commit", len(hashes))
         except sqlite3.Error:
             # Rows without files are harmless here (contains() may say yes until the next
             # open repairs state C; the FUSE client then falls back to ensure()).

@@ -67,6 +67,15 @@ def is_enospc(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+def space(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """``(size, free)`` in bytes of the filesystem holding ``path``, as this process may use
+    it: blocks reserved for root (ext4's 5 %) count only when it runs as root. One
+    ``statvfs`` (a microsecond or two: cheap enough for the trio thread)."""
+    st = os.statvfs(path)
+    reserved = 0 if os.geteuid() == 0 else st.f_bfree - st.f_bavail
+    return (st.f_blocks - reserved) * st.f_frsize, (st.f_bfree - reserved) * st.f_frsize
+
+
 class TempFile:
     """One fill's temp file. Methods block (a fill process's thread, or mountd's worker
     thread). Paths are kept as strings: a fill is a few system calls, and ``pathlib`` cost a
@@ -93,16 +102,24 @@ class TempFile:
                 view = view[n:]
                 offset += n
 
+    def truncate(self, size: int) -> None:
+        """Cut the file to ``size`` bytes: what a write that met a full disk left beyond it
+        is given back while the fill waits for room (the retry writes it again)."""
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, size)
+
     def commit(self, fanout: Fanout | None = None) -> str:
         """Give the file the store's file mode, close it and rename it into the store (no
         fsync: see the module docstring); returns the final path. ``fanout`` remembers the
-        fan-out folders known to exist and the store's modes."""
+        fan-out folders known to exist and the store's modes. Called again after the rename
+        failed (a full disk had no room for a new fan-out folder), it renames again."""
         fanout = fanout or Fanout()
-        # Explicit, whatever the umask; before the rename, so a file at its final name
-        # always has its final mode.
-        os.fchmod(self.fd, fanout.modes(self.cache_dir).files)
-        os.close(self.fd)
-        self.fd = None
+        if self.fd is not None:
+            # Explicit, whatever the umask; before the rename, so a file at its final name
+            # always has its final mode.
+            os.fchmod(self.fd, fanout.modes(self.cache_dir).files)
+            os.close(self.fd)
+            self.fd = None
         fanout.rename_into(self.path, self.final, self.cache_dir)
         return self.final
 

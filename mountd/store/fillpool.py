@@ -17,12 +17,15 @@ The pool's protocol (one ``SOCK_SEQPACKET`` socket pair per child; each message 
 tuple, so it only ever carries our own types between a parent and the children it forked):
 
 * parent → child ``(JOB, id, job)``, with the job's descriptor attached (``SCM_RIGHTS``) when
-  it reads bytes a client supplied; ``(REPLY, id)``; ``(CANCEL, id)``: the job's caller was
-  cancelled (a streamed job stops before its next chunk); ``(WARM, url)``;
+  it reads bytes a client supplied; ``(REPLY, id, value)``: the answer to the job's request
+  (``ROOM``: True when the room is there, False when it could not be made; ``PACE``:
+  None); ``(CANCEL, id)``: the job's caller was cancelled (a streamed job stops before its
+  next chunk); ``(WARM, url)``;
 * child → parent ``(DONE, id, results, gets, stages, error, counters)`` where ``counters`` is
   the child's running totals for the job's backend (the parent keeps the latest of each child
-  and adds them up for ``quiverfs stats``); ``(ROOM, id, bytes)``: the disk is full, evict
-  this much, then ``REPLY`` (the child then writes once more); ``(PACE, id, bytes)``: the
+  and adds them up for ``quiverfs stats``); ``(ROOM, id, bytes)``: the disk is full, make
+  this much room, then ``REPLY`` (the child then writes once more, or fails the file when
+  the answer is False); ``(PACE, id, bytes)``: the
   next chunk of a streamed remote object is due, ``REPLY`` once the remote limits allow it.
 
 Guarantees kept across the process boundary:
@@ -114,11 +117,12 @@ class Fills(Protocol):
         """The fills' requests by backend URL, and how each backend reads (``stats``)."""
         ...
 
-    def attach(self, room: Callable[[int], int], pace: Callable[[int], Awaitable[None]]) -> None:
+    def attach(self, room: Callable[[int], Awaitable[bool]],
+               pace: Callable[[int], Awaitable[None]]) -> None:
         """The cache's side of the jobs' gate (:class:`~mountd.store.fillwork.Gate`):
-        ``room(bytes)`` frees disk space when a fill meets a full disk, ``pace(bytes)`` waits
-        for the remote limits before the next chunk of a streamed object (both called in
-        the trio thread)."""
+        ``room(bytes)`` frees disk space when a fill meets a full disk (False: it could
+        not), ``pace(bytes)`` waits for the remote limits before the next chunk of a
+        streamed object (both run in the trio thread)."""
         ...
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -171,7 +175,8 @@ class ThreadFills:
     def remote_counters(self) -> dict[str, tuple[RemoteCounters, str | None]]:
         return {}  # the cache's own backends count these fills
 
-    def attach(self, room: Callable[[int], int], pace: Callable[[int], Awaitable[None]]) -> None:
+    def attach(self, room: Callable[[int], Awaitable[bool]],
+               pace: Callable[[int], Awaitable[None]]) -> None:
         self._gate.room_fn, self._gate.pace_fn = room, pace
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -187,11 +192,13 @@ class _ThreadGate:
     back into the trio thread, and stops a job whose caller was cancelled."""
 
     def __init__(self) -> None:
-        self.room_fn: Callable[[int], int] = lambda need: 0
+        self.room_fn: Callable[[int], Awaitable[bool]] | None = None
         self.pace_fn: Callable[[int], Awaitable[None]] | None = None
 
-    def room(self, need: int) -> None:
-        trio.from_thread.run_sync(self.room_fn, need)
+    def room(self, need: int) -> bool:
+        if self.room_fn is None:
+            return False
+        return trio.from_thread.run(self.room_fn, need)
 
     def next_read(self, nbytes: int, remote: bool) -> None:
         try:
@@ -241,7 +248,7 @@ class ProcessFills:
         self._factory = factory
         self._children: list[_Child] = []
         self._ids = itertools.count(1)
-        self._room: Callable[[int], int] = lambda need: 0
+        self._room: Callable[[int], Awaitable[bool]] | None = None
         self._pace: Callable[[int], Awaitable[None]] | None = None
         self._nursery: trio.Nursery | None = None
         self._restarts: list[float] = []
@@ -362,7 +369,8 @@ class ProcessFills:
 
     # -- answers -------------------------------------------------------------------------------------
 
-    def attach(self, room: Callable[[int], int], pace: Callable[[int], Awaitable[None]]) -> None:
+    def attach(self, room: Callable[[int], Awaitable[bool]],
+               pace: Callable[[int], Awaitable[None]]) -> None:
         self._room, self._pace = room, pace
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -418,7 +426,10 @@ class ProcessFills:
             if kind == DONE:
                 self._done(child, message)
             elif kind == ROOM:
-                self._make_room(child, message[1], message[2])
+                if self._nursery is None or child.dead or self._room is None:
+                    self._reply(child, message[1], False)
+                else:
+                    self._nursery.start_soon(self._make_room, child, message[1], message[2])
             elif kind == PACE:
                 if self._nursery is None or child.dead:
                     self._reply(child, message[1])
@@ -434,22 +445,25 @@ class ProcessFills:
         trio.lowlevel.reschedule(task, outcome.Value(
             Outcome(results, gets, StageTimes(stages), error)))
 
-    def _make_room(self, child: _Child, job_id: int, need: int) -> None:
+    async def _make_room(self, child: _Child, job_id: int, need: int) -> None:
+        assert self._room is not None
+        made = False
         try:
-            self._room(need)
+            made = await self._room(need)
         except Exception:
             log.exception("could not make room for a fill")
-        self._reply(child, job_id)
+        finally:
+            self._reply(child, job_id, made)  # cancelled (closing): the job fails
 
     async def _paced(self, child: _Child, job_id: int, nbytes: int) -> None:
         if self._pace is not None:
             await self._pace(nbytes)
         self._reply(child, job_id)
 
-    def _reply(self, child: _Child, job_id: int) -> None:
+    def _reply(self, child: _Child, job_id: int, value: object = None) -> None:
         if not child.dead:
             with contextlib.suppress(OSError):  # gone: its jobs fail when its end is read
-                child.control.send(pickle.dumps((REPLY, job_id)))
+                child.control.send(pickle.dumps((REPLY, job_id, value)))
 
     def _fail_jobs(self, child: _Child, error: BaseException) -> None:
         """Wake every waiter of ``child``'s jobs with ``error``."""
@@ -591,8 +605,9 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
         self.factory = factory
         self.backends: dict[str, Backend] = {}
         self.opening = threading.Lock()
-        #: jobs waiting for the parent's REPLY
+        #: jobs waiting for the parent's REPLY, and the values those brought
         self.waiting: dict[int, threading.Event] = {}
+        self.answers: dict[int, object] = {}
         #: jobs whose caller was cancelled
         self.stopped: set[int] = set()
         self.store = Store(cache_dir)
@@ -634,9 +649,11 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
                 data = b""
             if not data:
                 break
-            kind, job_id = pickle.loads(data)
+            kind, job_id, *value = pickle.loads(data)
             if kind == CANCEL:
                 self.stopped.add(job_id)
+            elif value and job_id in self.waiting:
+                self.answers[job_id] = value[0]
             event = self.waiting.get(job_id)
             if event is not None:
                 event.set()
@@ -685,9 +702,9 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
         with contextlib.suppress(OSError):  # the parent is gone
             self.sock.send(_picklable(message))
 
-    def ask(self, job_id: int, message: tuple) -> None:
+    def ask(self, job_id: int, message: tuple) -> object:
         """Send ``message`` about job ``job_id`` and wait for the parent's REPLY (or the
-        job's CANCEL, or the end of the parent)."""
+        job's CANCEL, or the end of the parent); the value the REPLY brought (None: none)."""
         event = self.waiting[job_id] = threading.Event()
         try:
             self.sock.send(pickle.dumps(message))
@@ -697,6 +714,7 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
             self.stopping = True
         finally:
             self.waiting.pop(job_id, None)
+        return self.answers.pop(job_id, None)
 
 
 class _ChildGate:  # pragma: no cover - runs in a fill process
@@ -706,8 +724,8 @@ class _ChildGate:  # pragma: no cover - runs in a fill process
         self.loop = loop
         self.job_id = job_id
 
-    def room(self, need: int) -> None:
-        self.loop.ask(self.job_id, (ROOM, self.job_id, need))
+    def room(self, need: int) -> bool:
+        return self.loop.ask(self.job_id, (ROOM, self.job_id, need)) is True
 
     def next_read(self, nbytes: int, remote: bool) -> None:
         loop, job_id = self.loop, self.job_id

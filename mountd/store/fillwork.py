@@ -23,9 +23,11 @@ complete and verified whether or not it is indexed yet (recovery adopts such a f
 crash: docs/store-layout.md).
 
 Disk full: a write that fails with ENOSPC asks the main process for room (``room(bytes)``:
-it evicts, outside its own accounting), then writes the same range once more; a second
-ENOSPC fails that file with :class:`~mountd.errors.CacheFull`. The temp file is always
-removed when a file fails.
+it evicts, outside its own accounting, until the disk has that much free), then writes the
+same range once more, as often as the main process says the room is there (other fills may
+take it first), at most :data:`ROOM_TRIES` times. When the main process cannot make the
+room, or the tries run out, that file fails with :class:`~mountd.errors.CacheFull`. The
+temp file is always removed when a file fails.
 
 Each job measures its stages (wall and CPU seconds of ``read``, ``hash``, ``write``,
 ``rename``) for the fill breakdown ``quiverfs stats`` shows (:class:`StageTimes`).
@@ -123,6 +125,13 @@ class StageTimes:
 
 READ, HASH, WRITE, RENAME = range(len(WORK_STAGES))
 
+#: Writes of one range that met a full disk, each after the main process made room, before
+#: the file fails (the room it makes may go to another fill first).
+ROOM_TRIES = 8
+
+#: Bytes asked for when a rename meets a full disk (a new fan-out folder's first block).
+FOLDER_ROOM = 64 << 10
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -146,8 +155,9 @@ class Gate(Protocol):
     """What a running job asks of whoever runs it (mountd's main process, over the fill
     process's socket, or through trio from a worker thread)."""
 
-    def room(self, need: int) -> None:
-        """The disk is full: have ``need`` bytes evicted (blocks until done)."""
+    def room(self, need: int) -> bool:
+        """The disk is full: have ``need`` bytes made free (blocks until done); False when
+        they could not be (the file fails)."""
         ...
 
     def next_read(self, nbytes: int, remote: bool) -> None:
@@ -249,20 +259,9 @@ class Store:
         asking for room when the disk is full."""
         temp = disk.TempFile(self.cache_dir, target.hash)
         try:
-            try:
-                temp.write_at(data, 0)
-            except OSError as exc:
-                if not disk.is_enospc(exc):
-                    raise
-                gate.room(target.size)
-                try:
-                    temp.write_at(data, 0)
-                except OSError as again:
-                    if disk.is_enospc(again):
-                        raise self.disk_full(target.size) from again
-                    raise
+            self._write_at(temp, data, 0, target.size, gate)
             t = stages.add(WRITE, t)
-            path = temp.commit(self.fanout)
+            path = self._commit(temp, target.size, gate)
             stages.add(RENAME, t)
             return path
         except BaseException:
@@ -280,7 +279,6 @@ class Store:
         try:
             hasher = blake3.blake3()  # one thread: see digest()
             offset = 0
-            retried = False
             while offset < size:
                 n = min(chunk, size - offset)
                 if offset:
@@ -294,26 +292,11 @@ class Store:
                     check_size(target, offset + len(data), size)
                 hasher.update(data)
                 t = stages.add(HASH, t)
-                while True:
-                    try:
-                        temp.write_at(data, offset)
-                        break
-                    except OSError as exc:
-                        if not disk.is_enospc(exc):
-                            raise
-                        if retried:
-                            raise self.disk_full(size) from exc
-                        retried = True
-                        gate.room(size - offset)
+                self._write_at(temp, data, offset, size, gate)
                 t = stages.add(WRITE, t)
                 offset += n
             check_hash(target, hasher.digest())
-            try:
-                path = temp.commit(self.fanout)
-            except OSError as exc:
-                if disk.is_enospc(exc):
-                    raise self.disk_full(size) from exc
-                raise
+            path = self._commit(temp, size, gate)
             stages.add(RENAME, t)
             committed = True
             return path
@@ -347,6 +330,46 @@ class Store:
                 out.results[i] = exc
             t = stages.clock()
         return out
+
+    def _write_at(self, temp: disk.TempFile, data: bytes | memoryview, offset: int, size: int,
+                  gate: Gate) -> None:
+        """Write ``data`` at ``offset`` of ``temp`` (a ``size``-byte file); on a full disk ask
+        ``gate`` for room for the rest of the file and write again (see the module
+        docstring)."""
+        for _ in range(ROOM_TRIES):
+            try:
+                temp.write_at(data, offset)
+                return
+            except OSError as exc:
+                if not disk.is_enospc(exc):
+                    raise
+                temp.truncate(offset)  # hold nothing of this range while waiting for room
+                if not gate.room(size - offset):
+                    raise self.disk_full(size) from exc
+        try:
+            temp.write_at(data, offset)
+        except OSError as exc:
+            if disk.is_enospc(exc):
+                raise self.disk_full(size) from exc
+            raise
+
+    def _commit(self, temp: disk.TempFile, size: int, gate: Gate) -> str:
+        """Rename ``temp`` (a ``size``-byte file) into the store; on a full disk (no room
+        for a new fan-out folder) ask ``gate`` for :data:`FOLDER_ROOM` and rename again."""
+        for _ in range(ROOM_TRIES):
+            try:
+                return temp.commit(self.fanout)
+            except OSError as exc:
+                if not disk.is_enospc(exc):
+                    raise
+                if not gate.room(FOLDER_ROOM):
+                    raise self.disk_full(size) from exc
+        try:
+            return temp.commit(self.fanout)
+        except OSError as exc:
+            if disk.is_enospc(exc):
+                raise self.disk_full(size) from exc
+            raise
 
     def disk_full(self, size: int) -> CacheFull:
         return CacheFull(

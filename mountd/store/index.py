@@ -144,6 +144,11 @@ def batched(items: Sequence, n: int = BATCH) -> Iterator[Sequence]:
         yield items[start : start + n]
 
 
+def is_full(exc: BaseException) -> bool:
+    """True for SQLite's "database or disk is full" (``SQLITE_FULL``)."""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+
+
 class Index:
     """The open index. Use :meth:`Index.open`; every method runs in the trio thread."""
 
@@ -157,10 +162,16 @@ class Index:
         self._group_rows: list[NewRow] = []
         #: New rows not written yet (see :meth:`insert`), by hash, in insertion order.
         self._unwritten: dict[bytes, NewRow] = {}
-        #: Rows of a failed group commit that could not be inserted again either (disk full):
-        #: their files exist but the index does not know them. The cache takes them
-        #: (:meth:`take_lost`) and removes the files, so accounting and index agree again.
-        self._lost: list[NewRow] = []
+        #: Rows of a failed group commit that could not be inserted again either (disk full),
+        #: by hash: their files exist, so :meth:`size_of` still sees them (the cache counts
+        #: them), but eviction does not. The cache writes them once the disk has room
+        #: (:meth:`retry_lost`), or takes them (:meth:`take_lost`) and removes the files, so
+        #: accounting and index agree again.
+        self._lost: dict[bytes, NewRow] = {}
+        #: Rows whose files are gone but whose delete the disk had no room for (see
+        #: :meth:`delete`): hidden from :meth:`size_of` and :meth:`least_recent`, deleted by
+        #: :meth:`retry_deletes`.
+        self.deleting: set[bytes] = set()
         #: Recency of hits kept in memory (see :meth:`touch`): hash → (its newest hit's
         #: stamp, the dataset whose reference to it is already recorded or queued), in
         #: stamp order (oldest first).
@@ -211,8 +222,8 @@ class Index:
         """Commit the open group commit, if any; the number of rows it held.
 
         Never raises for the rows: if the ``COMMIT`` fails (disk full) the group is rolled
-        back and each row is inserted again on its own; a row that still fails goes to
-        :meth:`take_lost`."""
+        back and each row is inserted again on its own; a row that still fails is kept
+        (:meth:`retry_lost`, :meth:`take_lost`)."""
         if self._unwritten:
             self._write_new()
         if not self._group:
@@ -225,7 +236,8 @@ class Index:
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 self._conn.execute("ROLLBACK")
-        self._lost.extend(self.insert_now(rows))
+        for row in self.insert_now(rows):
+            self._lost[row.hash] = row
         return len(rows)
 
     def insert_now(self, rows: Sequence[NewRow]) -> list[NewRow]:
@@ -239,9 +251,22 @@ class Index:
                 failed.append(row)
         return failed
 
+    @property
+    def lost(self) -> list[NewRow]:
+        """Rows no insert could store (disk full), not written since (see ``_lost``)."""
+        return list(self._lost.values())
+
+    def retry_lost(self) -> int:
+        """Insert the rows no insert could store (see ``_lost``) once more; how many still
+        failed (they stay)."""
+        rows, self._lost = list(self._lost.values()), {}
+        for row in self.insert_now(rows):
+            self._lost[row.hash] = row
+        return len(self._lost)
+
     def take_lost(self) -> list[NewRow]:
-        """Rows no insert could store since the last call (see ``_lost``)."""
-        lost, self._lost = self._lost, []
+        """The rows no insert could store (see ``_lost``), which the index forgets."""
+        lost, self._lost = list(self._lost.values()), {}
         return lost
 
     # -- opening -------------------------------------------------------------------------
@@ -397,6 +422,12 @@ class Index:
         new = self._unwritten.get(hash)
         if new is not None:
             return new.size
+        if self._lost:
+            lost = self._lost.get(hash)
+            if lost is not None:
+                return lost.size
+        if self.deleting and hash in self.deleting:
+            return None
         row = self._conn.execute("SELECT size FROM entries WHERE hash=?", (hash,)).fetchone()
         return None if row is None else row[0]
 
@@ -412,14 +443,16 @@ class Index:
         by one, each in a savepoint, cost ~40 µs of the trio thread a fill; a batch costs a
         fraction (2026-11-28). Durability is not lost either way (``synchronous=NORMAL``
         never made a single commit durable; the cache's checkpoints do, docs/store-layout.md
-        "Durability"). A row that cannot be written (disk full) goes to :meth:`take_lost`."""
+        "Durability"). A row that cannot be written (disk full) is kept (:meth:`retry_lost`)."""
         self._unwritten.pop(hash, None)  # re-inserted: it goes last, as its stamp says
+        self.deleting.discard(hash)  # its new row replaces the one a delete left behind
+        self._lost.pop(hash, None)
         self._unwritten[hash] = NewRow(hash, size, dataset, uid, self.now())
 
     def _write_new(self) -> None:
         """Write every new row into the group commit (opening it): the batch in one
-        savepoint, or, when that fails, row by row, a row that still fails kept for
-        :meth:`take_lost`."""
+        savepoint, or, when that fails, row by row, a row that still fails kept (see
+        ``_lost``)."""
         rows = list(self._unwritten.values())
         self._unwritten.clear()
         c = self._conn
@@ -441,7 +474,7 @@ class Index:
                     with contextlib.suppress(sqlite3.Error):
                         c.execute("ROLLBACK TO row")
                         c.execute("RELEASE row")
-                    self._lost.append(row)
+                    self._lost[row.hash] = row
                     continue
                 c.execute("RELEASE row")
                 self._group_rows.append(row)
@@ -548,7 +581,9 @@ class Index:
                 raise
             c.execute("COMMIT")
         except sqlite3.Error as exc:
-            log.warning("could not record %s: %s", what, exc)
+            # A full disk is a moment the cache deals with (it evicts); anything else is news.
+            log.log(logging.DEBUG if is_full(exc) else logging.WARNING,
+                    "could not record %s: %s", what, exc)
 
     def write_refs(self) -> int:
         """Write the dataset references that hits added (:meth:`touch`); how many. Like
@@ -592,11 +627,49 @@ class Index:
             )
         return out
 
-    def delete(self, hashes: Sequence[bytes]) -> None:
-        """Drop entries and every reference to them (dataset references, owners)."""
-        c = self.conn
+    def delete(self, hashes: Sequence[bytes]) -> bool:
+        """Drop entries and every reference to them (dataset references, owners); False when
+        the disk had no room for it.
+
+        On a full disk SQLite cannot grow its log for the delete ("database or disk is
+        full"). The cache deletes rows right after unlinking their files, which usually gives
+        the log its room, but not while someone still has an evicted file open (its blocks
+        stay allocated) or another fill takes the freed space first. Such rows are kept in
+        :attr:`deleting` instead: hidden from :meth:`size_of` and :meth:`least_recent`,
+        replaced by a new :meth:`insert` of their hash, and deleted by :meth:`retry_deletes`
+        (the cache calls it with every group commit). A crash meanwhile leaves rows without
+        files, which recovery drops (docs/store-layout.md, state C). Other SQLite errors
+        raise."""
         for h in hashes:
             self._touched.pop(h, None)
+            self._lost.pop(h, None)
+        try:
+            self._delete(hashes)
+        except sqlite3.Error as exc:
+            if not is_full(exc):
+                raise
+            self.deleting.update(hashes)
+            return False
+        if self.deleting:
+            self.deleting.difference_update(hashes)
+        return True
+
+    def retry_deletes(self) -> bool:
+        """Delete the rows :meth:`delete` had to leave (see there); True when none is left."""
+        if not self.deleting:
+            return True
+        hashes = list(self.deleting)
+        try:
+            self._delete(hashes)
+        except sqlite3.Error as exc:
+            if not is_full(exc):
+                raise
+            return False
+        self.deleting.difference_update(hashes)
+        return not self.deleting
+
+    def _delete(self, hashes: Sequence[bytes]) -> None:
+        c = self.conn
         unpinned = 0
         with self.transaction():
             for part in batched(hashes):
@@ -636,9 +709,12 @@ class Index:
                 continue  # this page again: those rows moved to where their hits put them
             if not rows:
                 return
+            deleting = self.deleting
             for h, size, last_use in rows:
                 after = (last_use, h)
-                if h not in touched:  # else hit since this page was read: recent now
+                # A hit since this page was read makes it recent now; a row whose file is
+                # gone already (see delete) is no victim.
+                if h not in touched and h not in deleting:
                     yield h, size
 
     def all_hashes(self) -> set[bytes]:

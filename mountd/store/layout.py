@@ -10,14 +10,18 @@ names below must not change without a format bump (see ``docs/store-layout.md``)
       tmp/                      fills in progress: <64-hex>.<random>.tmp (wiped on open)
       store/ab/cd/abcd…(64 hex)   verified content, named by its blake3 hash
 
-These helpers are pure (no I/O) except :func:`default_cache_dir`, the one place that reads the
-environment, and :func:`parse_size`, which may ``statvfs`` the filesystem for a percentage.
+These helpers are pure (no I/O) except :func:`default_cache_dir` and :func:`runtime_dir`, the
+one place that reads the environment (and picks a private folder under the temporary directory
+for an account without a usable home: :func:`private_tmp_dir`), and :func:`parse_size`, which
+may ``statvfs`` the filesystem for a percentage.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
+import tempfile
 from pathlib import Path
 
 from quiverfs.errors import UsageError
@@ -80,11 +84,91 @@ def socket_path(cache_dir: str | os.PathLike[str]) -> Path:
     return Path(cache_dir) / SOCKET
 
 
+# -- where a user's state lives ---------------------------------------------------------------
+#
+# One rule for every command that keeps state (docs/operations.md "Where state lives"): the XDG
+# variable when it is set, else the home's ``~/.cache``, else (service accounts in containers
+# and batch systems often have no home, or one they cannot write) a private folder under the
+# temporary directory.
+
+#: What a one-line error about an unusable state folder tells the user to do.
+_SET_A_VARIABLE = "set XDG_CACHE_HOME (or HOME) to a directory of yours, or pass --cache-dir"
+
+
 def default_cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/quiverfs``, else ``~/.cache/quiverfs`` (the only environment read)."""
+    """The cache directory when none is given: ``$XDG_CACHE_HOME/quiverfs``, else
+    ``~/.cache/quiverfs``, else, for an account without a usable home, ``cache`` in
+    :func:`private_tmp_dir` (made here; a cache there is lost at reboot, which loses no data).
+    """
+    return _user_cache_dir() or private_tmp_dir() / "cache"
+
+
+def runtime_dir() -> Path:
+    """A folder of this user's own for small private state (a mount's digest copy and log next
+    to a cache directory that is not this user's): ``$XDG_RUNTIME_DIR/quiverfs`` when that
+    variable names a directory of this user's, else ``$XDG_CACHE_HOME/quiverfs`` or
+    ``~/.cache/quiverfs``, else :func:`private_tmp_dir`. Not created here (except the last)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        try:
+            st = os.stat(runtime)
+        except OSError:
+            st = None  # inherited from another user's session (su, sudo -E): not ours
+        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            return Path(runtime) / "quiverfs"
+    return _user_cache_dir() or private_tmp_dir()
+
+
+def _user_cache_dir() -> Path | None:
+    """``$XDG_CACHE_HOME/quiverfs`` (an absolute path, as the XDG spec wants), else
+    ``~/.cache/quiverfs`` when this user can keep files there, else None (no home, a home
+    that does not exist, or one this user may not write): the nearest of
+    ``~/.cache/quiverfs``, ``~/.cache`` and ``~`` that exists must be a writable directory."""
     xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "quiverfs"
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "quiverfs"
+    try:
+        home = Path.home()
+    except (RuntimeError, KeyError):  # no $HOME and no password entry
+        return None
+    if not home.is_absolute():
+        return None
+    mine = home / ".cache" / "quiverfs"
+    for candidate in (mine, mine.parent, home):
+        if os.path.lexists(candidate):
+            usable = os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK)
+            return mine if usable else None
+    return None
+
+
+def private_tmp_dir() -> Path:
+    """``<temporary directory>/quiverfs-<uid>``, this user's state folder when it has no
+    usable home: made ``0700`` when missing. One that exists must be a real directory (not a
+    symbolic link) owned by this user that nobody else may write, since anyone can create a
+    name in ``/tmp`` first; otherwise :class:`UsageError` says what to do in one line."""
+    try:
+        path = Path(tempfile.gettempdir()) / f"quiverfs-{os.geteuid()}"
+    except FileNotFoundError:  # $TMPDIR, /tmp, /var/tmp, /usr/tmp and the working directory
+        raise UsageError("this user has no usable home and no writable temporary directory: "
+                         + _SET_A_VARIABLE) from None
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UsageError(f"cannot create {path}: {os.strerror(exc.errno or 0)} "
+                         f"(this user has no usable home): {_SET_A_VARIABLE}") from None
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != os.geteuid():
+        problem = f"belongs to uid {st.st_uid}, not {os.geteuid()}"
+    elif st.st_mode & 0o022:
+        problem = f"is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    else:
+        return path
+    raise UsageError(f"refusing {path} as this user's state folder: it {problem}; remove it, "
+                     f"or {_SET_A_VARIABLE}")
 
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}

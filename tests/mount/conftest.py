@@ -150,6 +150,51 @@ def stop_mountd_of(cache_dir: Path) -> None:
 # -- mounts -------------------------------------------------------------------------------------
 
 
+def mount_pids(mount: MountProcess) -> list[int]:
+    """The mount's main process and its forked workers."""
+    assert mount.proc is not None
+    pid = mount.proc.pid
+    children: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            children += [int(c) for c in f.read().split()]
+    return [pid, *children]
+
+
+def open_store_files(mount: MountProcess) -> dict[int, list[tuple[str, int]]]:
+    """pid -> the store files it has open: their names as ``/proc/PID/fd`` shows them
+    (" (deleted)" once evicted) and their sizes."""
+    store = str(mount.cache_dir / "store")
+    out: dict[int, list[tuple[str, int]]] = {}
+    for pid in mount_pids(mount):
+        files = []
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(store):
+                    files.append((target, os.stat(f"/proc/{pid}/fd/{fd}").st_size))
+            except FileNotFoundError:
+                continue  # closed meanwhile
+        out[pid] = files
+    return out
+
+
+@contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``"24m"``) mounted at ``path`` (made if missing), private to its
+    owner as a cache directory must be; always unmounted. Skips when it cannot be mounted."""
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs",
+                             str(path)], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {result.stderr.strip() or result.returncode}")
+    try:
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)], capture_output=True, check=False).returncode:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
 def is_mounted(path: Path) -> bool:
     from quiverfs.mount import mounted_fstype
 

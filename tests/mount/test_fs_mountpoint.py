@@ -63,15 +63,28 @@ sys.stdin.readline()
 run_app(app, "quiverfs", sys.argv[2:])
 """
 
+#: The mount(8) helper (scripts/mount.fuse.quiverfs runs ``helper_main``), started like RACER.
+HELPER_RACER = """
+import sys, pathlib
+from quiverfs.mount_cli import helper_main
+import quiverfs.mount, digests.digest, mountd.rpc.client
+pathlib.Path(sys.argv[1]).touch()
+sys.stdin.readline()
+sys.exit(helper_main(sys.argv[2:]))
+"""
 
-def _race(world, mountpoint: Path, round_: int) -> list[tuple[int, str, str]]:
+
+def _race(world, mountpoint: Path, round_: int, racer: str = RACER) -> list[tuple[int, str, str]]:
     racers, marks = [], []
+    if racer == RACER:
+        args = ["mount", str(world["digest"]), str(mountpoint), "--cache-dir", str(world["cache"])]
+    else:
+        args = [str(world["digest"]), str(mountpoint), "-o", f"cache_dir={world['cache']}"]
     for i in range(RACERS):
-        mark = world["tmp"] / f"racer-{round_}-{i}"
+        mark = world["tmp"] / f"racer-{mountpoint.name}-{round_}-{i}"
         marks.append(mark)
         racers.append(subprocess.Popen(
-            [sys.executable, "-c", RACER, str(mark), "mount", str(world["digest"]), str(mountpoint),
-             "--cache-dir", str(world["cache"])],
+            [sys.executable, "-c", racer, str(mark), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
     try:
         wait_for(lambda: all(m.exists() for m in marks), "the racers to be ready", timeout=60)
@@ -102,6 +115,29 @@ def test_racing_mounts_one_wins(world, mountpoint) -> None:
                               cwd=REPO, timeout=60)
         assert done.returncode == 0, done.stderr
         assert _mounts_at(mountpoint) == 0
+        wait_for(lambda p=pid: not _pid_alive(p), "the winner to exit after the unmount", timeout=15)
+
+
+def test_racing_fstab_helpers_one_wins_the_others_exit_1(world, mountpoint) -> None:
+    # mount(8)'s codes: losing the race is a refusal (1), not a failed mount (32), whether the
+    # loser's own checks saw the winner's mount or its forked mount process did.
+    for round_ in range(ROUNDS):
+        results = _race(world, mountpoint, round_, HELPER_RACER)
+        winners = [r for r in results if r[0] == 0]
+        assert len(winners) == 1, (round_, results)
+        assert _mounts_at(mountpoint) == 1, (round_, results)
+        for code, out, err in results:
+            if code == 0:
+                continue
+            lines = err.strip().splitlines()
+            assert code == 1 and out == "" and len(lines) == 1, (round_, code, out, err)
+            assert lines[0].startswith(f"mount.fuse.quiverfs: {mountpoint} "), lines
+            assert "already a mount point" in lines[0] or "being mounted by another process" in lines[0]
+        assert (mountpoint / "x/b.bin").read_bytes() == FILES["x/b.bin"]
+        pid = int(winners[0][1].strip().rsplit("pid ", 1)[1].rstrip(")"))
+        done = subprocess.run(quiverfs_cmd("umount", str(mountpoint)), capture_output=True, text=True,
+                              cwd=REPO, timeout=60)
+        assert done.returncode == 0, done.stderr
         wait_for(lambda p=pid: not _pid_alive(p), "the winner to exit after the unmount", timeout=15)
 
 

@@ -269,3 +269,23 @@ def test_mounts_command_shows_this_mounts_counters(tree) -> None:
     [row] = json.loads(result.stdout)
     assert row["mountpoint"] == str(tree["mnt"]) and row["stats_error"] is None
     assert row["stats"] == json.loads(os.getxattr(tree["mnt"], "user.quiver.stats"))
+
+
+def test_mounts_command_shows_the_digest_the_user_mounted(tree) -> None:
+    # The mount serves (and registers with mountd) a private copy of the digest; `quiverfs
+    # mounts` names the user's file, and keeps the copy apart as "snapshot".
+    result = subprocess.run(quiverfs_cmd("mounts", "--json", "--cache-dir", str(tree["cache"])),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    [row] = json.loads(result.stdout)
+    assert row["digest"] == str(tree["digest"])
+    snapshot = Path(row["snapshot"])
+    assert snapshot.parent == tree["cache"] / "snapshots" and snapshot.suffix == ".qd"
+    assert snapshot.read_bytes() == tree["digest"].read_bytes()
+    table = subprocess.run(quiverfs_cmd("mounts", "--cache-dir", str(tree["cache"])),
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    # The digest column of the one row, whose cell a narrow table folds over several lines.
+    cells = [line.split("│")[2].strip() for line in table.stdout.splitlines() if line.startswith("│")]
+    assert "".join(cells) == str(tree["digest"])
+    assert snapshot.name not in table.stdout

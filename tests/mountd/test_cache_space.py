@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from mountd.errors import CacheFull
+from mountd.store.index import Index
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject
 from tests.mountd.conftest import (
@@ -217,3 +218,42 @@ async def test_file_larger_than_disk_is_a_clean_error(
         # The cache still works afterwards.
         again = source.add("after", os.urandom(1000))
         await cache.ensure(again.hash, again.size, again.location)
+
+
+def _fill_disk(path: Path) -> Path:
+    """Write a ballast file under ``path`` until its filesystem is full; the ballast."""
+    ballast = path / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        with contextlib.suppress(OSError):
+            while True:
+                os.write(fd, b"\0" * 4096)
+    finally:
+        os.close(fd)
+    return ballast
+
+
+def test_index_rows_wait_for_room_on_a_full_disk(small_tmpfs: Path):
+    """SQLite needs room to delete rows and to write new ones. On a full disk a delete's
+    rows are hidden and deleted later, and new rows stay visible until they can be written:
+    neither is lost, nor raises."""
+    index = Index.open(small_tmpfs / "index.sqlite")
+    try:
+        old, new = b"\x01" * 32, b"\x02" * 32
+        index.insert(old, 1000, "ds")
+        index.flush()
+        index.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the log must grow for the next write
+        ballast = _fill_disk(small_tmpfs)
+        assert index.delete([old]) is False
+        assert index.size_of(old) is None and old in index.deleting
+        assert list(index.least_recent()) == []
+        index.insert(new, 2000, "ds")
+        index.flush()
+        assert [row.hash for row in index.lost] == [new] and index.size_of(new) == 2000
+        assert index.retry_deletes() is False and index.retry_lost() == 1
+        ballast.unlink()
+        assert index.retry_deletes() is True and not index.deleting
+        assert index.retry_lost() == 0 and index.lost == []
+        assert index.conn.execute("SELECT hash, size FROM entries").fetchall() == [(new, 2000)]
+    finally:
+        index.close()

@@ -50,3 +50,20 @@ def test_another_run_or_a_future_seq_restarts_from_the_newest() -> None:
     for seq, name in ((0, "someone-else"), (99, journal.id)):
         answer = journal.since(seq, name)
         assert answer == {"journal": journal.id, "seq": 1, "hashes": [], "complete": False}
+
+
+def test_a_question_without_news_waits_for_the_next_removal() -> None:
+    journal = EvictionJournal()
+    start = journal.since(None)
+    changed = journal.changed(start["seq"], start["journal"])
+    assert changed is not None and not changed.is_set()
+    assert journal.changed(start["seq"], start["journal"]) is changed  # one event for all
+    journal.removed([])
+    assert not changed.is_set()
+    journal.removed([_h(1)])
+    assert changed.is_set()
+    assert journal.since(start["seq"], start["journal"])["hashes"] == [_h(1).hex()]
+    # News now, another run's journal, or a first question: nothing to wait for.
+    assert journal.changed(start["seq"], start["journal"]) is None
+    assert journal.changed(1, "another run") is None
+    assert journal.changed(None) is None

@@ -152,3 +152,42 @@ def test_cache_dir_must_be_a_directory(tmp_path) -> None:
     with pytest.raises(UsageError, match="is not a directory"):
         mount.check_cache_dir(tmp_path / "file")
     mount.check_cache_dir(tmp_path / "not-yet")  # created later
+
+
+def test_the_helper_exits_1_when_a_racing_mount_takes_the_mount_point(tmp_path, monkeypatch, capsys) -> None:
+    # The race, forced: the helper's own checks find the mount point free; by the time its
+    # forked mount process checks again, another mount has taken it. That process reports
+    # a UsageError through the status pipe and its exit status; mount(8) must see 1, as for
+    # the same refusal made before the fork (tests/mount/test_fs_mountpoint.py races for real).
+    import os
+
+    reason = mount.fuse_unavailable()
+    if reason:
+        pytest.skip(f"FUSE unavailable: {reason}")
+    parent = os.getpid()
+    monkeypatch.setattr(mount, "mounted_fstype",
+                        lambda _path: None if os.getpid() == parent else mount.FSTYPE)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    code = helper_main([str(tmp_path / "d.qd"), str(mountpoint), "-o", f"cache_dir={tmp_path / 'cache'}"])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (1, "")
+    assert captured.err == (f"mount.fuse.quiverfs: {mountpoint} is already a mount point "
+                            f"(quiverfs umount {mountpoint} first)\n")
+
+
+def test_the_helper_exits_32_when_the_mount_fails(tmp_path, capsys) -> None:
+    # A digest that is no digest: the mount process refuses it (exit 4): a failed mount.
+    reason = mount.fuse_unavailable()
+    if reason:
+        pytest.skip(f"FUSE unavailable: {reason}")
+    (tmp_path / "d.qd").write_bytes(b"not a digest" * 100)
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    code = helper_main([str(tmp_path / "d.qd"), str(mountpoint), "-o", f"cache_dir={tmp_path / 'cache'}"])
+    captured = capsys.readouterr()
+    assert (code, captured.out) == (32, "")
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mount.fuse.quiverfs: error: ")
+    assert str(tmp_path / "d.qd") in lines[0]
+    assert mount.mounted_fstype(mountpoint) is None

@@ -601,11 +601,13 @@ def test_kept_files_are_bounded_by_count_and_by_bytes(sized: Env) -> None:
     for path in paths:
         assert ok_body(handle(sized, read_request(sized.ino(path), 0, 100))) == PARTS[path][:100]
     assert _kept(sized) == [sized.ino(p) for p in paths[3:]]
-    reads.max_bytes = 5_000  # smaller than one file: the one being read is still kept
+    reads.max_bytes = 5_000  # smaller than one file: read, then closed (nothing is kept)
     assert ok_body(handle(sized, read_request(sized.ino("p0"), 0, 100))) == PARTS["p0"][:100]
-    assert _kept(sized) == [sized.ino("p0")]
+    assert _kept(sized) == []
+    assert ok_body(handle(sized, read_request(sized.ino("p0"), 100, 100))) == PARTS["p0"][100:200]
+    assert _kept(sized) == []
     c = totals(sized)
-    assert (c["opens"], c["hits"], c["reads"], c["errors"]) == (11, 11, 11, 0)
+    assert (c["opens"], c["hits"], c["reads"], c["errors"]) == (11, 11, 12, 0)
 
 
 def test_a_file_read_to_its_end_is_closed(sized: Env) -> None:

@@ -37,6 +37,7 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert layout.default_cache_dir() == tmp_path / "xdg" / "quiverfs"
     monkeypatch.delenv("XDG_CACHE_HOME")
+    (tmp_path / "home").mkdir()  # a home that does not exist: tests/unit/test_state_dirs.py
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert layout.default_cache_dir() == tmp_path / "home" / ".cache" / "quiverfs"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the spec says absolute only

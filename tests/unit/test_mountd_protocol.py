@@ -181,6 +181,7 @@ class FakeCache:
 
     def __init__(self):
         self.config = CacheConfig(cache_dir=Path("/nonexistent/cache"), cache_size=1 << 30)
+        self.capacity = self.config.cache_size  # what hello reports as the store's room
         self.counters = Counters()  # the server times the requests of fills there
         self.gates: dict[bytes, trio.Event] = {}
         self.hits: list = []
