@@ -743,6 +743,11 @@ class ChunkManager:
         chunks load in generation order."""
         return self._gen[chunk]
 
+    @property
+    def generations(self) -> int:
+        """Plannings so far: the generation of the newest drawn chunk (0: none yet)."""
+        return self._generations
+
     def is_free(self, chunk: int) -> bool:
         """Whether ``chunk`` may be re-drawn: idle, not planned, no reader on it."""
         c = self._chunks[chunk]
@@ -1071,6 +1076,7 @@ class ChunkManager:
             self._evict_marked(now, actions)
         busy = len(self.resident()) + (self.loading is not None)
         if self.loading is None and self._holders and busy < self.slots and self._reading():
+            self._drop_read_planned()
             if not self.planned:
                 self.plan_next()
             if not self.planned:
@@ -1085,6 +1091,35 @@ class ChunkManager:
             self._order, self._cursor = ids, 0
             actions.append(Preload(self.dataset, index, tuple(ids)))
         return actions
+
+    def release_planned(self) -> list[int]:
+        """Planned chunks no reader is on go back to the free ones (re-drawn when planned
+        again); the chunks released.
+
+        For a job's next epoch (:meth:`mountd.coop.claims.EpochPool._start`): the chunks
+        planned while it read its last epoch were drawn from the files it had not read yet
+        then, in the order it went on to read them. Kept, the new epoch would read them in
+        that order again, and a file read early in one epoch would be read early in the next
+        (measured: epoch-to-epoch correlation of positions up to +0.7 with one job that ran
+        ahead of the loads).
+        """
+        released = [c for c in self.planned if not self._chunks[c].refs]
+        if released:
+            self.planned = [c for c in self.planned if self._chunks[c].refs]
+        return released
+
+    def _drop_read_planned(self) -> None:
+        """Planned chunks no reader is on and whose files every reader has been given already
+        are not loaded (a reader that ran ahead of the loads read them as misses: loading
+        them would fetch them a second time for nobody); they go back to the free ones."""
+        if not self.planned or self._demand is None:
+            return
+        needs = self._demand(None)
+        if needs is None:
+            return
+        wanted = needs.by_some.__getitem__
+        self.planned = [c for c in self.planned
+                        if self._chunks[c].refs or any(map(wanted, self.plan.ids_of(c)))]
 
     def _promote(self, actions: list[Action]) -> bool:
         if self.loading is None:

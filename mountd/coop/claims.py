@@ -61,6 +61,9 @@ __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
 
 #: Chunk states whose files mountd pins (loading or resident).
 _HELD_STATES = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
+#: Chunks a job's next epoch takes only a share of at its start (:meth:`EpochPool._start`):
+#: drawn while it read its last epoch, they hold the files it read last.
+_PRELUDE_STATES = _HELD_STATES
 
 
 class UnreadSet:
@@ -269,16 +272,32 @@ class DatasetState:
 
     def demand(self, requester: object | None) -> Needs | None:
         """Which files the live pools still need (:class:`mountd.coop.chunks.Needs`; None:
-        no pool, every file is wanted): the chunk manager draws the files every pool still
-        has to read first. One pass over each pool's ``given`` mask at C speed."""
+        no pool, every file is wanted): the chunk manager draws the files every reader still
+        has to read first. One pass over each pool's ``given`` mask at C speed.
+
+        "Every reader" means one pool per job: the asking pool for its own job, the newest
+        epoch's pool for the others. A job's older pool (a rank still finishing the last
+        epoch while another started the next) is not a reader of its own: counted as one,
+        it made the new epoch's first chunks out of the files the old one had left, the
+        last files of one epoch became the first of the next (measured: positions moved
+        from the last fifth of an epoch to the first fifth of the next). It still counts
+        for ``by_some``, and it draws its own chunks when it asks."""
         pools = self.pools
         if not pools:
             return None
         n = self.plan.count
+        readers: dict[str, EpochPool] = {}
+        for pool in pools:
+            seen = readers.get(pool.job)
+            if seen is None or (seen is not requester and pool.epoch > seen.epoch):
+                readers[pool.job] = pool
+        if isinstance(requester, EpochPool):
+            readers[requester.job] = requester
         given_any, given_all = 0, -1
         for pool in pools:
             given = int.from_bytes(pool.given, "little")
-            given_any |= given
+            if readers.get(pool.job) is pool:
+                given_any |= given
             given_all &= given
         mine = None
         if isinstance(requester, EpochPool):
@@ -717,11 +736,11 @@ class EpochPool:
             self._enter(0)
             return
         if self.after is not None:
-            self._prelude = [
-                c for c in manager.held()
-                if manager.generation(c) <= self.after
-                and manager.state(c) in (ChunkState.LOADED, ChunkState.MARKED)
-            ]
+            manager.release_planned()  # drawn for the last epoch: not this one's order
+            self._prelude = [c for c in manager.held() if manager.state(c) in _PRELUDE_STATES]
+            # Not entered again in full once their share is read (other jobs' newer chunks
+            # still are: that is the co-operation).
+            self.after = max([self.after, *map(manager.generation, self._prelude)])
         self._enter_next(0 if manager.newest is None else manager.generation(manager.newest) - 1)
 
     def _enter_next(self, floor: int) -> None:

@@ -13,6 +13,13 @@ fresh mountd and mount:
   ``QuiverBatchSampler`` (hits first, claimed misses prefetched, jobs share chunks);
 * LRU: cache = 20%, ``--dataset-mode lru``, shuffled sampler (what a plain DataLoader gets).
 
+Each job runs as ``--ranks`` processes (default 2, kept in step by an all-reduce per step as
+DDP's gradient sync keeps them), and every run prints the order statistics of each job
+(quiverfs/testing/order_stats.py): the chi-square p of each file's position over the epochs,
+the mean epoch-to-epoch correlation of positions, the 99th percentile over files of the share
+of epochs in which a file falls in the first tenth, and the correlation between jobs in the
+same epoch (issue 35: the shim's order must look like a fresh shuffle every epoch).
+
 Printed: mean mini-batch time (data wait + compute, over every mini-batch of every job and
 epoch) ÷ the all-hit mean, for the shim (target <= 1.3, Quiver §7.5/7.6) and for LRU beside
 it, and remote bytes per epoch ÷ the dataset (target <= 1.2 for the shim: the remote serves
@@ -48,6 +55,8 @@ from harness.world import (  # noqa: E402
     make_dataset,
 )
 
+from quiverfs.testing import order_stats  # noqa: E402
+
 TARGET = 1.3
 #: Remote bytes per epoch ÷ dataset bytes the shim may use (issue 15).
 REMOTE_TARGET = 1.2
@@ -57,6 +66,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_workload_args(parser, jobs=4, files=1200, compute=0.2, remote_files=150.0)
     parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--ranks", type=int, default=2,
+                        help="processes per job (DDP-style ranks, in step by an all-reduce)")
     parser.add_argument("--cache-fraction", type=float, default=0.2, help="cache size / dataset bytes")
     parser.add_argument("--fetch-size", type=int, default=None,
                         help="QuiverBatchSampler's fetch size (default: its own, 4 x batch size)")
@@ -72,6 +83,9 @@ def main() -> None:
     parser.add_argument("--file-counts", default=None,
                         help="comma-separated dataset sizes in files (e.g. 600,1200): run the "
                              "worlds for each and print a summary (overrides --files)")
+    parser.add_argument("--computes", default=None,
+                        help="comma-separated compute seconds per mini-batch (e.g. 0,0.2): run "
+                             "the worlds for each, with every --file-counts (overrides --compute)")
     args = parser.parse_args()
     if args.chunk_grace is not None and not args.chunk_grace >= 0:
         parser.error("--chunk-grace must be >= 0 seconds")
@@ -83,16 +97,26 @@ def main() -> None:
             parser.error("--file-counts takes integers separated by commas, e.g. 600,1200")
         if any(c < 10 for c in counts):
             parser.error("--file-counts: at least 10 files per dataset")
+    computes = [args.compute]
+    if args.computes:
+        try:
+            computes = [float(x) for x in args.computes.split(",")]
+        except ValueError:
+            parser.error("--computes takes seconds separated by commas, e.g. 0,0.2")
+        if any(c < 0 for c in computes):
+            parser.error("--computes: seconds must be >= 0")
     preflight()
     summary = []
-    for files in counts:
-        args.files = files
-        summary.append(bench(args))
+    for compute in computes:
+        for files in counts:
+            args.files, args.compute = files, compute
+            summary.append(bench(args))
     if len(summary) > 1:
         print()
         print("summary (ratios from one run each; noisy on a shared machine):")
-        print(table(["files", "shim / all-hit", "lru / all-hit", "shim remote/epoch",
-                     "lru remote/epoch", "batch <= 1.3", "remote <= 1.2"], summary))
+        print(table(["files", "compute s", "shim / all-hit", "lru / all-hit", "shim remote/epoch",
+                     "lru remote/epoch", "batch <= 1.3", "remote <= 1.2", "remote <= lru",
+                     "order fair"], summary))
 
 
 def bench(args: argparse.Namespace) -> list:
@@ -107,11 +131,15 @@ def bench(args: argparse.Namespace) -> list:
     rels_file = write_rels(work / "rels.txt", dataset.rels)
 
     def jobs(reader: str, root: str) -> list[JobSpec]:
-        return [JobSpec(name=f"{reader}-{i}", reader=reader, root=root, rels_file=rels_file,
-                        file_size=spec.file_size, batch_size=args.batch_size, epochs=args.epochs,
-                        compute_s=args.compute, workers=args.workers, seed=i,
-                        prefetch_factor=args.prefetch_factor, fetch_size=args.fetch_size)
-                for i in range(args.jobs)]
+        for stale in work.glob("rendezvous-*"):
+            stale.unlink()
+        return [JobSpec(name=f"{reader}-{i}-r{rank}", job=f"{reader}-{i}", reader=reader,
+                        root=root, rels_file=rels_file, file_size=spec.file_size,
+                        batch_size=args.batch_size, epochs=args.epochs, compute_s=args.compute,
+                        workers=args.workers, seed=1000 * i, prefetch_factor=args.prefetch_factor,
+                        fetch_size=args.fetch_size, rank=rank, world_size=args.ranks,
+                        rendezvous=str(work / f"rendezvous-{reader}-{i}"), record_order=True)
+                for i in range(args.jobs) for rank in range(args.ranks)]
 
     runs: dict[str, tuple[list[dict], RemoteDelta | None, MountdConfig | None, list[str]]] = {}
 
@@ -138,14 +166,24 @@ def bench(args: argparse.Namespace) -> list:
         runs["synthetic"] = (run_jobs(jobs("synthetic", str(dataset.source)), work / "synthetic"),
                              None, None, [])
 
+    orders: dict[str, list[list[dict[int, int]]]] = {}
     for name, (results, _, _, _) in runs.items():
-        for r in results:
-            if r["files"] != spec.files * args.epochs:
-                raise SystemExit(f"{name}: job {r['name']} read {r['files']} files, expected "
-                                 f"{spec.files * args.epochs} (every file once per epoch)")
+        orders[name] = []
+        for job in dict.fromkeys(r["job"] for r in results):
+            ranks = sorted((r for r in results if r["job"] == job), key=lambda r: r["rank"])
+            epochs = []
+            for e in range(args.epochs):
+                batches = [r["epochs"][e]["order"] for r in ranks]
+                missing, repeated = order_stats.exactly_once(batches, spec.files)
+                if missing or (repeated and spec.files % (args.ranks * args.batch_size) == 0):
+                    raise SystemExit(f"{name}: job {job} epoch {e}: {missing} files unread, "
+                                     f"{repeated} read twice (every file once per epoch)")
+                epochs.append(order_stats.epoch_positions(batches))
+            orders[name].append(epochs)
 
     ref = summarize(runs["all-hit"][0])["mean_batch_s"]
-    demand = args.batch_size / args.compute  # files/s one job reads when data never waits
+    # files/s one job reads when data never waits (no compute: as fast as data comes)
+    demand = args.batch_size / args.compute if args.compute > 0 else float("inf")
     print()
     print(parameters({
         "jobs": args.jobs, "epochs": args.epochs, "files": spec.files, "file_size": spec.file_size,
@@ -153,7 +191,8 @@ def bench(args: argparse.Namespace) -> list:
         "batch_size": args.batch_size, "compute_s": args.compute, "workers": args.workers,
         "prefetch_factor": args.prefetch_factor, "fetch_size": args.fetch_size or 4 * args.batch_size,
         "remote_requests/s": requests, "remote_bandwidth_B/s": int(bandwidth),
-        "bucket/one job's demand": round(requests / demand, 2), "shim_mode": args.shim_mode,
+        "bucket/one job's demand": round(requests / demand, 2) if requests else "unlimited",
+        "ranks": args.ranks, "shim_mode": args.shim_mode,
         "chunk_slots": args.chunk_slots or "mountd's", "chunk_grace_s": (
             "mountd's" if args.chunk_grace is None else args.chunk_grace),
         "cpus": os.cpu_count(),
@@ -185,9 +224,30 @@ def bench(args: argparse.Namespace) -> list:
     print(table(["run", "mini-batch s", "data wait s", "/ all-hit", "per epoch / all-hit",
                  "remote/dataset/epoch", "waited misses/N/epoch", "epoch s", "target",
                  "result"], rows))
+    print()
+    print("order across epochs, per job (a fair shuffle: p > 0.01, |r| < 0.1, first tenth ~0.2-0.4):")
+    order_rows = []
+    for name, jobs_epochs in orders.items():
+        if name == "synthetic":
+            continue
+        for k, epochs in enumerate(jobs_epochs):
+            cross = (order_stats.cross_correlation(jobs_epochs[0], epochs) if k else None)
+            order_rows.append([name, k, order_stats.position_chi2_p(epochs, spec.files),
+                               order_stats.mean_lag_correlation(epochs),
+                               order_stats.early_share_quantile(epochs, spec.files),
+                               "" if cross is None else f"{cross:+.3f}"])
+    print(table(["run", "job", "chi-square p", "epoch-to-epoch r", "first tenth (p99)",
+                 "r with job 0"], order_rows))
+    shim_orders = orders["shim"]
+    shim_fair = all(order_stats.position_chi2_p(e, spec.files) > 0.001
+                    and abs(order_stats.mean_lag_correlation(e)) < 0.1 for e in shim_orders)
     shim, lru = ratios["shim"], ratios.get("lru", (float("nan"), None))
-    return [spec.files, shim[0], lru[0], shim[1], lru[1] if lru[1] is not None else "",
-            verdict(shim[0], TARGET), verdict(shim[1] or 0.0, REMOTE_TARGET)]
+    below_lru = lru[1] is None or (shim[1] or 0.0) <= lru[1]
+    print(f"shim order a fresh shuffle (every job: p > 0.001, |r| < 0.1): "
+          f"{'PASS' if shim_fair else 'FAIL'}; shim remote <= LRU's: {'PASS' if below_lru else 'FAIL'}")
+    return [spec.files, args.compute, shim[0], lru[0], shim[1], lru[1] if lru[1] is not None else "",
+            verdict(shim[0], TARGET), verdict(shim[1] or 0.0, REMOTE_TARGET),
+            "PASS" if below_lru else "FAIL", "PASS" if shim_fair else "FAIL"]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ every file exactly once per epoch and the remote serves about one dataset per ep
 
 from __future__ import annotations
 
-import math
 import random
 from array import array
 from collections import OrderedDict
@@ -20,35 +19,9 @@ import pytest
 from mountd.coop.chunks import ChunkState, Evict, Mode, Preload
 from mountd.coop.packing import Packing
 from mountd.coop.sessions import SessionRegistry
+from quiverfs.testing import order_stats
 
 _HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
-
-
-def chi2_sf(x: float, df: int) -> float:
-    """P(X >= x) for X ~ chi-square(df): Wilson–Hilferty's normal approximation (good to a
-    few per cent of p for the thousands of degrees of freedom used here; scipy may be absent)."""
-    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def decile_chi2_p(positions: dict[int, list[int]], n: int) -> float:
-    """p of "each file's position decile is uniform": the files × deciles table of counts
-    over all epochs (and jobs), chi-square against equal counts, df = (files − 1) × 9."""
-    chi2 = 0.0
-    for seen in positions.values():
-        counts = [0] * 10
-        for p in seen:
-            counts[p * 10 // n] += 1
-        expected = len(seen) / 10
-        chi2 += sum((c - expected) ** 2 / expected for c in counts)
-    return chi2_sf(chi2, (len(positions) - 1) * 9)
-
-
-def spearman(a: list[int], b: list[int]) -> float:
-    """Rank correlation of two permutations' positions (they are their own ranks)."""
-    n = len(a)
-    d2 = sum((x - y) ** 2 for x, y in zip(a, b, strict=True))
-    return 1 - 6 * d2 / (n * (n * n - 1))
 
 
 class SimulatedCache:
@@ -108,7 +81,10 @@ class SimulatedCache:
 def run_epochs(*, n: int, jobs: int, world: int, epochs: int, batch: int, rate: int,
                packing: Packing | None = None, seed: int = 7):
     """Jobs claiming in turn (each rank ``batch`` files a step) for ``epochs`` epochs:
-    per job and epoch the order the files were given in, and the files fetched."""
+    per job and epoch the order the files were given in, and the files fetched.
+
+    Each rank moves to its next epoch as soon as it has its share of the last one, as a real
+    rank does, so one rank may start epoch ``e + 1`` while another still claims in ``e``."""
     clock = [0.0]
     registry = SessionRegistry(clock=lambda: clock[0], chunk_grace=0.0)
     sizes = [1000] * n
@@ -122,25 +98,23 @@ def run_epochs(*, n: int, jobs: int, world: int, epochs: int, batch: int, rate: 
     for name in names:
         for rank in range(world):
             registry.open_session("ds", name, rank=rank, world_size=world, seed=j_seed(name))
-    order: dict[str, list[list[int]]] = {name: [[]] for name in names}
-    epoch = dict.fromkeys(names, 0)
-    while any(epoch[name] < epochs for name in names):
+    order: dict[str, list[list[int]]] = {name: [[] for _ in range(epochs)] for name in names}
+    epoch = {(name, rank): 0 for name in names for rank in range(world)}
+    while any(e < epochs for e in epoch.values()):
         cache.step()
         clock[0] = cache.now
         for name in rng.sample(names, len(names)):  # jobs interleave in random order
-            if epoch[name] >= epochs:
-                continue
             for rank in range(world):
-                claim = registry.claim("ds", name, rank, batch, epoch=epoch[name])
-                order[name][-1].extend(claim.ids)
+                e = epoch[name, rank]
+                if e >= epochs:
+                    continue
+                claim = registry.claim("ds", name, rank, batch, epoch=e)
+                order[name][e].extend(claim.ids)
                 cache.fill(claim.fetch + claim.brought)
-            pool = registry.pool("ds", name, epoch[name])
-            if pool.remaining == 0:
-                epoch[name] += 1
-                if epoch[name] < epochs:
-                    order[name].append([])
-                    for rank in range(world):
-                        registry.next_epoch("ds", name, rank, epoch[name])
+                if registry.pool("ds", name, e).rank_remaining(rank) == 0:
+                    epoch[name, rank] = e + 1
+                    if e + 1 < epochs:
+                        registry.next_epoch("ds", name, rank, e + 1)
     return order, cache.fetched, registry
 
 
@@ -149,24 +123,18 @@ def j_seed(name: str) -> int:
 
 
 def check_order(order: dict[str, list[list[int]]], n: int) -> tuple[list[float], list[float]]:
-    """Per job: the p of the decile test over its epochs; and the rank correlations of
-    consecutive epochs of every job. Jobs are tested apart: jobs sharing a chunk read its
-    files at about the same time (that is the co-operation), so pooling them would count
-    one draw twice; what a model trains on is its own job's order."""
+    """Per job: the p of the decile test over its epochs; and the correlations of positions
+    in consecutive epochs of every job (quiverfs/testing/order_stats.py). Jobs are tested
+    apart: jobs sharing a chunk read its files at about the same time (that is the
+    co-operation), so pooling them would count one draw twice; what a model trains on is its
+    own job's order."""
     ps, correlations = [], []
     for epochs in order.values():
-        positions: dict[int, list[int]] = {i: [] for i in range(n)}
-        previous = None
         for seq in epochs:
             assert sorted(seq) == list(range(n))  # exactly once per epoch per job
-            where = [0] * n
-            for p, i in enumerate(seq):
-                where[i] = p
-                positions[i].append(p)
-            if previous is not None:
-                correlations.append(spearman(previous, where))
-            previous = where
-        ps.append(decile_chi2_p(positions, n))
+        positions = [{i: p for p, i in enumerate(seq)} for seq in epochs]
+        ps.append(order_stats.position_chi2_p(positions, n, bins=10))
+        correlations += order_stats.lag_correlations(positions)
     return ps, correlations
 
 
@@ -188,8 +156,10 @@ def test_the_statistics_can_fail():
     assert 0.01 < p < 0.999 and max(abs(x) for x in r) < 0.15
 
 
-@pytest.mark.parametrize(("jobs", "world", "rate"), [(2, 2, 12), (4, 1, 12), (2, 2, 3)])
+@pytest.mark.parametrize(("jobs", "world", "rate"),
+                         [(2, 2, 12), (4, 1, 12), (2, 2, 3), (1, 2, 1), (2, 2, 1)])
 def test_chunked_order_is_random_across_epochs(jobs, world, rate):
+    """``rate`` 1: the readers run far ahead of the loads (as a job without compute does)."""
     n = 600
     order, fetched, registry = run_epochs(n=n, jobs=jobs, world=world, epochs=10, batch=8,
                                           rate=rate)

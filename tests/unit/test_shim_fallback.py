@@ -104,3 +104,29 @@ def test_a_mount_that_refuses_files_and_misses_gets_the_time_alone(paths, monkey
         ("batch", {"job": "j", "rank": 0, "s": "0.500000"}),  # and from then on
     ]
     sampler.control = None
+
+
+class _Indices(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 23
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+@pytest.mark.parametrize(("workers", "prefetch", "depth"), [(0, None, 0), (2, 3, 6), (3, 2, 6)])
+def test_the_report_lag_is_read_from_the_dataloader(paths, workers, prefetch, depth) -> None:
+    """Unset, the lag is the DataLoader's depth (``num_workers × prefetch_factor``), so that a
+    batch report names the batch its interval trained on; it is read at each epoch's start."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sampler = QuiverBatchSampler(paths=paths, batch_size=5, job="j")
+    loader = torch.utils.data.DataLoader(_Indices(), batch_sampler=sampler, num_workers=workers,
+                                         prefetch_factor=prefetch)
+    seen = sorted(int(i) for batch in loader for i in batch)
+    assert seen == list(range(23)) and sampler.lag == depth
+    list(sampler)  # iterated by hand: nothing in flight
+    assert sampler.lag == 0
+    sampler.report_lag = 1  # given: used as it is, whatever iterates
+    list(loader)
+    assert sampler.lag == 1

@@ -75,11 +75,24 @@ class JobSpec:
     #: keep file pages; a scaled-down dataset fits in RAM, so without this the page cache would
     #: be a second, unbounded cache in front of the one a benchmark sizes.
     drop_pages: bool = False
+    #: The shim's job id, equal on every rank of one job (None: ``name``).
+    job: str | None = None
+    #: This process's rank and the job's rank count (each rank is a process of its own, as
+    #: under DDP; the shuffled readers split each epoch as ``DistributedSampler`` does).
+    rank: int = 0
+    world_size: int = 1
+    #: A file for torch.distributed's rendezvous (ranks of one job: the same file). The ranks
+    #: then all-reduce after each step, as DDP's gradient sync keeps them in step.
+    rendezvous: str | None = None
+    #: Put the order read in the result: per epoch, the dataset indices of each mini-batch.
+    record_order: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.reader not in READERS:
             raise ValueError(f"unknown reader {self.reader!r}; one of {READERS}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
 
 
 # -- inside the job process ---------------------------------------------------------------------
@@ -136,7 +149,7 @@ def _make_dataset(spec: JobSpec, rels: list[str]):  # -> torch Dataset
     from torch.utils.data import Dataset
 
     class Files(Dataset):
-        """Item i: (file i's bytes as a uint8 tensor, remote GETs it cost)."""
+        """Item i: (file i's bytes as a uint8 tensor, remote GETs it cost, i)."""
 
         def __init__(self) -> None:
             self.paths = [os.path.join(spec.root, rel) for rel in rels]
@@ -150,7 +163,7 @@ def _make_dataset(spec: JobSpec, rels: list[str]):  # -> torch Dataset
 
         def __getitem__(self, i: int):
             if spec.reader == "synthetic":
-                return torch.zeros(spec.file_size, dtype=torch.uint8), 0
+                return torch.zeros(spec.file_size, dtype=torch.uint8), 0, i
             if self.bucket is not None:
                 data, gets = self.bucket.read(rels[i], spec.file_size)
             else:
@@ -158,7 +171,7 @@ def _make_dataset(spec: JobSpec, rels: list[str]):  # -> torch Dataset
                     data, gets = f.read(), 0
                     if spec.drop_pages:
                         os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-            return torch.frombuffer(bytearray(data), dtype=torch.uint8), gets
+            return torch.frombuffer(bytearray(data), dtype=torch.uint8), gets, i
 
     return Files()
 
@@ -167,8 +180,13 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
     """Set up, wait for ``go()`` (the start signal), run the epochs; the result dict."""
     t_setup = time.perf_counter()
     import torch
-    from torch.utils.data import BatchSampler, DataLoader, RandomSampler
+    from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler
 
+    if spec.rendezvous is not None and spec.world_size > 1:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"file://{spec.rendezvous}", rank=spec.rank,
+                                world_size=spec.world_size)
     rels = Path(spec.rels_file).read_text().split("\n")
     rels = [r for r in rels if r]
     dataset = _make_dataset(spec, rels)
@@ -176,12 +194,18 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
     if spec.reader == "mount-shim":
         from quiverfs.torch import QuiverBatchSampler
 
-        sampler = QuiverBatchSampler(dataset, spec.batch_size, paths=dataset.paths, job=spec.name,
-                                     seed=spec.seed, fetch_size=spec.fetch_size,
+        sampler = QuiverBatchSampler(dataset, spec.batch_size, paths=dataset.paths,
+                                     job=spec.job or spec.name, rank=spec.rank,
+                                     world_size=spec.world_size, seed=spec.seed,
+                                     fetch_size=spec.fetch_size,
                                      **({} if spec.threshold is None else {"threshold": spec.threshold}))
         if not sampler.on_quiver:
             raise RuntimeError(f"{spec.root} is not a quiverfs mount with a control channel")
         batch_sampler = sampler
+    elif spec.world_size > 1:
+        sampler = DistributedSampler(dataset, num_replicas=spec.world_size, rank=spec.rank,
+                                     shuffle=True, seed=spec.seed)
+        batch_sampler = BatchSampler(sampler, spec.batch_size, drop_last=False)
     else:
         generator = torch.Generator().manual_seed(spec.seed)
         batch_sampler = BatchSampler(RandomSampler(dataset, generator=generator),
@@ -203,19 +227,25 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
     files = nbytes = gets = 0
     for epoch in range(spec.epochs):
         if sampler is not None:
-            sampler.set_epoch(epoch)
+            sampler.set_epoch(epoch)  # QuiverBatchSampler's and DistributedSampler's
         e_start = time.perf_counter()
+        e_wall = time.time()
         e_times: list[float] = []
         e_waits: list[float] = []
+        e_order: list[list[int]] = []
         it = iter(loader)
         while spec.batches is None or len(e_times) < spec.batches:
             t0 = time.perf_counter()
             try:
-                data, got = next(it)
+                data, got, indices = next(it)
             except StopIteration:
                 break
+            if spec.record_order:
+                e_order.append(indices.tolist())
             t1 = time.perf_counter()
             time.sleep(spec.compute_s)
+            if spec.rendezvous is not None and spec.world_size > 1:
+                torch.distributed.all_reduce(torch.zeros(1))  # DDP's gradient sync
             t2 = time.perf_counter()
             e_waits.append(t1 - t0)
             e_times.append(t2 - t0)
@@ -225,14 +255,18 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
         del it
         epochs.append({"epoch": epoch, "seconds": time.perf_counter() - e_start,
                        "batches": len(e_times), "mean_batch_s": _mean(e_times),
-                       "mean_wait_s": _mean(e_waits)})
+                       "mean_wait_s": _mean(e_waits), "started_at": e_wall, "ended_at": time.time(),
+                       **({"order": e_order} if spec.record_order else {})})
         batch_times += e_times
         waits += e_waits
     wall = time.perf_counter() - started
-    if sampler is not None:
+    if spec.reader == "mount-shim":
         sampler.close()
+    if spec.rendezvous is not None and spec.world_size > 1:
+        torch.distributed.destroy_process_group()
     return {
-        "name": spec.name, "reader": spec.reader, "setup_s": setup_s, "wall_s": wall,
+        "name": spec.name, "job": spec.job or spec.name, "rank": spec.rank,
+        "reader": spec.reader, "setup_s": setup_s, "wall_s": wall,
         "batches": len(batch_times), "files": files, "bytes": nbytes, "bucket_gets": gets,
         "mean_batch_s": _mean(batch_times), "mean_wait_s": _mean(waits),
         "p50_batch_s": _quantile(batch_times, 0.5), "p95_batch_s": _quantile(batch_times, 0.95),
