@@ -4,8 +4,10 @@
 starts CMD, and marks it ended when CMD exits; ``quiverfs run --after MOUNT --stagger 40% --
 CMD`` (and training code, through :func:`planned_start`) reads it and starts CMD at
 ``started + stagger``. The record lives outside the mount (mounts are read-only), in a state
-directory: ``$XDG_RUNTIME_DIR/quiverfs/starts`` when set, else ``/tmp/quiverfs-UID/starts``,
-keyed by the mount point's real path. It is written to a temporary name and renamed, so a
+directory: ``starts/`` in this user's runtime folder (``mountd.store.layout.runtime_dir``:
+``$XDG_RUNTIME_DIR/quiverfs`` when it is this user's, else the cache folder of a usable home,
+else a private ``0700`` folder under the temporary directory), keyed by the mount point's real
+path. It is written to a temporary name and renamed, so a
 reader sees a whole record or none. docs/staggering.md describes it.
 
 Deliberately simple: one first job per mount point at a time (a new ``--first`` replaces the
@@ -25,15 +27,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mountd.store import layout
 from quiverfs.errors import UsageError
 
 
 def default_state_dir() -> Path:
-    """Where records live: ``$XDG_RUNTIME_DIR/quiverfs/starts``, else ``/tmp/quiverfs-UID/starts``."""
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "quiverfs" / "starts"
-    return Path(tempfile.gettempdir()) / f"quiverfs-{os.getuid()}" / "starts"
+    """Where records live: ``starts/`` in :func:`mountd.store.layout.runtime_dir` (the one
+    rule for this user's private state, which checks a shared temporary folder's owner)."""
+    return layout.runtime_dir() / "starts"
 
 
 def record_path(mountpoint: str | os.PathLike[str], state_dir: Path | None = None) -> Path:

@@ -236,6 +236,23 @@ async def test_lru_mode_can_be_forced(tmp_path: Path) -> None:
         assert info["mode"] == Mode.LRU
 
 
+async def test_a_session_that_does_not_claim_yet_loads_one_chunk(tmp_path: Path) -> None:
+    # Issue 36: a job that opened its session but had not claimed yet (a model still being
+    # built) made mountd load and evict chunk after chunk: ~50 loads before its first claim
+    # on 300 files. Now its first chunk loads, and nothing else until it reads.
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=100_000) as env:
+        info = await env.client.session_open(env.dataset, "job", seed=1)
+        assert info["mode"] == "chunked"
+        manager = env.server.coop.registry.dataset(env.dataset).manager
+        await wait_until(lambda: manager.newest is not None, what="the first chunk loaded")
+        first = manager.newest
+        await trio.sleep(2.0)  # mountd ticks every second, and at every fill
+        assert manager.newest == first and manager.loading is None
+        assert manager.generations == 1 and manager.resident() == [first]
+        claim = await env.client.claim(env.dataset, "job", 0, 10, epoch=0)
+        assert claim["chunk"] == first and len(claim["hits"]) == 10
+
+
 async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path) -> None:
     # 300 files of 1000 B; a 100 kB cache: budget 80 kB → chunks of ~30 kB (10 chunks).
     async with mountd_env(tmp_path, files=300, size=1000, cache_size=100_000) as env:
