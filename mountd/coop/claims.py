@@ -564,7 +564,16 @@ class EpochPool:
                 hits.append(self._give(unread.sample_cached(rng)))
             if len(hits) < n:
                 if self.fill is None:
-                    fetch = self._misses(n - len(hits), rng, lookahead, now)
+                    want = n - len(hits)
+                    room = self.dataset.reserve_room()
+                    if room is not None:
+                        # Misses beyond what the cache can protect until they are read are
+                        # evicted before their read and fetched twice (4 jobs of 2 ranks
+                        # without compute at a 20% cache: half of all fills). Claim what
+                        # fits, and one miss when the claim has nothing else (progress).
+                        want = min(want, max(room, 0 if hits else 1))
+                    if want:
+                        fetch = self._misses(want, rng, lookahead, now)
                 else:
                     fetch, brought = self._packed_misses(n - len(hits), rng, now)
             self.given_by_rank[rank] += len(hits) + len(fetch)

@@ -445,3 +445,22 @@ def test_a_job_has_one_scope():
         registry.open_session("ds", "job", rank=1, world_size=2, scope=[[0, 60]])
     registry.open_session("ds", "job", rank=1, world_size=2, scope=[[0, 50]])  # the same: fine
     registry.open_session("ds", "job", rank=1, world_size=2)  # none: the job's stands
+
+
+def test_misses_are_claimed_only_as_far_as_the_cache_can_protect_them():
+    """A claim's misses are protected until read; those the protection share has no room for
+    were evicted before their read and fetched twice (half of all fills with 4 jobs of 2
+    ranks and no compute at a 20% cache). So a claim takes no more misses than fit, and one
+    when it has nothing else to give (progress); exactly once is unchanged."""
+    room = [3000]  # bytes the cache may still protect: 3 files of 1000 B
+    registry = SessionRegistry(clock=FakeClock(), protect_room=lambda: room[0])
+    registry.add_dataset("ds", [1000] * 50, mode="full", cached=range(10))
+    registry.open_session("ds", "job", seed=1)
+    first = registry.claim("ds", "job", 0, 20, epoch=0)
+    assert len(first.hits) == 10 and len(first.fetch) == 3
+    room[0] = 0
+    second = registry.claim("ds", "job", 0, 20, epoch=0)
+    assert second.hits == () and len(second.fetch) == 1  # nothing fits: one, to go on
+    room[0] = 10**9
+    rest = drain(registry, "job", 0, 20, epoch=0)
+    assert sorted(first.ids + second.ids + tuple(rest)) == list(range(50))
