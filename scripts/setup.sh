@@ -25,10 +25,11 @@ as_root() {
         echo "setup.sh: need root (or sudo) to run: $*" >&2; exit 1; fi
 }
 
-# --- system packages: FUSE 3 (fusermount3), libfuse for the benchmarks' pyfuse3, and
+# --- system packages: FUSE 3 (fusermount3), libfuse for the benchmarks' pyfuse3,
 # redis-server for the cluster's tests (tests/cluster start their own on loopback; the
-# package's service is left alone) ---------------------------------------------------------
-apt_packages=(fuse3 libfuse3-dev pkg-config redis-server)
+# package's service is left alone), and nginx with its echo module for the bucket of
+# scripts/bench/peers.py (its tests start their own nginx on loopback) --------------------
+apt_packages=(fuse3 libfuse3-dev pkg-config redis-server nginx-light libnginx-mod-http-echo)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
