@@ -27,13 +27,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+if __name__ == "__main__":  # run as a job process: scripts/bench on the path, for harness
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.launch import run_together, wait_for_go  # noqa: E402
 
 READERS = ("mount-shuffle", "mount-shim", "bucket", "synthetic")
 
@@ -287,13 +291,7 @@ def _quantile(values: list[float], q: float) -> float:
 
 def _main(spec_path: str) -> None:
     spec = JobSpec(**json.loads(Path(spec_path).read_text()))
-
-    def go() -> None:
-        print("ready", flush=True)
-        if not sys.stdin.readline():  # the harness went away: do not run
-            raise SystemExit(1)
-
-    result = run_job(spec, go)
+    result = run_job(spec, wait_for_go)
     print(json.dumps(result), flush=True)
 
 
@@ -308,55 +306,17 @@ def write_rels(path: Path, rels: list[str] | tuple[str, ...]) -> str:
 
 
 def run_jobs(specs: list[JobSpec], workdir: Path, timeout: float = 900.0) -> list[dict[str, Any]]:
-    """Run ``specs`` as concurrent job processes started together; their results, in order.
-
-    Every job process is killed if anything fails (or on Ctrl-C); its stderr is in
-    ``workdir/NAME.log``, its result in ``workdir/NAME.result.json``."""
+    """Run ``specs`` as concurrent job processes started together; their results, in order
+    (:func:`harness.launch.run_together`: logs in ``workdir/NAME.log``, results in
+    ``workdir/NAME.result.json``)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    procs: list[tuple[JobSpec, subprocess.Popen, Path]] = []
-    timer = None
-    try:
-        for spec in specs:
-            spec_file = workdir / f"{spec.name}.json"
-            spec_file.write_text(json.dumps(asdict(spec)))
-            log = workdir / f"{spec.name}.log"
-            with open(log, "wb") as err:
-                proc = subprocess.Popen([sys.executable, __file__, str(spec_file)], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=err, text=True,
-                                        cwd=Path(__file__).resolve().parents[3])
-            procs.append((spec, proc, log))
-        timer = threading.Timer(timeout, lambda: [p.kill() for _, p, _ in procs])
-        timer.daemon = True
-        timer.start()
-        for spec, proc, log in procs:
-            line = proc.stdout.readline().strip()
-            if line != "ready":
-                raise RuntimeError(f"job {spec.name} did not start ({line!r}):\n{_tail(log)}")
-        for _, proc, _ in procs:  # start them together
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = []
-        for spec, proc, log in procs:
-            line = proc.stdout.readline()
-            if proc.wait() != 0 or not line:
-                raise RuntimeError(f"job {spec.name} failed (exit {proc.returncode}):\n{_tail(log)}")
-            results.append(json.loads(line))
-            (workdir / f"{spec.name}.result.json").write_text(line)  # for later diagnosis
-        return results
-    finally:
-        if timer is not None:
-            timer.cancel()
-        for _, proc, _ in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+    jobs = []
+    for spec in specs:
+        spec_file = workdir / f"{spec.name}.json"
+        spec_file.write_text(json.dumps(asdict(spec)))
+        jobs.append((spec.name, spec_file))
+    return run_together(jobs, Path(__file__), workdir, timeout=timeout,
+                        cwd=Path(__file__).resolve().parents[3])
 
 
 if __name__ == "__main__":
