@@ -61,9 +61,6 @@ __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
 
 #: Chunk states whose files mountd pins (loading or resident).
 _HELD_STATES = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
-#: Chunks a job's next epoch takes only a share of at its start (:meth:`EpochPool._start`):
-#: drawn while it read its last epoch, they hold the files it read last.
-_PRELUDE_STATES = _HELD_STATES
 
 
 class UnreadSet:
@@ -289,7 +286,7 @@ class DatasetState:
         readers: dict[str, EpochPool] = {}
         for pool in pools:
             seen = readers.get(pool.job)
-            if seen is None or (seen is not requester and pool.epoch > seen.epoch):
+            if seen is None or pool.epoch > seen.epoch:
                 readers[pool.job] = pool
         if isinstance(requester, EpochPool):
             readers[requester.job] = requester
@@ -732,21 +729,24 @@ class EpochPool:
         the latest chunk); for a job's next epoch, a share of the chunks its previous epoch
         read last, then the chunks drawn after them.
 
-        The resident chunks hold the files the job read last. A new epoch that read them
-        all first would put them at the end of one epoch and the start of the next; one
-        that skipped them would keep them out of its start (the next chunk is drawn while
-        they are resident, so without them). So the new epoch takes from each resident
-        chunk its previous epoch read (oldest first) a random ``1 / K`` of its files — the
-        share a uniform order puts in a chunk's worth of first places — and leaves the rest
-        to the chunks drawn once those are evicted. The share is drawn by the chunk's
-        generation, the same for every job, so that jobs still read the same files."""
+        The resident and loading chunks hold the files the job read last (the loading one
+        was drawn from what its last epoch had left). A new epoch that read them all first
+        would put them at the end of one epoch and the start of the next; one that skipped
+        them would keep them out of its start (the next chunk is drawn while they are
+        held, so without them). So the new epoch takes from each of them (oldest first) a
+        random ``1 / K`` of its files — the share a uniform order puts in a chunk's worth of
+        first places — and leaves the rest to the chunks drawn once those are evicted; it
+        does not enter them in full afterwards (``after``). The share is drawn by the
+        chunk's generation, the same for every job, so that jobs still read the same files.
+        Chunks planned but not loading are released first: drawn for the last epoch, they
+        would replay its order (:meth:`ChunkManager.release_planned`)."""
         manager = self.dataset.manager
         if manager is None:
             self._enter(0)
             return
         if self.after is not None:
             manager.release_planned()  # drawn for the last epoch: not this one's order
-            self._prelude = [c for c in manager.held() if manager.state(c) in _PRELUDE_STATES]
+            self._prelude = [c for c in manager.held() if manager.state(c) in _HELD_STATES]
             # Not entered again in full once their share is read (other jobs' newer chunks
             # still are: that is the co-operation).
             self.after = max([self.after, *map(manager.generation, self._prelude)])
