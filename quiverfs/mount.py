@@ -54,6 +54,7 @@ from pathlib import Path
 
 import trio
 
+from mountd.store.layout import runtime_dir
 from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads
 from quiverfs.errors import QuiverError, UsageError, first_error
 from quiverfs.readahead import WINDOW, WINDOW_BYTES
@@ -102,8 +103,6 @@ def mount_state_dir(cache_dir: Path) -> Path:
     ``mounts-<cache dir hash>`` in :func:`mountd.store.layout.runtime_dir` (``$XDG_RUNTIME_DIR``,
     ``~/.cache``, or a private folder under the temporary directory for an account without a
     home). Raises :class:`UsageError` (one line) when it cannot be made."""
-    from mountd.store.layout import runtime_dir
-
     try:
         if cache_dir.stat().st_uid == os.geteuid():
             return cache_dir
@@ -231,6 +230,18 @@ def check_cache_dir(cache_dir: Path) -> None:
     """Raise :class:`UsageError` when ``cache_dir`` exists but is not a directory."""
     if cache_dir.exists() and not cache_dir.is_dir():
         raise UsageError(f"cache directory {cache_dir} is not a directory")
+
+
+def make_cache_dir(cache_dir: Path) -> None:
+    """Create ``cache_dir`` (private to its owner) if missing; :class:`UsageError` in one line
+    when it cannot be (a ``--cache-dir`` or ``$XDG_CACHE_HOME`` this user cannot write)."""
+    check_cache_dir(cache_dir)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise UsageError(f"cannot create the cache directory {cache_dir}: "
+                         f"{os.strerror(exc.errno or errno.EIO)} (pass --cache-dir, or set "
+                         "XDG_CACHE_HOME, to a directory you can write)") from None
 
 
 def _already_mounted(mountpoint: Path) -> UsageError:
@@ -666,8 +677,7 @@ def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
             raise MountError(f"FUSE is not available: {reason}")
         check_mountpoint(options.mountpoint, options.nonempty)
         assert options.cache_dir is not None
-        check_cache_dir(options.cache_dir)
-        options.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_cache_dir(options.cache_dir)
         # Serve a private copy: the user's file may be changed or truncated under the mount.
         snapshot = Snapshot.take(options.digest, mount_state_dir(options.cache_dir))
         try:
@@ -783,8 +793,7 @@ def mount_detached(options: MountOptions, timeout: float = READY_TIMEOUT) -> int
         raise MountError(f"FUSE is not available: {reason}")
     check_mountpoint(options.mountpoint, options.nonempty)
     assert options.cache_dir is not None
-    check_cache_dir(options.cache_dir)
-    options.cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_cache_dir(options.cache_dir)
     log_path = mount_state_dir(options.cache_dir) / LOG_FILE
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     read_fd, write_fd = os.pipe()

@@ -154,6 +154,16 @@ def test_cache_dir_must_be_a_directory(tmp_path) -> None:
     mount.check_cache_dir(tmp_path / "not-yet")  # created later
 
 
+def test_a_cache_dir_that_cannot_be_made_is_one_line(tmp_path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match=r"cannot create the cache directory .*/file/cache: "
+                                         r"Not a directory \(pass --cache-dir"):
+        mount.make_cache_dir(tmp_path / "file" / "cache")  # even root cannot: ENOTDIR
+    mount.make_cache_dir(tmp_path / "a" / "cache")
+    assert (tmp_path / "a" / "cache").is_dir()
+    assert (tmp_path / "a" / "cache").stat().st_mode & 0o777 == 0o700
+
+
 def test_the_helper_exits_1_when_a_racing_mount_takes_the_mount_point(tmp_path, monkeypatch, capsys) -> None:
     # The race, forced: the helper's own checks find the mount point free; by the time its
     # forked mount process checks again, another mount has taken it. That process reports
