@@ -190,6 +190,9 @@ class QuiverBatchSampler(Sampler[list[int]]):
         #: The report lag of the current (or last) epoch: ``report_lag``, or the DataLoader's
         #: depth when that is None (:func:`_loader_depth`)
         self.lag = report_lag or 0
+        #: The last epoch a claim found over for the job (``ESTALE``), to warn when a rank
+        #: got nothing of it
+        self._stale_epoch: int | None = None
         #: False once the mount refused a batch report's files/misses (a mount older than
         #: them: EINVAL); later reports carry the time alone
         self._send_reads = True
@@ -341,6 +344,13 @@ class QuiverBatchSampler(Sampler[list[int]]):
             produced += 1
             if target is not None and produced >= target:
                 return  # DDP: the same step count on every rank (the rest stays unread)
+        if produced == 0 and self._stale_epoch == epoch:
+            warnings.warn(
+                f"QuiverBatchSampler: epoch {epoch} of job {self.job} was over before rank "
+                f"{self.rank} claimed anything (its other ranks are more than an epoch ahead: "
+                "keep ranks in step, as DDP does); this rank reads nothing this epoch",
+                RuntimeWarning, stacklevel=2,
+            )
         rng = random.Random(f"pad:{self.seed}:{epoch}:{self.rank}")
         while target is not None and produced < target and recent:
             yield [rng.choice(recent) for _ in range(self.batch_size)], None
@@ -359,6 +369,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
                     self.session = self._open(self.control, epoch)
                     continue
                 if exc.errno == errno.ESTALE:  # this epoch is over for the job
+                    self._stale_epoch = epoch
                     return None
                 raise
             if not answer["hits"] and not answer["fetch"]:

@@ -134,6 +134,23 @@ def test_two_ranks_split_an_epoch_with_equal_steps(mounted) -> None:
         s.close()
 
 
+def test_a_rank_left_more_than_an_epoch_behind_is_told(mounted) -> None:
+    # mountd keeps two epochs of a job; ranks that are not kept in step (no DDP) can leave
+    # one so far behind that its epoch is gone: it then reads nothing that epoch, and says so.
+    mnt, _, _ = mounted
+    dataset = Indexed(mnt / "train")
+    ahead, behind = (QuiverBatchSampler(dataset, batch_size=7, job="apart", rank=r, world_size=2,
+                                        report=False) for r in range(2))
+    for epoch in range(3):  # rank 0 takes its share of epochs 0, 1 and 2
+        ahead.set_epoch(epoch)
+        assert len({i for b in ahead for i in b}) == FILES // 2
+    behind.set_epoch(0)
+    with pytest.warns(RuntimeWarning, match="epoch 0 of job apart was over before rank 1"):
+        assert list(behind) == []
+    ahead.close()
+    behind.close()
+
+
 def test_a_second_job_reads_hits_after_the_first_epoch(mounted) -> None:
     mnt, _, _ = mounted
     # The tests above read everything through the mount: the whole dataset is cached now.
