@@ -605,6 +605,10 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
         self.factory = factory
         self.backends: dict[str, Backend] = {}
         self.opening = threading.Lock()
+        #: Held from reading a backend's counters to sending them: jobs end in several
+        #: threads, and the parent keeps the last totals it got, so they must arrive in the
+        #: order they were read (a stale total sent last undercounted a run's GETs)
+        self.reporting = threading.Lock()
         #: jobs waiting for the parent's REPLY, and the values those brought
         self.waiting: dict[int, threading.Event] = {}
         self.answers: dict[int, object] = {}
@@ -691,15 +695,15 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
             if fd is not None:
                 os.close(fd)
             self.stopped.discard(job_id)
-        counters = None
-        if url is not None and url in self.backends:
-            backend = self.backends[url]
-            c = backend.counters
-            counters = (url, (dict(c.requests), c.bytes_read, c.bytes_written, c.retries,
-                              dict(c.failures)), backend.read_path())
-        message = (DONE, job_id, result.results, result.gets, result.stages.values,
-                   result.error, counters)
-        with contextlib.suppress(OSError):  # the parent is gone
+        with self.reporting, contextlib.suppress(OSError):  # OSError: the parent is gone
+            counters = None
+            if url is not None and url in self.backends:
+                backend = self.backends[url]
+                c = backend.counters
+                counters = (url, (dict(c.requests), c.bytes_read, c.bytes_written, c.retries,
+                                  dict(c.failures)), backend.read_path())
+            message = (DONE, job_id, result.results, result.gets, result.stages.values,
+                       result.error, counters)
             self.sock.send(_picklable(message))
 
     def ask(self, job_id: int, message: tuple) -> object:
