@@ -25,7 +25,7 @@ import pytest
 
 from mountd.coop.benefit import MIN_BENEFIT
 from mountd.rpc.client import SyncClient
-from tests.mount.conftest import REPO, MountdProcess, MountProcess, build_digest, write_tree
+from tests.mount.conftest import REPO, serving, write_tree
 
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
@@ -44,17 +44,10 @@ CACHED = 120
 def mounted(fuse, module_tmp: Path):
     rng = random.Random(5)
     rels = [f"class_{i % 4}/img_{i:04d}.bin" for i in range(FILES)]
-    source = module_tmp / "source"
-    write_tree(source, {rel: rng.randbytes(FILE_SIZE) for rel in rels})
-    digest = module_tmp / "d.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache, "64M", "--remote-requests", "40").start()
-    try:
-        with MountProcess(digest, module_tmp / "mnt", cache) as mount:
-            yield mount.mountpoint, rels, cache
-    finally:
-        mountd.stop()
+    write_tree(module_tmp / "source", {rel: rng.randbytes(FILE_SIZE) for rel in rels})
+    with serving(module_tmp / "source", module_tmp, "d", "64M",
+                 "--remote-requests", "40") as mountpoint:
+        yield mountpoint, rels, module_tmp / "d-cache"
 
 
 def test_a_job_that_waits_on_misses_is_measured_sensitive(mounted, tmp_path: Path) -> None:

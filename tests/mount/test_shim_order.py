@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from quiverfs.testing import order_stats
-from tests.mount.conftest import REPO, MountdProcess, MountProcess, build_digest, write_tree
+from tests.mount.conftest import REPO, serving, write_tree
 
 sys.path.insert(0, str(REPO / "scripts" / "bench"))
 
@@ -43,17 +43,11 @@ BATCH = 10
 def mounted(fuse, module_tmp: Path):
     rng = random.Random(35)
     rels = [f"class_{i % 5}/img_{i:04d}.bin" for i in range(FILES)]
-    source = module_tmp / "source"
-    write_tree(source, {rel: rng.randbytes(FILE_SIZE) for rel in rels})
-    digest = module_tmp / "d.qd"
-    build_digest(source, digest)
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache, str(FILES * FILE_SIZE // 5), "--dataset-mode", "chunked").start()
-    try:
-        with MountProcess(digest, module_tmp / "mnt", cache) as mount:
-            yield mount.mountpoint, rels
-    finally:
-        mountd.stop()
+    write_tree(module_tmp / "source", {rel: rng.randbytes(FILE_SIZE) for rel in rels})
+    cache_size = str(FILES * FILE_SIZE // 5)  # 20% of the dataset
+    with serving(module_tmp / "source", module_tmp, "d", cache_size,
+                 "--dataset-mode", "chunked") as mountpoint:
+        yield mountpoint, rels
 
 
 def test_every_epoch_is_a_fresh_shuffle_with_two_ranks_and_workers(mounted, tmp_path: Path) -> None:
