@@ -1076,7 +1076,6 @@ class ChunkManager:
             self._evict_marked(now, actions)
         busy = len(self.resident()) + (self.loading is not None)
         if self.loading is None and self._holders and busy < self.slots and self._reading():
-            self._drop_read_planned()
             if not self.planned:
                 self.plan_next()
             if not self.planned:
@@ -1107,19 +1106,6 @@ class ChunkManager:
         if released:
             self.planned = [c for c in self.planned if self._chunks[c].refs]
         return released
-
-    def _drop_read_planned(self) -> None:
-        """Planned chunks no reader is on and whose files every reader has been given already
-        are not loaded (a reader that ran ahead of the loads read them as misses: loading
-        them would fetch them a second time for nobody); they go back to the free ones."""
-        if not self.planned or self._demand is None:
-            return
-        needs = self._demand(None)
-        if needs is None:
-            return
-        wanted = needs.by_some.__getitem__
-        self.planned = [c for c in self.planned
-                        if self._chunks[c].refs or any(map(wanted, self.plan.ids_of(c)))]
 
     def _promote(self, actions: list[Action]) -> bool:
         if self.loading is None:
