@@ -122,6 +122,9 @@ TOUCH_MEMORY = 200_000
 #: Parameters per ``IN (...)`` batch (SQLite 3.32+ allows 32766; stay well below).
 BATCH = 500
 
+#: Bytes the write-ahead log's file is cut back to when it restarts (``journal_size_limit``).
+WAL_BYTES = 8 << 20
+
 
 class NewRow(NamedTuple):
     """A row of a freshly stored file, as the group commit holds it."""
@@ -293,6 +296,10 @@ class Index:
             # (:meth:`fold_wal`): SQLite's own, inside whichever commit passes 1000 pages,
             # stalled the trio thread for milliseconds (and fsynced) every few hundred fills.
             conn.execute("PRAGMA wal_autocheckpoint=0")
+            # A checkpoint that falls behind (a burst of evictions, a full disk) grows the
+            # log, and SQLite keeps the file at its high-water mark: a soak left a 67 MiB
+            # WAL beside a 15 MiB cache. Truncated back to this when the log restarts.
+            conn.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
             conn.executescript(SCHEMA)
             row = conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
             if row is None:

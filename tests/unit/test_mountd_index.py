@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mountd.store.index import SCHEMA, Index, IndexCorrupt
+from mountd.store.index import SCHEMA, WAL_BYTES, Index, IndexCorrupt
 from mountd.store.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
 from quiverfs.errors import UsageError
 
@@ -35,6 +35,22 @@ def test_every_column_is_commented():
 
 def test_wal_mode(index: Index):
     assert index.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_write_ahead_log_that_grew_is_cut_back_when_it_restarts(index: Index, tmp_path: Path):
+    """A checkpoint that falls behind grows the WAL; once folded, the next write restarts it
+    and SQLite truncates the file to ``WAL_BYTES`` rather than keeping its high-water mark."""
+    wal = tmp_path / "index.sqlite-wal"
+    for n in range(3_000):  # one commit each, none folded back: the log only grows
+        index.insert(h(n), 4096, "ds")
+        index.flush()
+    grown = wal.stat().st_size
+    assert grown > 2 * WAL_BYTES
+    index.fold_wal()
+    index.insert(h(10**6), 4096, "ds")
+    index.flush()
+    assert wal.stat().st_size <= WAL_BYTES
+    assert index.size_of(h(2_999)) == 4096 and index.size_of(h(10**6)) == 4096
 
 
 def test_lru_order_and_touch(index: Index):
