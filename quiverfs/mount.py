@@ -22,8 +22,10 @@ so of two ``quiverfs mount`` racing for one directory exactly one mounts; the ot
 line. A mount remembers which mount it made (its id in ``/proc/self/mountinfo``) and, when it
 fails or stops, unmounts that one only, never a mount someone else made at the same place.
 
-mountd going away does not stop the mount: hits need no mountd, misses fail with EIO while
-it is away, and the client reconnects (and registers again) on the next request. A mountd
+mountd going away does not stop the mount: hits need no mountd, misses and control
+requests wait up to ``--mountd-wait`` seconds for it to answer again (quiverfs/mountd_wait.py)
+and fail with EIO after that, and the client reconnects (and registers again) on the next
+request. A mountd
 that this mount started on demand is started again on demand; one that was already running
 (a service) is left to its supervisor.
 """
@@ -57,6 +59,7 @@ import trio
 from mountd.store.layout import runtime_dir
 from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads
 from quiverfs.errors import QuiverError, UsageError, first_error
+from quiverfs.mountd_wait import MOUNTD_WAIT, MountdWait, PatientSessions
 from quiverfs.readahead import WINDOW, WINDOW_BYTES
 from quiverfs.snapshot import Snapshot
 from quiverfs.supply import Supplier
@@ -141,6 +144,7 @@ class MountOptions:
     frontend: str = NATIVE  #: who speaks FUSE, one of FRONTENDS
     nonempty: bool = False  #: mount over a directory that has entries (hiding them)
     readahead: int = WINDOW  #: files read ahead of a scan in digest order; 0: off
+    mountd_wait: float = MOUNTD_WAIT  #: seconds a miss or control request waits for mountd
 
     def resolved(self) -> MountOptions:
         """The same options with absolute paths (a detached child runs in ``/``); the mount
@@ -316,9 +320,11 @@ class MountdFetcher:
     """The :class:`quiverfs.fs.Fetcher` and :class:`quiverfs.fs.Prefetcher` of a mount:
     mountd's ``ensure`` and ``prefetch`` for one dataset."""
 
-    def __init__(self, client, dataset: str) -> None:
+    def __init__(self, client, dataset: str, wait: MountdWait | None = None) -> None:
         self.client = client
         self.dataset = dataset
+        #: how long a miss waits for a mountd that is away (restarting)
+        self.wait = wait or MountdWait(0)
         #: Fills with this process's own rights, for a mountd that runs as another user.
         self.supplier = Supplier(client, dataset)
 
@@ -328,6 +334,9 @@ class MountdFetcher:
         return self.client.info.get("fills") == "client"
 
     async def ensure(self, entry) -> str:
+        return await self.wait.call(lambda: self._ensure(entry), "a read")
+
+    async def _ensure(self, entry) -> str:
         if self.supplies:
             return await self.supplier.ensure(entry)
         path = await self.client.lease(entry.hash, entry.size, entry.location, self.dataset)
@@ -508,8 +517,10 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
         # holds (its ``hello`` says it): evicted files stay allocated while open
         # (quiverfs/reads.py).
         kept = reads.kept_bytes(store_bytes(client.info), workers + 1)
-        fetcher = MountdFetcher(client, dataset)
-        ops = QuiverOperations(digest, cache_dir, fetcher, counters, sessions=client,
+        wait = MountdWait(options.mountd_wait)
+        fetcher = MountdFetcher(client, dataset, wait)
+        ops = QuiverOperations(digest, cache_dir, fetcher, counters,
+                               sessions=PatientSessions(client, wait),
                                extra_stats=extra_stats, prefetcher=fetcher,
                                readahead=options.readahead, kept_bytes=kept)
         fuse_options = {"ro", "nosuid", "nodev", "default_permissions",

@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from quiverfs.errors import QuiverError, UsageError
+from quiverfs.mountd_wait import MOUNTD_WAIT
 from quiverfs.readahead import WINDOW
 
 _CACHE_DIR_HELP = ("Cache directory shared with mountd (default: $XDG_CACHE_HOME/quiverfs, "
@@ -30,6 +31,9 @@ STATS_TIMEOUT = 1.0
 
 #: Most processes a mount may serve its requests with (`--workers`).
 MAX_WORKERS = 32
+
+#: Longest ``--mountd-wait`` (seconds): a day; a reader blocked longer is a hung job.
+MAX_MOUNTD_WAIT = 86400.0
 
 #: Most files a mount may read ahead (`--readahead`): far more than mountd fills at once.
 MAX_READAHEAD = 10_000
@@ -46,7 +50,7 @@ def mount(
     digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
     foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
     frontend: str = "native",
-    nonempty: bool = False, readahead: int = WINDOW,
+    nonempty: bool = False, readahead: int = WINDOW, mountd_wait: float = MOUNTD_WAIT,
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
@@ -69,12 +73,16 @@ def mount(
         raise UsageError(f"--frontend must be one of {', '.join(FRONTENDS)}, not {frontend!r}")
     if not 0 <= readahead <= MAX_READAHEAD:
         raise UsageError(f"--readahead must be a number of files from 0 (off) to {MAX_READAHEAD}, not {readahead}")
+    if not 0 <= mountd_wait <= MAX_MOUNTD_WAIT:
+        raise UsageError(f"--mountd-wait must be seconds from 0 (fail at once) to {MAX_MOUNTD_WAIT:g}, "
+                         f"not {mountd_wait:g}")
     if frontend == PYFUSE3:
         from quiverfs import frontend_pyfuse3  # an optional extra: only when asked for
 
         frontend_pyfuse3.require()
     options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
-                           frontend, nonempty=nonempty, readahead=readahead)
+                           frontend, nonempty=nonempty, readahead=readahead,
+                           mountd_wait=mountd_wait)
     if foreground:
         setup_logging(debug)
         run_foreground(options)
@@ -171,6 +179,11 @@ def register(app: typer.Typer) -> None:
             help="Files fetched ahead when the reads are a scan in digest order (cp -r, tar, a "
                  "loader walking a directory); 0: off. Random reads are never read ahead.",
         ),
+        mountd_wait: float = typer.Option(
+            MOUNTD_WAIT, "--mountd-wait", metavar="SECONDS",
+            help="How long a miss or a sampler's request waits for a mountd that is away "
+                 "(restarting) before it fails with EIO; 0: fail at once. Hits never wait.",
+        ),
     ) -> None:
         """Mount a dataset read-only: its files are read through the machine's shared cache.
 
@@ -182,7 +195,8 @@ def register(app: typer.Typer) -> None:
         debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
                      foreground=foreground, allow_other=allow_other, debug=debug, workers=workers,
-                     frontend=frontend, nonempty=nonempty, readahead=readahead)
+                     frontend=frontend, nonempty=nonempty, readahead=readahead,
+                     mountd_wait=mountd_wait)
         if not foreground:
             typer.echo(line)
 
@@ -233,7 +247,8 @@ IGNORED_OPTIONS = frozenset({
 
 HELPER = "mount.fuse.quiverfs"
 HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
-                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,readahead=N,frontend=native|pyfuse3,allow_other,nonempty,"
+                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,readahead=N,mountd_wait=SECONDS,"
+                "frontend=native|pyfuse3,allow_other,nonempty,"
                 "foreground,debug]")
 
 
@@ -266,7 +281,7 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
                               "cache_dir": None, "cache_size": None, "allow_other": False,
                               "foreground": False, "debug": False, "workers": 0, "frontend": "native",
-                              "nonempty": False, "readahead": WINDOW,
+                              "nonempty": False, "readahead": WINDOW, "mountd_wait": MOUNTD_WAIT,
                               "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
@@ -288,6 +303,14 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
             if not eq or not value.isdigit():
                 raise UsageError(f"option readahead needs a number of files (readahead=N, 0: off), not {opt!r}")
             result[key] = int(value)
+        elif key == "mountd_wait":
+            try:
+                result[key] = float(value) if eq else -1.0
+            except ValueError:
+                result[key] = -1.0
+            if not 0 <= result[key] <= MAX_MOUNTD_WAIT:
+                raise UsageError(f"option mountd_wait needs seconds from 0 to {MAX_MOUNTD_WAIT:g} "
+                                 f"(mountd_wait=60), not {opt!r}")
         elif key in ("allow_other", "nonempty", "foreground", "debug") and not eq:
             result[key] = True
         elif key in IGNORED_OPTIONS or key.startswith("x-") or key == "comment":

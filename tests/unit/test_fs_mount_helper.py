@@ -15,18 +15,20 @@ def test_fstab_style_options() -> None:
     args = parse_helper_args(
         ["/data/imagenet.qd", "/mnt/imagenet", "-o",
          "rw,noauto,_netdev,x-systemd.automount,cache_size=200G,cache_dir=/var/cache/quiverfs,allow_other,workers=3,"
-         "frontend=pyfuse3,readahead=16"]
+         "frontend=pyfuse3,readahead=16,mountd_wait=2.5"]
     )
     assert args == {
         "digest": Path("/data/imagenet.qd"), "mountpoint": Path("/mnt/imagenet"),
         "cache_dir": Path("/var/cache/quiverfs"), "cache_size": "200G", "allow_other": True,
         "foreground": False, "debug": False, "workers": 3, "frontend": "pyfuse3", "nonempty": False,
-        "readahead": 16, "fake": False,
+        "readahead": 16, "mountd_wait": 2.5, "fake": False,
     }
     assert parse_helper_args(["d.qd", "/m"])["frontend"] == "native"
     assert parse_helper_args(["d.qd", "/m", "-o", "nonempty"])["nonempty"] is True
     assert parse_helper_args(["d.qd", "/m"])["readahead"] == 64  # on by default
     assert parse_helper_args(["d.qd", "/m", "-o", "readahead=0"])["readahead"] == 0
+    assert parse_helper_args(["d.qd", "/m"])["mountd_wait"] == 60.0  # misses wait out a restart
+    assert parse_helper_args(["d.qd", "/m", "-o", "mountd_wait=0"])["mountd_wait"] == 0.0
 
 
 def test_flags_and_joined_options() -> None:
@@ -41,11 +43,21 @@ def test_flags_and_joined_options() -> None:
      ["a", "b", "-o", "bogus=1"], ["a", "b", "-o", "allow_other=yes"], ["a", "b", "-o", "workers"],
      ["a", "b", "-o", "workers=two"], ["a", "b", "-o", "workers=-1"], ["a", "b", "-o", "frontend"],
      ["a", "b", "-o", "frontend=fuse2"], ["a", "b", "-o", "nonempty=1"], ["a", "b", "-o", "readahead"],
-     ["a", "b", "-o", "readahead=many"], ["a", "b", "-o", "readahead=-1"]],
+     ["a", "b", "-o", "readahead=many"], ["a", "b", "-o", "readahead=-1"], ["a", "b", "-o", "mountd_wait"],
+     ["a", "b", "-o", "mountd_wait=soon"], ["a", "b", "-o", "mountd_wait=-1"], ["a", "b", "-o", "mountd_wait=nan"]],
 )
 def test_bad_command_lines(argv) -> None:
     with pytest.raises(UsageError):
         parse_helper_args(argv)
+
+
+@pytest.mark.parametrize("seconds", [-1.0, 86_401.0])
+def test_mountd_wait_out_of_range_is_one_line(seconds, tmp_path) -> None:
+    from quiverfs.mount_cli import mount as mount_api
+
+    with pytest.raises(UsageError) as caught:
+        mount_api(tmp_path / "d.qd", tmp_path, mountd_wait=seconds)
+    assert str(caught.value) == f"--mountd-wait must be seconds from 0 (fail at once) to 86400, not {seconds:g}"
 
 
 @pytest.mark.parametrize("readahead", [-1, 10_001])
