@@ -49,20 +49,21 @@ import trio
 
 from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked, PrefetchNoRoom
 from mountd.stats.counters import Counters
-from mountd.store import disk, durability, layout
+from mountd.store import disk, layout
 from mountd.store.chunkfill import ChunkFills
+from mountd.store.commits import GROUP_COMMIT_ROWS, Commits
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
 from mountd.store.fillpool import Fills, ThreadFills
 from mountd.store.flights import CacheListener, Flight
 from mountd.store.holds import HOLD_SHARE, Holds
-from mountd.store.index import TOUCH_MEMORY, Index
+from mountd.store.index import Index
 from mountd.store.limits import RemoteLimits, Turns, take
 from mountd.store.peers import PEER_URL, PeerContent, PeerSource, fill_through
 from mountd.store.policy import EvictionPolicy, make_policy
 from mountd.store.recovery import RecoveryReport, recover
 from mountd.store.scrub import ScrubReport, scrub
-from mountd.store.space import DISK_HEADROOM, DISK_SETTLE, DISK_WAIT, Space
+from mountd.store.space import Space
 from mountd.store.span import ChunkMembers
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends import Backend, normalize_url, open_backend
@@ -85,30 +86,13 @@ __all__ = [
 
 log = logging.getLogger("mountd.store.cache")
 
-#: Seconds a new index row waits for others to share its commit (group commit). A commit
-#: writes every page its rows touched (random hashes: a leaf page each, and the recency
-#: index's), so a larger group costs less per row: 77 µs a row at 5 ms, ~20 µs at 50 ms,
-#: 2,400 fills/s (2026-11-28). Rows are visible to mountd at once either way; a crash
-#: loses only what recovery adopts again from the store.
-GROUP_COMMIT_DELAY = 0.05
-
-#: Rows after which the group commit is flushed at once.
-GROUP_COMMIT_ROWS = 512
-
-#: Seconds between writes of the dataset references hits add (``Index.touch``), and checks
-#: that the recency of hits held in memory stays under ``TOUCH_MEMORY`` hashes.
-TOUCH_INTERVAL = 1.0
-
-#: Rows of hit recency written per trio step when the memory bound is passed (~15 µs each).
-TOUCH_WRITE_STEP = 2048
-
 
 #: Seconds a client may hold a lease (it was told to supply a hash's bytes) before mountd
 #: gives the hash to the next requester.
 LEASE_SECONDS = 60.0
 
 
-class Cache(ChunkFills, Space):
+class Cache(ChunkFills, Space, Commits):
     """The store, its index and the fills that populate it. See the module docstring."""
 
     def __init__(
@@ -170,10 +154,6 @@ class Cache(ChunkFills, Space):
         self.fills.attach(self._room_for_fill, self.limits.pace)
         self._filler = Filler(self.limits, self.counters, self.fills, config.chunk_size)
         self._cache_dir = os.fspath(config.cache_dir)
-        #: Since when (monotonic) the index holds rows no commit could store, and when it
-        #: may next evict for them (:meth:`_flush_index`).
-        self._lost_since: float | None = None
-        self._index_room_at = 0.0
         self._prefetch_send, self._prefetch_recv = trio.open_memory_channel(config.prefetch_queue)
         self._queued: set[bytes] = set()
         self._nursery: trio.Nursery | None = None
@@ -183,15 +163,8 @@ class Cache(ChunkFills, Space):
         #: open must reconcile, so aclose does not mark the index clean.
         self._dirty = False
         self._listeners: list[CacheListener] = []
-        #: Set when a row waits in the index's group commit (the committer flushes it).
-        self._rows_waiting = trio.Event()
-        #: Set when a fill landed since the last durable checkpoint.
-        self._unsynced = trio.Event()
-        self._boot_id = durability.boot_id()
-        #: Durable checkpoints taken, and the seconds the last one's syncfs took.
-        self.checkpoints = 0
-        self.last_sync_seconds = 0.0
         self._init_space(config)  # used, reserved, quota charges, full disk (space.py)
+        self._init_commits()  # group commit, checkpoints (commits.py)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -307,119 +280,6 @@ class Cache(ChunkFills, Space):
             self._index = None
         self._unlock()
 
-    # -- group commit and durable checkpoints (mountd/store/durability.py) ----------------------
-
-    def _flush_index(self) -> None:
-        """Commit the index's group commit, and settle rows no commit could store.
-
-        A failed group commit (disk full) is retried row by row by the index; rows that
-        still fail stay with it (visible to lookups: their files are there and counted), and
-        are written once the disk has room: this evicts for it (at most every
-        :data:`DISK_SETTLE` seconds) and the committer tries again with its next round.
-        Rows still unwritten after :data:`DISK_WAIT` seconds, or when the cache is not
-        running, have their files removed (and their accounting), so that no file is in
-        the store for long, counted in ``used``, and unknown to the index and its
-        eviction."""
-        index = self._index
-        if index is None:
-            return
-        try:
-            index.retry_deletes()  # rows of evicted files a full disk kept (Index.delete)
-        except sqlite3.Error:
-            log.exception("could not drop %d evicted rows from the index", len(index.deleting))
-            index.deleting.clear()  # left to the next open (rows without files: state C)
-            self._dirty = True
-        index.flush()
-        lost = index.lost
-        if not lost:
-            self._lost_since = None
-            return
-        now = time.monotonic()
-        if self._lost_since is None:
-            self._lost_since = now
-            log.debug("could not index %d new files (disk full?); evicting and retrying",
-                      len(lost))
-        if now >= self._index_room_at:
-            self._index_room_at = now + DISK_SETTLE
-            free = disk.space(self._cache_dir)[1]
-            want = max(sum(row.size for row in lost), DISK_HEADROOM)
-            if free < want:
-                self._free_disk(want - free)
-        if not index.retry_lost():
-            self._lost_since = None
-            return
-        if self._nursery is not None and now - self._lost_since < DISK_WAIT:
-            self._rows_waiting.set()  # the committer tries again
-            return
-        failed = index.take_lost()
-        self._lost_since = None
-        log.warning("dropping %d new files the index could not store (disk full?)", len(failed))
-        self._remove([(row.hash, row.size) for row in failed], reason="unindexed",
-                     owners={row.hash: row.uid for row in failed if row.uid is not None})
-
-    async def _committer(self) -> None:
-        """Flush the group commit a few milliseconds after its first row (see Index.insert)."""
-        while True:
-            await self._rows_waiting.wait()
-            self._rows_waiting = trio.Event()
-            await trio.sleep(GROUP_COMMIT_DELAY)
-            self._flush_index()
-
-    async def _toucher(self) -> None:
-        """Every :data:`TOUCH_INTERVAL`, write the dataset references hits added, and the
-        recency of the oldest hits once the index holds more than ``TOUCH_MEMORY`` in
-        memory (``Index.touch``), a few thousand rows a trio step."""
-        while True:
-            await trio.sleep(TOUCH_INTERVAL)
-            index = self._index
-            if index is None:
-                continue
-            index.write_refs()
-            while index is self._index and index.touches_waiting > TOUCH_MEMORY:
-                index.write_touches(min(TOUCH_WRITE_STEP, index.touches_waiting - TOUCH_MEMORY * 3 // 4))
-                await trio.sleep(0)
-
-    async def _checkpointer(self) -> None:
-        """A durable checkpoint ``sync_interval`` seconds after the first fill that needs one."""
-        while True:
-            await self._unsynced.wait()
-            await trio.sleep(self.config.sync_interval)
-            await self.checkpoint()
-
-    async def checkpoint(self) -> bool:
-        """A durable checkpoint now: make every fill landed so far durable with one
-        ``syncfs``, and record it (``synced_through``, the boot id) in the index; False
-        (logged, retried at the next interval) if the sync fails. The cache takes one
-        ``sync_interval`` after a fill lands, at open and at close."""
-        index = self._index
-        if index is None:
-            return False
-        self._unsynced = trio.Event()  # fills from now on wait for the next checkpoint
-        mark = index.now()  # every row stamped up to here is renamed into place already
-        self._flush_index()
-        start = trio.current_time()
-        try:
-            # Never abandoned: the mark is written only after the sync really returned.
-            await trio.to_thread.run_sync(durability.syncfs, self.config.cache_dir)
-        except OSError as exc:
-            log.warning("durable checkpoint failed (%s); trying again later", exc)
-            self._unsynced.set()
-            return False
-        try:
-            # The index's log is folded back here, off the trio thread (Index.fold_wal).
-            await trio.to_thread.run_sync(index.fold_wal)
-        except sqlite3.Error as exc:
-            log.warning("could not fold the index's log back (%s); trying again later", exc)
-        if self._index is not index:
-            return False
-        self.last_sync_seconds = trio.current_time() - start
-        try:
-            index.set_durable_mark(mark, self._boot_id)
-        except sqlite3.Error:
-            log.exception("could not record the durable checkpoint")
-            return False
-        self.checkpoints += 1
-        return True
 
     def _require_open(self) -> Index:
         if self._index is None or self._closed:
