@@ -18,18 +18,30 @@ Lifetime (one nursery owns it)::
         ...
         await cache.aclose()
 
-Invariants (everything below runs in the trio thread; code between two awaits is atomic):
+``Cache`` is one object made of parts, each a base class in its own module (one state, one
+trio thread; a part lists on its class what it uses of the others): this module holds its
+lifetime, lookups and hits, backends, listeners and reports;
+
+* :class:`~mountd.store.misses.Misses`: flights and their fills, from a miss to its answer;
+* :class:`~mountd.store.chunkfill.ChunkFills`: the fills of a packed object's members together;
+* :class:`~mountd.store.space.Space`: reservations, eviction, room on a full disk;
+* :class:`~mountd.store.protection.Protection`: pins, and files fetched ahead until read;
+* :class:`~mountd.store.commits.Commits`: the index's group commit and durable checkpoints.
+
+Invariants (everything below runs in the trio thread; code between two awaits is atomic),
+each told in full next to the code that keeps it:
 
 * ``used`` = sum of indexed sizes; ``reserved`` = sizes of fills in flight. A fill reserves its
-  size before it fetches, so ``used + reserved <= cache_size`` always holds: the store never
-  exceeds the cap, even counting temp files (the cap is exceeded by nothing in flight).
-* A row is inserted in the same trio step as the fill's reservation becomes ``used``; a row
-  is deleted in the same step as its file is unlinked. Hence the index and the accounting
-  never disagree while mountd runs.
-* Deliberate blocking calls in the trio thread: eviction's ``unlink`` (it must happen in the
-  same step as the row delete, or a refill of the same hash could be renamed into place and
-  then unlinked by a late eviction), the ``stat`` of a hit in :meth:`Cache.ensure`, and the
-  temp-file cleanup of a failed fill (so cancellation cannot skip it). Each is microseconds.
+  size before it fetches, so ``used + reserved <= cache_size`` always holds
+  (:mod:`mountd.store.space`).
+* A row is inserted in the same trio step as the fill's reservation becomes ``used``
+  (:mod:`mountd.store.misses`); a row is deleted in the same step as its file is unlinked
+  (:mod:`mountd.store.space`). Hence the index and the accounting never disagree while
+  mountd runs.
+* Deliberate blocking calls in the trio thread: eviction's ``unlink``
+  (:mod:`mountd.store.space`), the ``stat`` of a hit in :meth:`Cache.ensure`
+  (:mod:`mountd.store.misses`), and the temp-file cleanup of a failed fill (so cancellation
+  cannot skip it). Each is microseconds.
 """
 
 from __future__ import annotations
@@ -237,7 +249,6 @@ class Cache(Misses, ChunkFills, Space, Protection, Commits):
             self._index = None
         self._unlock()
 
-
     def _require_open(self) -> Index:
         if self._index is None or self._closed:
             raise CacheClosed("the cache is not open (call open() first, or it was closed)")
@@ -324,6 +335,22 @@ class Cache(Misses, ChunkFills, Space, Protection, Commits):
         os.close(fd)
         return None
 
+    def record_hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int) -> None:
+        """Hits that clients served from the store without an RPC: refresh their last use
+        (LRU), add ``dataset`` references, and count ``len(hashes)`` hits of ``nbytes``.
+
+        ``hashes`` are 32-byte ``bytes`` checked by the caller (the RPC layer checks what
+        clients send, :func:`mountd.rpc.protocol.check_packed_hashes`): a DataLoader reports
+        tens of thousands a second, and checking each again cost a quarter of mountd's time
+        per hit (py-spy, 2026-11-23). A hash the index does not hold is ignored."""
+        index = self._require_open()
+        index.touch(hashes, dataset)
+        assert self._policy is not None
+        self._policy.on_access(hashes)
+        self.counters.add_hits(dataset, len(hashes), nbytes)
+        if self.holds.consumed(hashes):  # read: no longer protected
+            self._notify_protect()
+
     # -- backends ------------------------------------------------------------------------------
 
     async def _backend(self, url: str) -> Backend:
@@ -390,24 +417,6 @@ class Cache(Misses, ChunkFills, Space, Protection, Commits):
                 call(listener)
             except Exception:  # a listener bug must not break a fill or an eviction
                 log.exception("cache listener %r failed on %s", listener, event)
-
-    # -- hits ----------------------------------------------------------------------------------
-
-    def record_hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int) -> None:
-        """Hits that clients served from the store without an RPC: refresh their last use
-        (LRU), add ``dataset`` references, and count ``len(hashes)`` hits of ``nbytes``.
-
-        ``hashes`` are 32-byte ``bytes`` checked by the caller (the RPC layer checks what
-        clients send, :func:`mountd.rpc.protocol.check_packed_hashes`): a DataLoader reports
-        tens of thousands a second, and checking each again cost a quarter of mountd's time
-        per hit (py-spy, 2026-11-23). A hash the index does not hold is ignored."""
-        index = self._require_open()
-        index.touch(hashes, dataset)
-        assert self._policy is not None
-        self._policy.on_access(hashes)
-        self.counters.add_hits(dataset, len(hashes), nbytes)
-        if self.holds.consumed(hashes):  # read: no longer protected
-            self._notify_protect()
 
     # -- datasets and reports ------------------------------------------------------------------
 
