@@ -12,9 +12,9 @@ import pytest
 import trio
 
 from mountd.errors import CacheLocked
-from mountd.store import cache as cache_module
-from mountd.store import layout
-from mountd.store.cache import TOUCH_INTERVAL, Cache
+from mountd.store import commits, layout
+from mountd.store.cache import Cache
+from mountd.store.commits import TOUCH_INTERVAL
 from quiverfs.backends.base import Location
 from quiverfs.errors import CorruptObject, NotFound
 from tests.mountd.conftest import (
@@ -257,7 +257,7 @@ async def test_hit_references_reach_the_index_within_the_touch_interval(tmp_path
 
 async def test_hit_recency_in_memory_stays_bounded(tmp_path: Path, source: Source, backends: Backends,
                                                   monkeypatch):
-    monkeypatch.setattr(cache_module, "TOUCH_MEMORY", 4)
+    monkeypatch.setattr(commits, "TOUCH_MEMORY", 4)
     objs = source.many(10, 100)
     async with running(config(tmp_path / "c"), backends) as cache:
         for o in objs:

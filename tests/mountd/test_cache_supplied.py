@@ -113,9 +113,9 @@ async def test_another_users_failure_is_not_passed_on(
 async def test_a_lease_expires_and_close_gives_leases_up(
     tmp_path: Path, source: Source, backends: Backends, monkeypatch
 ):
-    from mountd.store import cache as cache_module
+    from mountd.store import misses
 
-    monkeypatch.setattr(cache_module, "LEASE_SECONDS", 0.1)
+    monkeypatch.setattr(misses, "LEASE_SECONDS", 0.1)
     obj = source.add("a.bin", os.urandom(100))
     async with running(config(tmp_path / "c"), backends) as cache:
         assert await cache.lease(obj.hash, obj.size, None, holder=object()) is None

@@ -1,0 +1,264 @@
+"""What the cache keeps for readers to come: pins, and files fetched ahead until they are read.
+
+:class:`Protection` is a base class of :class:`mountd.store.cache.Cache` (like
+:class:`~mountd.store.chunkfill.ChunkFills`): the cache's side of
+:mod:`mountd.store.holds`. Pins (the session layer's chunks) never leave by eviction, and
+size the share of the cache that protections may take (:meth:`Protection._cap_protection`);
+files fetched ahead (a claim's misses, :meth:`Protection.fetch_now`, and the mounts'
+prefetch queue, :meth:`Protection.prefetch`) are protected until read, and wait (oldest
+first) for that share to have room instead of evicting other protected files. Every method
+runs in the trio thread, atomic between awaits as the cache's own; what it uses of the rest
+of the cache is listed on the class.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
+
+import trio
+
+from mountd.errors import CacheClosed
+from mountd.store import layout
+from mountd.store.config import CacheConfig
+from mountd.store.flights import Flight
+from mountd.store.holds import HOLD_SHARE, Holds
+from mountd.store.index import Index
+from mountd.store.limits import Turns
+from quiverfs.backends.base import Location
+from quiverfs.errors import QuiverError
+
+
+class Protection:
+    """Pins, protections and prefetches of :class:`mountd.store.cache.Cache` (see the module
+    docstring)."""
+
+    # What it uses of the cache (set by Cache.__init__ and its methods).
+    config: CacheConfig
+    _index: Index | None
+    _nursery: trio.Nursery | None
+    _flights: dict[bytes, Flight]
+    _turns: Turns
+    _require_open: Callable[[], Index]
+    _notify_space: Callable[[], None]
+    _await_fill: Callable[..., Awaitable[str]]
+
+    def _init_protection(self, config: CacheConfig) -> None:
+        #: Files whose path was just answered, kept from eviction until their client opens
+        #: them, and files fetched ahead, protected until read (mountd/store/holds.py).
+        self.holds = Holds(int(config.cache_size * HOLD_SHARE),
+                           protect_bytes=int(config.cache_size * config.protect_share),
+                           protect_seconds=config.protect_seconds)
+        #: The pinned bytes the protection cap was last sized for (:meth:`_cap_protection`).
+        self._protect_cap_pinned = 0
+        #: Files that will be pinned once they land (a loading chunk's: :meth:`expect_pins`),
+        #: hash -> size, and their bytes: the protection cap counts them as pinned already.
+        self._expected_pins: dict[bytes, int] = {}
+        self._expected_bytes = 0
+        #: Prefetches waiting for protection room (:meth:`fetch_now`), oldest first:
+        #: hash -> (size, location, dataset, owner, trio time queued).
+        self._waiting: OrderedDict[bytes, tuple[int, Location, str | None, Hashable, float]] = \
+            OrderedDict()
+        #: Set and replaced whenever protections end (waiting prefetches may start).
+        self._protect_changed = trio.Event()
+        self._prefetch_send, self._prefetch_recv = trio.open_memory_channel(config.prefetch_queue)
+        self._queued: set[bytes] = set()
+
+    def pin(self, hashes: Sequence[bytes]) -> int:
+        """Never evict these (indexed) hashes until :meth:`unpin`; returns entries pinned."""
+        hashes = [layout.check_hash(h) for h in hashes]
+        pinned = self._require_open().set_pinned(hashes, True)
+        self._unexpect(hashes)
+        self._cap_protection()
+        return pinned
+
+    def unpin(self, hashes: Sequence[bytes]) -> int:
+        """Make pinned hashes evictable again (and drop them from the pins expected);
+        returns entries changed."""
+        hashes = [layout.check_hash(h) for h in hashes]
+        changed = self._require_open().set_pinned(hashes, False)
+        self._unexpect(hashes)
+        self._cap_protection()
+        self._notify_space()
+        return changed
+
+    def expect_pins(self, items: Iterable[tuple[bytes, int]]) -> None:
+        """These files, not stored yet, will be pinned as they land (a chunk starts loading):
+        the protection cap counts them as pinned from now on, until :meth:`pin` or
+        :meth:`unpin` names them. Otherwise the cap grew while a chunk's slot was empty
+        (the old chunk evicted, the new one not in yet), prefetches for claims filled the
+        slot's room, and the chunk's own fills waited behind them: at 600 files a chunk
+        then took 3 s to load instead of 0.2 s, and readers ran out of cached files."""
+        for hash, size in items:
+            hash = layout.check_hash(hash)
+            if hash not in self._expected_pins:
+                self._expected_pins[hash] = size
+                self._expected_bytes += size
+        self._cap_protection()
+
+    def _unexpect(self, hashes: Iterable[bytes]) -> None:
+        if self._expected_pins:
+            for hash in hashes:
+                self._expected_bytes -= self._expected_pins.pop(hash, 0)
+
+    def _cap_protection(self) -> None:
+        """Let protections take ``protect_share`` of the room that pinned files leave, not of
+        the whole cache. With chunks pinned (80% of a small cache) a share of the whole
+        cache let prefetches protect all of the rest: every read on demand then had to end
+        a protection, the file it took was read on demand in turn, and so on (at 600 files,
+        20% cache, four jobs: 531 of 3,104 fills in three epochs, scripts/bench/shim_vs_lru.py;
+        docs/benchmarks.md). Called whenever the pinned bytes may have changed."""
+        pinned = self._require_open().pinned_bytes + self._expected_bytes
+        if pinned == self._protect_cap_pinned:
+            return
+        grew = pinned < self._protect_cap_pinned
+        self._protect_cap_pinned = pinned
+        room = max(0, self.config.cache_size - pinned)
+        self.holds.protect_bytes = int(room * self.config.protect_share)
+        if grew:
+            self._notify_protect()  # more room: waiting prefetches may start
+
+    def fetch_now(
+        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None,
+        *, protect: bool = True, owner: Hashable = None,
+    ) -> int:
+        """Start fills for ``items`` at once, ahead of the prefetch queue (a claim's misses:
+        the job reads them next). Returns how many fills were started; cached and in-flight
+        hashes are skipped. The fills still run under the fill limiter and the remote limits,
+        and count as prefetches. Needs :meth:`run` (its nursery owns the fills).
+
+        ``protect``: each file is protected for ``owner`` from now until it is read, the
+        owner releases it (:meth:`release_protection`), or ``protect_seconds`` pass
+        (mountd/store/holds.py). An item the protection share has no room for *waits*
+        (oldest first) and starts as reads free room; it is dropped when it waited longer
+        than ``protect_seconds`` or its owner is released. ``protect=False``: started at
+        once, unprotected (a chunk preload: its chunk's pin keeps it)."""
+        index = self._require_open()
+        if self._nursery is None:
+            raise CacheClosed("fetch_now needs the cache's workers (Cache.run) to be running")
+        started: set[bytes] = set()
+        holds = self.holds
+        now = trio.current_time()
+        for hash, size, location in items:
+            hash = layout.check_hash(hash)
+            if hash in started or index.size_of(hash) is not None:
+                continue
+            if protect and hash in self._flights:
+                holds.protect(hash, size, owner)  # already coming: keep it once it lands
+                continue
+            if hash in self._flights:
+                continue
+            if protect:
+                if self._waiting or not holds.fits(size):
+                    if hash not in self._waiting and len(self._waiting) < self.config.prefetch_queue:
+                        self._waiting[hash] = (size, location, dataset, owner, now)
+                    continue
+                holds.protect(hash, size, owner)
+            # Two tasks for one hash (a second claim before this one's task ran) still make
+            # one remote read: the later joins the earlier's flight (single-flight).
+            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
+                                     self._turns.ticket())
+            started.add(hash)
+        return len(started)
+
+    def release_protection(self, owner: Hashable) -> int:
+        """``owner`` (a job's epoch pool) is gone: its protections end unless another owner
+        still holds them, and its waiting prefetches are dropped. Returns protections ended."""
+        for hash in [h for h, item in self._waiting.items() if item[3] == owner and owner is not None]:
+            del self._waiting[hash]
+        ended = self.holds.release(owner)
+        if ended:
+            self._notify_protect()
+        return ended
+
+    def _notify_protect(self) -> None:
+        self._protect_changed.set()
+        self._protect_changed = trio.Event()
+
+    def _admit(self) -> int:
+        """Start the waiting prefetches that fit the protection share now, oldest first
+        (one that does not fit stops the rest: first come, first served). Returns how many
+        started."""
+        if not self._waiting or self._nursery is None:
+            return 0
+        index = self._require_open()
+        now = trio.current_time()
+        started = 0
+        while self._waiting:
+            hash, (size, location, dataset, owner, queued) = next(iter(self._waiting.items()))
+            if index.size_of(hash) is not None or now - queued > self.holds.protect_seconds:
+                del self._waiting[hash]  # read on demand meanwhile, or waited too long
+                continue
+            if hash in self._flights:
+                del self._waiting[hash]
+                self.holds.protect(hash, size, owner)
+                continue
+            if not self.holds.fits(size):
+                break
+            del self._waiting[hash]
+            self.holds.protect(hash, size, owner)
+            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
+                                     self._turns.ticket())
+            started += 1
+        return started
+
+    async def _admitter(self) -> None:
+        """Ends protections whose time is up and starts waiting prefetches as room frees."""
+        while True:
+            deadline = self.holds.next_protection_deadline()
+            changed = self._protect_changed
+            with trio.move_on_at(deadline if deadline is not None else trio.current_time() + 1.0):
+                await changed.wait()
+            before = self.holds.protected_bytes
+            self.holds.expire()
+            if self.holds.protected_bytes < before:
+                self._notify_protect()
+            self._admit()
+
+    async def _fetch_now(
+        self, hash: bytes, size: int, location: Location, dataset: str | None, turn: int,
+    ) -> None:
+        with contextlib.suppress(QuiverError):  # counted and logged by the flight
+            await self._await_fill(hash, size, location, dataset, prefetch=True, turn=turn)
+
+    def prefetch(
+        self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None,
+        *, uid: int | None = None,
+    ) -> int:
+        """Queue fills to run in the background (``prefetch_concurrency`` at once) and return
+        how many were queued: cached, in-flight and already-queued hashes are skipped, and
+        items beyond the queue's capacity are dropped. Errors are counted and logged only.
+        The fills are charged to ``uid`` (mountd/store/quota.py)."""
+        index = self._require_open()
+        queued = 0
+        for hash, size, location in items:
+            hash = layout.check_hash(hash)
+            if hash in self._queued or hash in self._flights or index.size_of(hash) is not None:
+                continue
+            try:
+                self._prefetch_send.send_nowait((hash, size, location, dataset, uid))
+            except trio.WouldBlock:
+                break
+            self._queued.add(hash)
+            queued += 1
+        return queued
+
+    async def _prefetch_worker(self) -> None:
+        async for hash, size, location, dataset, uid in self._prefetch_recv:
+            # A prefetch is protected until read; when the protection share is full it
+            # pauses here until reads free room (mountd/store/holds.py).
+            while not self.holds.fits(size) and not self._cached_or_coming(hash):
+                await self._protect_changed.wait()
+            self._queued.discard(hash)
+            if self._index is None or self._index.size_of(hash) is not None:
+                continue
+            self.holds.protect(hash, size)
+            # Errors are counted and logged by the flight; a prefetch has nobody to tell.
+            with contextlib.suppress(QuiverError):
+                await self._await_fill(hash, size, location, dataset, prefetch=True, uid=uid,
+                                       absent=True)
+
+    def _cached_or_coming(self, hash: bytes) -> bool:
+        index = self._index
+        return index is None or hash in self._flights or index.size_of(hash) is not None
