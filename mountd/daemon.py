@@ -46,6 +46,7 @@ from mountd.stats.metrics import serve_metrics
 from mountd.store import access, layout
 from mountd.store.cache import Cache, CacheConfig
 from mountd.store.fillpool import ProcessFills
+from mountd.store.limits import spare_slots
 from quiverfs.backends import BackendOptions, open_backend
 from quiverfs.errors import UsageError
 
@@ -171,7 +172,10 @@ def make_fills(config: DaemonConfig) -> ProcessFills | None:
         return None
     cache = config.cache
     assert cache.fill_concurrency is not None
-    threads = ProcessFills.threads_for(processes, cache.fill_concurrency)
+    # A thread for every fill slot: a source's own and the spare ones the others keep
+    # (mountd/store/limits.py SourceSlots).
+    threads = ProcessFills.threads_for(processes, cache.fill_concurrency
+                                       + spare_slots(cache.fill_concurrency))
     options = BackendOptions(concurrency=threads)
     return ProcessFills(Path(cache.cache_dir), processes, threads,
                         partial(open_backend, options=options))

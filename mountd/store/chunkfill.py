@@ -44,6 +44,7 @@ from mountd.store.fill import Filler
 from mountd.store.flights import Flight
 from mountd.store.holds import Holds
 from mountd.store.index import Index
+from mountd.store.limits import SourceSlots
 from mountd.store.peers import PeerSource
 from mountd.store.quota import Charges
 from mountd.store.span import ChunkMembers, Member, Span, plan_span
@@ -59,7 +60,7 @@ class ChunkFills:
     reserved: int
     holds: Holds
     _flights: dict[bytes, Flight]
-    _fill_limiter: trio.CapacityLimiter
+    _fill_slots: SourceSlots
     _filler: Filler
     _chunk_members: ChunkMembers | None
     peers: PeerSource | None
@@ -161,7 +162,7 @@ class ChunkFills:
         start = trio.current_time()
         uid, total = first.uid, span.content_bytes
         try:
-            async with self._fill_limiter:
+            async with self._fill_slots.slot(span.url):
                 await self._reserve(total, uid, demand=lambda: any(
                     f.demanded() if f is first else f.awaited for f in flights))
                 try:

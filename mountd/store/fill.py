@@ -54,7 +54,7 @@ class Filler:
         if source is None:
             job = FillJob(target, "remote", chunk_size=self.chunk_size)
             # The first read's limits; a streamed object's later chunks are paced by the job.
-            async with self.limits.request(min(size, self.chunk_size)):
+            async with self.limits.request(min(size, self.chunk_size), location.url):
                 outcome = await self._run(job, None, since)
         elif source.inline is not None:
             job = FillJob(target, "bytes", data=source.inline, chunk_size=self.chunk_size)
@@ -83,7 +83,7 @@ class Filler:
         (every member failed with it). The caller has reserved ``span.content_bytes``."""
         members = tuple(Target.of(m.hash, m.size, m.location) for m in span.members)
         job = SpanJob(span.url, span.key, span.start, span.length, members)
-        async with self.limits.request(span.length):
+        async with self.limits.request(span.length, span.url):
             outcome = await self._run(job, None, None)
         self._count(outcome, dataset)
         if outcome.error is not None:

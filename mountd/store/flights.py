@@ -73,6 +73,13 @@ class Flight:
     #: limits out of any order).
     turn: int | None = None
 
+    @property
+    def slot_source(self) -> str:
+        """Whose fill slots it takes (:class:`mountd.store.limits.SourceSlots`): its
+        bucket's URL, or ``"supplied"`` for bytes a client or a peer hands over (they wait
+        on no bucket)."""
+        return self.location.url if self.source is None else "supplied"
+
     def demanded(self) -> bool:
         """Whether a reader waits for this fill (not a prefetch nobody waits for yet)."""
         return self.awaited or not self.prefetch

@@ -8,6 +8,13 @@ answers in a fraction of a millisecond, where a cloud bucket takes 10–50 ms to
 and that latency is what makes one request per small file slow (issue 14). Each request
 waits it out while holding its concurrency slot, as a real request holds a connection;
 concurrent requests wait side by side (it models latency, not a lock).
+
+Slots are shared between **sources** (:class:`SourceSlots`): one bucket answering ``503`` for
+a minute makes each of its fills retry until the backend's deadline (60 s), holding its fill
+slot and its request slot all the while; with every slot one source's, the fills of every
+other dataset waited behind them (a soak, 2026-11-29: a ``file://`` dataset's jobs read
+nothing while an S3 bucket was down). So one source may hold at most the configured number
+of slots, and a quarter more are there for the others.
 """
 
 from __future__ import annotations
@@ -110,28 +117,97 @@ class Turns:
             self._changed = trio.Event()
 
 
+def spare_slots(per_source: int) -> int:
+    """The slots :class:`SourceSlots` keeps for other sources beyond one's ``per_source``."""
+    return max(2, per_source // 4)
+
+
+class SourceSlots:
+    """``per_source`` slots for each source, and ``per_source + spare`` in all (``spare``
+    default: a quarter of ``per_source``, at least 2): what one source's work can hold, when
+    it hangs, leaves ``spare`` slots to every other (see the module docstring). A source
+    alone gets exactly ``per_source``, as a single limiter of that size would give it.
+
+    :meth:`take` and :meth:`release` are called by the same task (trio's limiters require
+    it); a source's limiter is dropped when nothing holds or waits for it."""
+
+    def __init__(self, per_source: int, spare: int | None = None) -> None:
+        if per_source < 1:
+            raise ValueError(f"a source needs at least one slot, not {per_source}")
+        self.per_source = per_source
+        self.spare = spare_slots(per_source) if spare is None else spare
+        self.total = trio.CapacityLimiter(per_source + self.spare)
+        self._sources: dict[str, trio.CapacityLimiter] = {}
+
+    async def take(self, source: str) -> None:
+        """A slot of ``source`` and one of the total, in that order (always: no two tasks
+        can each hold what the other waits for)."""
+        limiter = self._sources.get(source)
+        if limiter is None:
+            limiter = self._sources[source] = trio.CapacityLimiter(self.per_source)
+        await take(limiter)
+        try:
+            await take(self.total)
+        except BaseException:
+            self._give_back(source, limiter)
+            raise
+
+    def release(self, source: str) -> None:
+        self.total.release()
+        self._give_back(source, self._sources[source])
+
+    def _give_back(self, source: str, limiter: trio.CapacityLimiter) -> None:
+        limiter.release()
+        stats = limiter.statistics()
+        if not stats.borrowed_tokens and not stats.tasks_waiting:
+            del self._sources[source]
+
+    def slot(self, source: str) -> _Slot:
+        """``async with slots.slot(source):`` :meth:`take`, then :meth:`release` at the end."""
+        return _Slot(self, source)
+
+    def held(self, source: str) -> int:
+        """Slots ``source`` holds now."""
+        limiter = self._sources.get(source)
+        return 0 if limiter is None else limiter.statistics().borrowed_tokens
+
+
+class _Slot:
+    __slots__ = ("slots", "source")
+
+    def __init__(self, slots: SourceSlots, source: str) -> None:
+        self.slots, self.source = slots, source
+
+    async def __aenter__(self) -> None:
+        await self.slots.take(self.source)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.slots.release(self.source)
+
+
 class Request:
     """One request under :class:`RemoteLimits` (:meth:`RemoteLimits.request`): a plain
     class, not a generator-based context manager, because every fill enters one."""
 
-    __slots__ = ("length", "limits")
+    __slots__ = ("length", "limits", "source")
 
-    def __init__(self, limits: RemoteLimits, length: int) -> None:
+    def __init__(self, limits: RemoteLimits, length: int, source: str) -> None:
         self.limits = limits
         self.length = length
+        self.source = source
 
     async def __aenter__(self) -> None:
         limits = self.limits
-        await take(limits.concurrency)
+        await limits.concurrency.take(self.source)
         try:
             if limits.paced:
                 await limits.pace(self.length)
         except BaseException:
-            limits.concurrency.release()
+            limits.concurrency.release(self.source)
             raise
 
     async def __aexit__(self, *exc_info: object) -> None:
-        self.limits.concurrency.release()
+        self.limits.concurrency.release(self.source)
 
 
 async def take(limiter: trio.CapacityLimiter) -> None:
@@ -160,22 +236,23 @@ class RemoteLimits:
         self.requests = (
             TokenBucket(requests, max(1.0, requests * burst_seconds)) if requests else None
         )
-        self.concurrency = trio.CapacityLimiter(concurrency)
+        #: requests in flight: ``concurrency`` per source, a quarter more in all
+        self.concurrency = SourceSlots(concurrency)
         #: Seconds added before each request's first byte (benchmarks; 0: none).
         self.latency = latency
         #: Requests that waited out ``latency`` (tests read it instead of a clock).
         self.delayed = 0
 
-    def request(self, length: int) -> Request:
-        """``async with limits.request(length):`` one remote request: hold a concurrency slot,
-        then pay one request token and ``length`` byte tokens, then wait out the configured
-        latency (:meth:`pace`).
+    def request(self, length: int, source: str = "") -> Request:
+        """``async with limits.request(length, source):`` one remote request to ``source`` (a
+        backend's URL): hold a concurrency slot (:class:`SourceSlots`), then pay one request
+        token and ``length`` byte tokens, then wait out the configured latency (:meth:`pace`).
 
         Tokens are taken while holding the slot so waiting requests do not bank tokens and
         then burst together when slots free up. The latency is waited in the slot too (a
         request in flight holds its connection while it waits for its first byte).
         """
-        return Request(self, length)
+        return Request(self, length, source)
 
     @property
     def paced(self) -> bool:

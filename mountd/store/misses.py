@@ -46,7 +46,7 @@ from mountd.store.fillpool import Fills, ThreadFills
 from mountd.store.flights import CacheListener, Flight
 from mountd.store.holds import Holds
 from mountd.store.index import Index
-from mountd.store.limits import RemoteLimits, Turns, take
+from mountd.store.limits import RemoteLimits, SourceSlots, Turns
 from mountd.store.peers import PEER_URL, PeerContent, PeerSource, fill_through
 from mountd.store.policy import EvictionPolicy
 from mountd.store.quota import Charges
@@ -102,7 +102,9 @@ class Misses:
         #: Files a fill just landed whose waiting readers have not had their path yet
         #: (:meth:`_wait_flight`): never evicted, and no fill waits for them beyond a step.
         self._landing: dict[bytes, Flight] = {}
-        self._fill_limiter = trio.CapacityLimiter(config.fill_concurrency)
+        #: Fills at once: ``fill_concurrency`` per source, a quarter more in all, so one
+        #: bucket whose fills hang leaves slots to the others (mountd/store/limits.py).
+        self._fill_slots = SourceSlots(config.fill_concurrency)
         #: The order in which fills started together take a fill slot (a claim's fetches).
         self._turns = Turns()
         self._chunk_members: ChunkMembers | None = None
@@ -461,7 +463,8 @@ class Misses:
         start = trio.current_time()
         uid = flight.uid  # fixed once the fill runs: its reservation and its charge
         try:
-            await self._take_slot(flight)
+            source = flight.slot_source
+            await self._take_slot(flight, source)
             try:
                 await self._reserve(flight.size, uid, demand=flight.demanded)
                 try:
@@ -480,7 +483,7 @@ class Misses:
                     self.charges.unreserve(uid, flight.size)
                     self._notify_space()
             finally:
-                self._fill_limiter.release()
+                self._fill_slots.release(source)
             counters.add_fill(flight.dataset, flight.size, trio.current_time() - start)
         except trio.Cancelled:
             flight.cancelled = True
@@ -491,18 +494,18 @@ class Misses:
             counters.fills_in_flight -= 1
             self._finish(flight)
 
-    async def _take_slot(self, flight: Flight) -> None:
+    async def _take_slot(self, flight: Flight, source: str) -> None:
         """A fill slot for ``flight``: in the order of its ticket when it has one (a claim's
         fetches: :class:`~mountd.store.limits.Turns`). From the slot on, a fill reaches the
         remote limits without waiting unless it must wait for room or tokens, so the order
         of the slots is the order of the bandwidth."""
         turn = flight.turn
         if turn is None:
-            await take(self._fill_limiter)
+            await self._fill_slots.take(source)
             return
         await self._turns.arrive(turn)
         try:
-            await take(self._fill_limiter)
+            await self._fill_slots.take(source)
         finally:
             self._turns.leave(turn)
 

@@ -496,3 +496,52 @@ async def test_a_claims_fetches_take_the_bandwidth_in_the_order_asked(
             await wait_until(lambda b=batch: all(cache.contains(o.hash) for o in b),
                              what="the claim's fetches")
         assert order.order == [o.hash for o in objs]
+
+
+class HungSource:
+    """Wraps the FileBackends of URLs containing ``part``: their reads wait for :attr:`go`
+    (a bucket that stops answering: the real emulator cannot hang on demand)."""
+
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.go = threading.Event()
+        self.waiting = 0
+
+    def __call__(self, backend):
+        if self.part not in backend.url:
+            return backend
+        original = backend._read_range
+
+        def hung(*args):
+            self.waiting += 1
+            self.go.wait(30)
+            return original(*args)
+
+        backend._read_range = hung
+        return backend
+
+
+async def test_a_source_whose_fills_hang_leaves_slots_to_the_others(tmp_path: Path):
+    """A bucket that stops answering holds every fill it has started (each retries until its
+    deadline); the fills of another dataset's source still run, in the spare slots
+    (mountd/store/limits.py SourceSlots), and the hung fills finish once it answers."""
+    hung_source, good_source = Source(tmp_path / "bucket-a"), Source(tmp_path / "bucket-b")
+    hung = [hung_source.add(f"a-{i}", os.urandom(3000 + i)) for i in range(12)]
+    good = [good_source.add(f"b-{i}", os.urandom(2000 + i)) for i in range(6)]
+    stuck = HungSource("bucket-a")
+    async with running(config(tmp_path / "c", remote_concurrency=4, fill_concurrency=4),
+                       Backends(wrap=stuck)) as cache:
+        async with trio.open_nursery() as nursery:
+            for o in hung:  # misses of the dataset whose bucket hangs
+                nursery.start_soon(cache.ensure, o.hash, o.size, o.location, "a")
+            await wait_until(lambda: stuck.waiting == 4, what="the hung source's reads")
+            assert cache._fill_slots.held(hung_source.url) == 4
+            with trio.fail_after(10):  # before: every fill slot was the hung source's
+                for o in good:
+                    path = await cache.ensure(o.hash, o.size, o.location, "b")
+                    assert Path(path).read_bytes() == o.data
+            assert stuck.waiting == 4 and not any(cache.contains(o.hash) for o in hung)
+            stuck.go.set()
+        assert all(cache.contains(o.hash) for o in hung)
+        for o in hung:
+            assert layout.store_path(tmp_path / "c", o.hash).read_bytes() == o.data

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from mountd.store.limits import RemoteLimits, TokenBucket, Turns
+from mountd.store.limits import RemoteLimits, SourceSlots, TokenBucket, Turns
 
 
 class FakeClock:
@@ -190,3 +190,48 @@ async def test_a_cancelled_arrival_leaves_its_place():
     third = turns.ticket()
     with trio.fail_after(1):
         await turns.arrive(third)  # second left when cancelled: third goes at once
+
+
+async def test_one_source_holds_its_share_and_the_spare_slots_are_the_others():
+    slots = SourceSlots(4)  # a quarter more for other sources: 2
+    assert (slots.spare, slots.total.total_tokens) == (2, 6)
+    held: list[str] = []
+    done = trio.Event()
+
+    async def hold(source: str) -> None:
+        await slots.take(source)
+        held.append(source)
+        await done.wait()
+        slots.release(source)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(6):
+            nursery.start_soon(hold, "s3://a")
+        await trio.testing.wait_all_tasks_blocked()
+        assert held.count("s3://a") == 4 and slots.held("s3://a") == 4  # its share, no more
+        for _ in range(3):
+            nursery.start_soon(hold, "file:///b")
+        await trio.testing.wait_all_tasks_blocked()
+        assert held.count("file:///b") == 2  # the spare slots; the third waits for the total
+        done.set()
+    assert held.count("s3://a") == 6 and held.count("file:///b") == 3
+    assert slots.held("s3://a") == 0 and slots._sources == {}  # idle sources are forgotten
+    assert slots.total.borrowed_tokens == 0
+
+
+async def test_a_source_alone_gets_exactly_its_share(autojump_clock: trio.testing.MockClock):
+    limits = RemoteLimits(bandwidth=None, requests=None, concurrency=3)
+    active = peak = 0
+
+    async def one() -> None:
+        nonlocal active, peak
+        async with limits.request(1, "s3://only"):
+            active += 1
+            peak = max(peak, active)
+            await trio.sleep(1)
+            active -= 1
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(10):
+            nursery.start_soon(one)
+    assert peak == 3
