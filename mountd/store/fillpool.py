@@ -43,7 +43,6 @@ Guarantees kept across the process boundary:
 
 from __future__ import annotations
 
-import array
 import contextlib
 import itertools
 import logging
@@ -52,7 +51,6 @@ import os
 import pickle
 import signal
 import socket
-import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -63,6 +61,19 @@ import outcome
 import trio
 
 from mountd.errors import CacheError
+from mountd.store.fillchild import (
+    CANCEL,
+    DONE,
+    JOB,
+    MESSAGE_BYTES,
+    PACE,
+    REPLY,
+    ROOM,
+    WARM,
+    Job,
+    child_main,
+    failed_outcome,
+)
 from mountd.store.fillwork import (
     BackendReader,
     BytesReader,
@@ -79,15 +90,6 @@ from quiverfs.backends.base import RemoteCounters
 from quiverfs.forking import close_inherited, fork_child
 
 log = logging.getLogger("mountd.store.fillpool")
-
-Job = FillJob | SpanJob
-
-#: Message kinds (see the module docstring).
-JOB, REPLY, CANCEL, WARM, DONE, ROOM, PACE = range(7)
-
-#: Largest message either side receives (a job or an outcome is a few hundred bytes; the
-#: bytes of a peer's file never travel in a message: they go as a descriptor).
-MESSAGE_BYTES = 1 << 20
 
 #: Socket buffer of each pair, both ways: room for hundreds of jobs in flight.
 SOCKET_BUFFER = 4 << 20
@@ -275,7 +277,7 @@ class ProcessFills:
 
         def target() -> None:
             close_inherited([theirs.fileno(), child_control.fileno()])
-            _child_main(theirs, child_control, self.cache_dir, self.threads, self._factory,
+            child_main(theirs, child_control, self.cache_dir, self.threads, self._factory,
                         self._warm)
 
         pid = fork_child(target, f"fill process {slot}", f"mountd-fill{slot}")
@@ -312,7 +314,7 @@ class ProcessFills:
 
     async def run(self, job: Job, fd: int | None = None) -> Outcome:
         if self._closed:
-            return _failed(job, CacheError("mountd's fill processes are stopped"))
+            return failed_outcome(job, CacheError("mountd's fill processes are stopped"))
         owned = -1
         if isinstance(job, FillJob) and job.source == "bytes":
             # A peer's bytes travel as a descriptor, never in a message.
@@ -322,13 +324,13 @@ class ProcessFills:
             child = min((c for c in self._children if not c.dead), key=lambda c: len(c.jobs),
                         default=None)
             if child is None:
-                return _failed(job, CacheError("mountd has no fill process left"))
+                return failed_outcome(job, CacheError("mountd has no fill process left"))
             job_id = next(self._ids)
             message = pickle.dumps((JOB, job_id, job), protocol=pickle.HIGHEST_PROTOCOL)
             try:
                 await _send(child.sock, message, () if fd is None else (fd,))
             except OSError as exc:  # the child is gone: its reader replaces it
-                return _failed(job, CacheError(f"cannot reach a fill process: {exc}"))
+                return failed_outcome(job, CacheError(f"cannot reach a fill process: {exc}"))
         finally:
             if owned >= 0:
                 os.close(owned)  # the child has its own copy now (or never will)
@@ -468,7 +470,7 @@ class ProcessFills:
     def _fail_jobs(self, child: _Child, error: BaseException) -> None:
         """Wake every waiter of ``child``'s jobs with ``error``."""
         for task, job in child.jobs.values():
-            trio.lowlevel.reschedule(task, outcome.Value(_failed(job, error)))
+            trio.lowlevel.reschedule(task, outcome.Value(failed_outcome(job, error)))
         child.jobs.clear()
 
     def _died(self, child: _Child) -> None:
@@ -522,11 +524,6 @@ async def _send(sock: socket.socket, message: bytes, fds: tuple[int, ...]) -> No
             await trio.lowlevel.wait_writable(sock)
 
 
-def _failed(job: Job, error: BaseException) -> Outcome:
-    members = len(job.members) if isinstance(job, SpanJob) else 1
-    return Outcome([error] * members, error=error if isinstance(job, SpanJob) else None)
-
-
 def _counters_of(totals: tuple) -> RemoteCounters:
     """A child's running totals of one backend, as it sends them, as :class:`RemoteCounters`."""
     requests, bytes_read, bytes_written, retries, failures = totals
@@ -561,199 +558,3 @@ def _reap(pid: int, timeout: float = 0.0) -> None:
             time.sleep(0.01)
     except (ChildProcessError, ProcessLookupError):
         pass
-
-
-# -- the child ----------------------------------------------------------------------------------
-
-
-def _child_main(sock: socket.socket, control: socket.socket, cache_dir: Path, threads: int,
-                factory: Callable[[str], Backend], warm: Iterable[str]) -> None:  # pragma: no cover
-    """A fill process: ``threads`` threads each receive a job, run it and answer (no hand-off
-    between threads on the way); one more reads the parent's replies and cancellations.
-    Returns once the parent closed its end (every thread then reads the end)."""
-    child = _ChildLoop(sock, cache_dir, factory)
-    workers = [threading.Thread(target=child.serve, name=f"fill-{i}", daemon=True)
-               for i in range(threads)]
-    for url in warm:
-        threading.Thread(target=child.backend, args=(url,), daemon=True).start()
-    for worker in workers:
-        worker.start()
-    child.control(control)  # until the parent's end closes
-    for worker in workers:
-        worker.join()
-
-
-#: Bytes of one descriptor in ``SCM_RIGHTS`` ancillary data (a C int).
-_FD_SIZE = array.array("i").itemsize
-
-
-def _fds_of(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
-    """The descriptors ``SCM_RIGHTS`` ancillary data carried."""
-    fds: list[int] = []
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.extend(array.array("i", data[:len(data) - len(data) % _FD_SIZE]))
-    return fds
-
-
-class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it through mountd)
-    """A fill process's state: its backends, its store, the jobs waiting for an answer."""
-
-    def __init__(self, sock: socket.socket, cache_dir: Path,
-                 factory: Callable[[str], Backend]) -> None:
-        self.sock = sock
-        self.factory = factory
-        self.backends: dict[str, Backend] = {}
-        self.opening = threading.Lock()
-        #: Held from reading a backend's counters to sending them: jobs end in several
-        #: threads, and the parent keeps the last totals it got, so they must arrive in the
-        #: order they were read (a stale total sent last undercounted a run's GETs)
-        self.reporting = threading.Lock()
-        #: jobs waiting for the parent's REPLY, and the values those brought
-        self.waiting: dict[int, threading.Event] = {}
-        self.answers: dict[int, object] = {}
-        #: jobs whose caller was cancelled
-        self.stopped: set[int] = set()
-        self.store = Store(cache_dir)
-        self.stopping = False
-
-    def serve(self) -> None:
-        """One worker thread: receive a message, act on it, until the parent's end closes."""
-        buffer = bytearray(MESSAGE_BYTES)
-        view = memoryview(buffer)
-        descriptors = socket.CMSG_SPACE(_FD_SIZE)
-        sock = self.sock
-        while True:
-            try:
-                n, ancillary, _, _ = sock.recvmsg_into([buffer], descriptors)
-            except InterruptedError:
-                continue
-            except OSError:
-                return
-            if not n:
-                return
-            fds = _fds_of(ancillary)
-            message = pickle.loads(view[:n])
-            kind = message[0]
-            if kind == JOB:
-                self.run(message[1], message[2], fds.pop(0) if fds else None)
-            elif kind == WARM:
-                self.backend(message[1])
-            for fd in fds:
-                os.close(fd)
-
-    def control(self, control: socket.socket) -> None:
-        """The control thread: the parent's REPLY and CANCEL messages, until its end closes."""
-        while True:
-            try:
-                data = control.recv(MESSAGE_BYTES)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                break
-            kind, job_id, *value = pickle.loads(data)
-            if kind == CANCEL:
-                self.stopped.add(job_id)
-            elif value and job_id in self.waiting:
-                self.answers[job_id] = value[0]
-            event = self.waiting.get(job_id)
-            if event is not None:
-                event.set()
-        self.stopping = True
-        for event in list(self.waiting.values()):
-            event.set()
-
-    def backend(self, url: str) -> Backend:
-        backend = self.backends.get(url)
-        if backend is None:
-            with self.opening:
-                backend = self.backends.get(url)
-                if backend is None:
-                    backend = self.backends[url] = self.factory(url)
-        return backend
-
-    def run(self, job_id: int, job: Job, fd: int | None) -> None:
-        url = None
-        gate = _ChildGate(self, job_id)
-        try:
-            if isinstance(job, SpanJob):
-                url = job.url
-                result = self.store.fill_span(job, BackendReader(self.backend(url), job.key),
-                                              gate)
-            elif job.source == "remote":
-                url = job.target.url
-                result = self.store.fill(job, BackendReader(self.backend(url),
-                                                            job.target.key), gate)
-            else:
-                result = self.store.fill(job, FdReader(-1 if fd is None else fd,
-                                                       job.target.url), gate)
-        except Exception as exc:  # a backend that cannot even open: every target fails
-            result = _failed(job, exc)
-        finally:
-            if fd is not None:
-                os.close(fd)
-            self.stopped.discard(job_id)
-        with self.reporting, contextlib.suppress(OSError):  # OSError: the parent is gone
-            counters = None
-            if url is not None and url in self.backends:
-                backend = self.backends[url]
-                c = backend.counters
-                counters = (url, (dict(c.requests), c.bytes_read, c.bytes_written, c.retries,
-                                  dict(c.failures)), backend.read_path())
-            message = (DONE, job_id, result.results, result.gets, result.stages.values,
-                       result.error, counters)
-            self.sock.send(_picklable(message))
-
-    def ask(self, job_id: int, message: tuple) -> object:
-        """Send ``message`` about job ``job_id`` and wait for the parent's REPLY (or the
-        job's CANCEL, or the end of the parent); the value the REPLY brought (None: none)."""
-        event = self.waiting[job_id] = threading.Event()
-        try:
-            self.sock.send(pickle.dumps(message))
-            while not event.wait(1.0) and not self.stopping:
-                pass
-        except OSError:
-            self.stopping = True
-        finally:
-            self.waiting.pop(job_id, None)
-        return self.answers.pop(job_id, None)
-
-
-class _ChildGate:  # pragma: no cover - runs in a fill process
-    """The :class:`~mountd.store.fillwork.Gate` of one job in a fill process."""
-
-    def __init__(self, loop: _ChildLoop, job_id: int) -> None:
-        self.loop = loop
-        self.job_id = job_id
-
-    def room(self, need: int) -> bool:
-        return self.loop.ask(self.job_id, (ROOM, self.job_id, need)) is True
-
-    def next_read(self, nbytes: int, remote: bool) -> None:
-        loop, job_id = self.loop, self.job_id
-        if job_id not in loop.stopped and remote:
-            loop.ask(job_id, (PACE, job_id, nbytes))
-        if job_id in loop.stopped or loop.stopping:
-            raise FillStopped
-
-
-def _picklable(message: tuple) -> bytes:
-    """``message`` pickled; an error that does not pickle (an SDK's odd exception) becomes
-    a :class:`CacheError` saying what it was."""
-    try:
-        return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        kind, job_id, results, gets, stages, error, counters = message
-
-        def plain(value: Any) -> Any:
-            if isinstance(value, BaseException):
-                try:
-                    pickle.dumps(value)
-                except Exception:
-                    return CacheError(f"{type(value).__name__}: {value}")
-            return value
-
-        return pickle.dumps((kind, job_id, [plain(r) for r in results], gets, stages,
-                             plain(error), counters), protocol=pickle.HIGHEST_PROTOCOL)
