@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from mountd.store.index import SCHEMA, WAL_BYTES, Index, IndexCorrupt
+from mountd.store.index import WAL_BYTES, Index, IndexCorrupt
 from mountd.store.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
+from mountd.store.schema import SCHEMA
 from quiverfs.errors import UsageError
 
 
