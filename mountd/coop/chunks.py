@@ -578,6 +578,12 @@ class ChunkState(enum.StrEnum):
     LOADED = "loaded"  # resident; the newest loaded chunk is the one new jobs start on
     MARKED = "marked"  # resident, marked for eviction: a newer chunk is fully loaded
 
+    @property
+    def pinned(self) -> bool:
+        """Whether mountd keeps the chunk's files pinned in the cache: loading or resident
+        (:class:`mountd.coop.service.CoopService` pins them as they land)."""
+        return self in (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
+
 
 @dataclass(frozen=True)
 class Preload:

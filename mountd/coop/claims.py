@@ -50,17 +50,12 @@ from mountd.coop.chunks import (
     INVERT,
     ChunkManager,
     ChunkPlan,
-    ChunkState,
     Moves,
     Needs,
 )
 from mountd.coop.packing import Packing
 
 __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
-
-
-#: Chunk states whose files mountd pins (loading or resident).
-_HELD_STATES = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
 
 
 class UnreadSet:
@@ -248,7 +243,7 @@ class DatasetState:
         old = self.manager
         if old is not None:
             for c, state in enumerate(old.states()):
-                if state in _HELD_STATES:
+                if state.pinned:
                     held.extend(self.plan.ids_of(c))
         self.plan = plan
         self.manager = None
@@ -266,6 +261,11 @@ class DatasetState:
     def is_cached(self, file_id: int) -> bool:
         """Whether ``file_id`` is cached (as reported)."""
         return bool(self.cached[file_id])
+
+    def pinned(self, file_id: int) -> bool:
+        """Whether ``file_id``'s chunk is loading or resident, so that mountd keeps it pinned
+        (:attr:`mountd.coop.chunks.ChunkState.pinned`); never for a dataset without chunks."""
+        return self.manager is not None and self.manager.state(self.plan.chunk_of(file_id)).pinned
 
     def demand(self, requester: object | None) -> Needs | None:
         """Which files the live pools still need (:class:`mountd.coop.chunks.Needs`; None:
@@ -746,7 +746,7 @@ class EpochPool:
             return
         if self.after is not None:
             manager.release_planned()  # drawn for the last epoch: not this one's order
-            self._prelude = [c for c in manager.held() if manager.state(c) in _HELD_STATES]
+            self._prelude = [c for c in manager.held() if manager.state(c).pinned]
             # Not entered again in full once their share is read (other jobs' newer chunks
             # still are: that is the co-operation).
             self.after = max([self.after, *map(manager.generation, self._prelude)])

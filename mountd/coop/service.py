@@ -59,14 +59,15 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import trio
 
 from mountd.cluster.service import Cluster
 from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDemand, counted_benefits
-from mountd.coop.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
+from mountd.coop.chunks import ChunkReady, Evict, Mode, Preload
+from mountd.coop.claims import DatasetState
 from mountd.coop.datasets import DatasetView, load_view
 from mountd.coop.sessions import SessionInfo, SessionRegistry
 from mountd.errors import UnknownDataset
@@ -97,7 +98,6 @@ PRELOAD_TTL = 120.0
 #: (256-file chunks on a 20% cache fetched 12x the dataset an epoch: packed_training.py).
 PACKED_CHUNK_WARN_SHARE = 0.05
 
-_HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
 #: In a cluster: seconds between two rounds of asking the peers what they hold, and the most
 #: uncached files of one dataset asked about per round (32 bytes each on the wire).
 PEER_ASK_SECONDS = 2.0
@@ -470,9 +470,7 @@ class CoopService:
             self._preloading.get(name, {}).pop(arg, None)
             if event == "filled":
                 reg.on_cached(name, ids)
-                state = reg.dataset(name)
-                if state.manager is not None and any(
-                        state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
+                if any(map(reg.dataset(name).pinned, ids)):
                     self.cache.pin([arg])
             else:
                 reg.on_fetch_failed(name, ids)
@@ -604,17 +602,17 @@ class CoopService:
         return {"policy": self.policy, "benefit_aware": reg.benefit_aware, "budget": self.budget,
                 "datasets": out}
 
-    def _pinned_for(self, content_hash: bytes) -> bool:
-        """Whether some dataset holds ``content_hash`` pinned: in a loading or resident chunk."""
+    def _holding(self, content_hash: bytes) -> Iterator[tuple[str, DatasetState, list[int]]]:
+        """Every dataset whose files include ``content_hash``: its name, its state and the
+        compact ids of that content in it."""
         for name, view in self.views.items():
             ids = view.ids_of(content_hash)
-            if not ids:
-                continue
-            state = self.registry.dataset(name)
-            if state.manager is not None and any(
-                    state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
-                return True
-        return False
+            if ids:
+                yield name, self.registry.dataset(name), ids
+
+    def _pinned_for(self, content_hash: bytes) -> bool:
+        """Whether some dataset holds ``content_hash`` pinned: in a loading or resident chunk."""
+        return any(any(map(state.pinned, ids)) for _, state, ids in self._holding(content_hash))
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
         self._retain(action.dataset, view, action.ids)
@@ -665,19 +663,13 @@ class CoopService:
         dataset's retained files hold ``content_hash``."""
         if self._is_retained(content_hash):
             return True
-        for name, view in self.views.items():
-            ids = view.ids_of(content_hash)
-            if not ids:
-                continue
-            state = self.registry.dataset(name)
+        for name, state, ids in self._holding(content_hash):
             if state.manager is None:
                 if name != dataset:
                     return True
-                continue
-            for i in ids:
-                c = state.plan.chunk_of(i)
-                if (name, c) != (dataset, chunk) and state.manager.state(c) in _HELD:
-                    return True
+            elif any(state.pinned(i) and (name, state.plan.chunk_of(i)) != (dataset, chunk)
+                     for i in ids):
+                return True
         return False
 
     def _unpin(self, hashes: Sequence[bytes] | bytes) -> None:

@@ -190,6 +190,19 @@ def test_lifecycle_load_mark_evict_then_load_the_third():
     check_invariants(manager)
 
 
+def test_a_chunk_is_pinned_from_its_load_to_its_eviction():
+    assert [s for s in ChunkState if s.pinned] == [
+        ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED]
+    manager, cache, plan = make_manager()
+    job = object()
+    manager.attach(job)
+    [preload] = manager.tick(0.0)
+    assert [manager.state(c).pinned for c in range(plan.chunks)] == [True] + [False] * 4
+    cache.fill(preload.ids)
+    manager.tick(1.0)
+    assert manager.state(0).pinned and manager.state(0) is ChunkState.LOADED
+
+
 @pytest.mark.parametrize("slots", [2, 3])
 def test_a_reader_that_has_not_started_gets_one_chunk_not_a_cycle_of_them(slots):
     """A session opened but not claiming yet: its first chunk loads, and then nothing, where

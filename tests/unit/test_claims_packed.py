@@ -18,7 +18,7 @@ from collections import OrderedDict
 import pytest
 
 from mountd.coop.brand import FillRates, unit_members, unit_of, units_in
-from mountd.coop.chunks import ChunkPlan, ChunkState, Evict, Mode, Preload, plan_packed_chunks
+from mountd.coop.chunks import ChunkPlan, Evict, Mode, Preload, plan_packed_chunks
 from mountd.coop.packing import Packing
 from mountd.coop.sessions import SessionRegistry
 
@@ -49,9 +49,6 @@ def make_packing(n: int, per_pack: int, seed: int = 0, loose: int = 0) -> Packin
         members.extend(group)
         starts.append(len(members))
     return Packing(chunk_of, starts, members)
-
-
-_HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
 
 
 class Sim:
@@ -86,9 +83,7 @@ class Sim:
 
     def held(self, i: int) -> bool:
         state = self.state
-        return i in state.reserved or (
-            state.manager is not None and state.manager.state(state.plan.chunk_of(i)) in _HELD
-        )
+        return i in state.reserved or state.pinned(i)
 
     def request(self, ids) -> None:
         """Fetch ``ids``: one GET per unit, landing at the end of the round."""
