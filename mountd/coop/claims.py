@@ -46,14 +46,10 @@ from dataclasses import dataclass, field
 from itertools import compress
 
 from mountd.coop.brand import FillRates, unit_members, unit_of
-from mountd.coop.chunks import (
-    INVERT,
-    ChunkManager,
-    ChunkPlan,
-    Moves,
-    Needs,
-)
+from mountd.coop.chunks import ChunkManager
+from mountd.coop.draws import INVERT, Needs
 from mountd.coop.packing import Packing
+from mountd.coop.plans import ChunkPlan, Moves
 
 __all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
 
@@ -268,7 +264,7 @@ class DatasetState:
         return self.manager is not None and self.manager.state(self.plan.chunk_of(file_id)).pinned
 
     def demand(self, requester: object | None) -> Needs | None:
-        """Which files the live pools still need (:class:`mountd.coop.chunks.Needs`; None:
+        """Which files the live pools still need (:class:`mountd.coop.draws.Needs`; None:
         no pool, every file is wanted): the chunk manager draws the files every reader still
         has to read first. One pass over each pool's ``given`` mask at C speed.
 

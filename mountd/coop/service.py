@@ -66,9 +66,10 @@ import trio
 
 from mountd.cluster.service import Cluster
 from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDemand, counted_benefits
-from mountd.coop.chunks import ChunkReady, Evict, Mode, Preload
+from mountd.coop.chunks import ChunkReady, Evict, Preload
 from mountd.coop.claims import DatasetState
 from mountd.coop.datasets import DatasetView, load_view
+from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionInfo, SessionRegistry
 from mountd.errors import UnknownDataset
 from mountd.store.cache import Cache

@@ -39,18 +39,10 @@ from mountd.coop.benefit import (
     could_be_full,
     lean_chunk_bytes,
 )
-from mountd.coop.chunks import (
-    DEFAULT_GRACE,
-    MIN_FRACTION,
-    Action,
-    ChunkPlan,
-    Evict,
-    Mode,
-    plan_chunks,
-    plan_packed_chunks,
-)
+from mountd.coop.chunks import DEFAULT_GRACE, Action, Evict
 from mountd.coop.claims import Claim, DatasetState, EpochPool
 from mountd.coop.packing import Packing
+from mountd.coop.plans import MIN_FRACTION, ChunkPlan, Mode, plan_chunks, plan_packed_chunks
 from mountd.coop.requests import (
     LIVE_EPOCHS,
     MAX_CLAIM,
@@ -264,7 +256,7 @@ class SessionRegistry:
         cache now. Registering the same dataset again with the same file count is a no-op.
 
         ``packing``: the packed chunks of a packed dataset (None: loose). Its chunks are
-        then unions of whole packed chunks (:func:`~mountd.coop.chunks.plan_packed_chunks`)
+        then unions of whole packed chunks (:func:`~mountd.coop.plans.plan_packed_chunks`)
         and its claims follow Brand's policy (docs/substitutable-reads.md "Packed datasets").
         """
         check_name("dataset", dataset)

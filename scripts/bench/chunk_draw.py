@@ -27,8 +27,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from mountd.coop.chunks import ChunkPlan  # noqa: E402
 from mountd.coop.claims import DatasetState, EpochPool  # noqa: E402
+from mountd.coop.plans import ChunkPlan  # noqa: E402
 
 
 def main() -> None:

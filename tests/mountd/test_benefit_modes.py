@@ -13,7 +13,8 @@ import trio
 
 from digests.build import build
 from mountd.coop.benefit import HIT_SAMPLES, MISS_SAMPLES
-from mountd.coop.chunks import ChunkState, Mode
+from mountd.coop.chunks import ChunkState
+from mountd.coop.plans import Mode
 from mountd.daemon import DaemonConfig, serve
 from mountd.errors import InvalidRequest
 from mountd.rpc.client import open_client

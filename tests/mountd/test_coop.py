@@ -16,8 +16,9 @@ import pytest
 import trio
 
 from digests.build import build
-from mountd.coop.chunks import ChunkState, Mode
+from mountd.coop.chunks import ChunkState
 from mountd.coop.datasets import DatasetView
+from mountd.coop.plans import Mode
 from mountd.daemon import DaemonConfig, serve
 from mountd.errors import (
     InvalidRequest,

@@ -25,8 +25,8 @@ from mountd.coop.benefit import (
     counted_benefits,
     lean_chunk_bytes,
 )
-from mountd.coop.chunks import Mode
 from mountd.coop.packing import Packing
+from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionRegistry
 from mountd.coop.timings import COLD_MISS_SAMPLES, JobTimings, classify_batch
 from mountd.errors import InvalidRequest

@@ -16,8 +16,9 @@ from collections import OrderedDict
 
 import pytest
 
-from mountd.coop.chunks import Evict, Mode, Preload
+from mountd.coop.chunks import Evict, Preload
 from mountd.coop.packing import Packing
+from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionRegistry
 from quiverfs.testing import order_stats
 

@@ -1,4 +1,5 @@
-"""mountd.coop.chunks: striped partitions, mode choice, the chunk lifecycle and chunked claims."""
+"""mountd.coop.plans, draws and chunks: striped partitions, mode choice, the draw, the chunk
+lifecycle and chunked claims."""
 
 from __future__ import annotations
 
@@ -7,19 +8,9 @@ from collections import deque
 
 import pytest
 
-from mountd.coop.chunks import (
-    INVERT,
-    ChunkManager,
-    ChunkPlan,
-    ChunkReady,
-    ChunkState,
-    Evict,
-    Mode,
-    Needs,
-    Preload,
-    choose_mode,
-    plan_chunks,
-)
+from mountd.coop.chunks import ChunkManager, ChunkReady, ChunkState, Evict, Preload
+from mountd.coop.draws import INVERT, Needs
+from mountd.coop.plans import ChunkPlan, Mode, choose_mode, plan_chunks
 from mountd.coop.sessions import SessionRegistry
 from mountd.errors import UnknownSession
 

@@ -7,8 +7,8 @@ from array import array
 
 import pytest
 
-from mountd.coop.chunks import ChunkPlan
 from mountd.coop.claims import DatasetState, EpochPool, UnreadSet
+from mountd.coop.plans import ChunkPlan
 from mountd.coop.sessions import SessionRegistry
 
 

@@ -18,8 +18,9 @@ from collections import OrderedDict
 import pytest
 
 from mountd.coop.brand import FillRates, unit_members, unit_of, units_in
-from mountd.coop.chunks import ChunkPlan, Evict, Mode, Preload, plan_packed_chunks
+from mountd.coop.chunks import Evict, Preload
 from mountd.coop.packing import Packing
+from mountd.coop.plans import ChunkPlan, Mode, plan_packed_chunks
 from mountd.coop.sessions import SessionRegistry
 
 
