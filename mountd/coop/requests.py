@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from mountd.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from mountd.coop.claims import DatasetState
+    from mountd.coop.dataset_state import DatasetState
 
 __all__ = [
     "check_ids",

@@ -67,7 +67,7 @@ import trio
 from mountd.cluster.service import Cluster
 from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDemand, counted_benefits
 from mountd.coop.chunks import ChunkReady, Evict, Preload
-from mountd.coop.claims import DatasetState
+from mountd.coop.dataset_state import DatasetState
 from mountd.coop.datasets import DatasetView, load_view
 from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionInfo, SessionRegistry
@@ -215,7 +215,7 @@ class CoopService:
                 self._nursery = None
 
     async def _ask_peers(self) -> None:
-        """Keep each read dataset's :attr:`~mountd.coop.claims.DatasetState.peer_held`
+        """Keep each read dataset's :attr:`~mountd.coop.dataset_state.DatasetState.peer_held`
         current: every :data:`PEER_ASK_SECONDS`, ask the cluster which of up to
         :data:`PEER_ASK_FILES` uncached files (the next ones after those asked last time,
         round the dataset) other mountds hold, so that claims give those misses first."""

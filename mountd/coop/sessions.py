@@ -2,8 +2,9 @@
 
 :class:`SessionRegistry` is what mountd's RPC handlers (and, through them, the mount's xattr
 control channel and the PyTorch sampler) call. It owns the datasets' cache views
-(:class:`mountd.coop.claims.DatasetState`), the jobs' epoch pools (:class:`mountd.coop.claims.EpochPool`)
-and their timing reports, and returns chunk decisions from :meth:`SessionRegistry.tick`.
+(:class:`mountd.coop.dataset_state.DatasetState`), the jobs' epoch pools
+(:class:`mountd.coop.claims.EpochPool`) and their timing reports, and returns chunk decisions
+from :meth:`SessionRegistry.tick`.
 
 A session is keyed by ``(dataset, job, rank)`` — never by pid: DataLoader worker processes and
 the main process of one rank share it, and :meth:`~SessionRegistry.open_session` with the same
@@ -40,7 +41,8 @@ from mountd.coop.benefit import (
     lean_chunk_bytes,
 )
 from mountd.coop.chunks import DEFAULT_GRACE, Action, Evict
-from mountd.coop.claims import Claim, DatasetState, EpochPool
+from mountd.coop.claims import Claim, EpochPool
+from mountd.coop.dataset_state import DatasetState
 from mountd.coop.packing import Packing
 from mountd.coop.plans import MIN_FRACTION, ChunkPlan, Mode, plan_chunks, plan_packed_chunks
 from mountd.coop.requests import (
@@ -420,7 +422,7 @@ class SessionRegistry:
     def set_mode(self, dataset: str, mode: Mode | str, budget: int) -> ModeChange | None:
         """Plan ``dataset`` again in ``mode`` within ``budget`` bytes; None when nothing changed.
 
-        Safe under load (:meth:`mountd.coop.claims.DatasetState.replan`): what every job was
+        Safe under load (:meth:`mountd.coop.dataset_state.DatasetState.replan`): what every job was
         given stays given, claims in flight stay in flight, reservations stay; the chunks the
         old mode held come back in :attr:`ModeChange.released` for the caller to unpin.
         """

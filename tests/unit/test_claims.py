@@ -7,9 +7,11 @@ from array import array
 
 import pytest
 
-from mountd.coop.claims import DatasetState, EpochPool, UnreadSet
+from mountd.coop.claims import EpochPool
+from mountd.coop.dataset_state import DatasetState
 from mountd.coop.plans import ChunkPlan
 from mountd.coop.sessions import SessionRegistry
+from mountd.coop.unread import UnreadSet
 
 
 class FakeClock:
