@@ -69,8 +69,9 @@ from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDeman
 from mountd.coop.chunks import ChunkReady, Evict, Preload
 from mountd.coop.dataset_state import DatasetState
 from mountd.coop.datasets import DatasetView, load_view
+from mountd.coop.jobs import SessionInfo
 from mountd.coop.plans import Mode
-from mountd.coop.sessions import SessionInfo, SessionRegistry
+from mountd.coop.sessions import SessionRegistry
 from mountd.errors import UnknownDataset
 from mountd.store.cache import Cache
 from mountd.store.span import Member
