@@ -407,38 +407,10 @@ class CoopService:
     def chunk_members(self, dataset: str | None, content_hash: bytes,
                       location: Location) -> list[Member] | None:
         """The members of the chunk that holds ``content_hash`` at ``location`` in
-        ``dataset``, in offset order (:class:`mountd.store.span.ChunkMembers`), or None: no
-        view of ``dataset`` (unknown, not loaded yet, no digest), a loose dataset or file.
-
-        Locations come from the packing's offsets and ``location``'s object (every member
-        shares it), so this reads the digest only when one content sits at this offset in
-        two chunks (duplicates), to tell which object ``location`` names."""
+        ``dataset`` (:meth:`DatasetView.chunk_members`), or None: no view of ``dataset``
+        (unknown, not loaded yet, no digest), a loose dataset or file."""
         view = self.views.get(dataset) if dataset is not None else None
-        packing = view.packing if view is not None else None
-        if view is None or packing is None:
-            return None
-        matches: list[tuple[int, int]] = []  # (compact id, chunk) at this offset
-        for cid in view.ids_of(content_hash):
-            chunk = packing.chunk(cid)
-            if chunk < 0:
-                continue
-            at = list(packing.members_of(chunk)).index(cid)
-            if packing.member_offsets(chunk)[at] == location.offset:
-                matches.append((cid, chunk))
-        if len(matches) > 1:  # one content at this offset of two chunks: which object is it?
-            matches = [(cid, chunk) for cid, chunk in matches if self._in_object(view, cid, location)]
-        if len(matches) != 1:
-            return None
-        chunk = matches[0][1]
-        sizes = view.sizes
-        return [Member(view.hash_of(m), sizes[m], Location(location.url, location.key, off, sizes[m]))
-                for m, off in zip(packing.members_of(chunk), packing.member_offsets(chunk), strict=True)]
-
-    @staticmethod
-    def _in_object(view: DatasetView, cid: int, location: Location) -> bool:
-        """Whether the digest places ``cid`` in ``location``'s object (one digest read)."""
-        entry = view.digest.entry(view.file_ids[cid])
-        return entry is not None and entry.location is not None and entry.location.key == location.key
+        return None if view is None else view.chunk_members(content_hash, location)
 
     # -- cache events (CacheListener) ----------------------------------------------------------
 
