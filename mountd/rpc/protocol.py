@@ -1,7 +1,8 @@
 """The mountd wire protocol: framing, messages, argument checks and error transport.
 
-Pure code (no sockets, no trio), shared by :mod:`mountd.rpc.server` and :mod:`mountd.rpc.client` and
-documented for other implementations in ``docs/mountd-protocol.md``.
+Pure code (no sockets, no trio), shared by :mod:`mountd.rpc.server` and the clients
+(:mod:`mountd.rpc.calls`) and documented for other implementations in
+``docs/mountd-protocol.md``.
 
 **Framing.** Every message is one *frame*: a 4-byte big-endian unsigned length ``N`` followed
 by ``N`` bytes of UTF-8 JSON encoding one object. ``N`` is at most :data:`MAX_FRAME`; a larger

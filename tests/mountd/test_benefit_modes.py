@@ -17,7 +17,7 @@ from mountd.coop.chunks import ChunkState
 from mountd.coop.plans import Mode
 from mountd.daemon import DaemonConfig, serve
 from mountd.errors import InvalidRequest
-from mountd.rpc.client import open_client
+from mountd.rpc.async_client import open_client
 from mountd.stats.metrics import render
 from mountd.store import layout
 from mountd.store.cache import CacheConfig

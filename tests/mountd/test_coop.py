@@ -28,7 +28,7 @@ from mountd.errors import (
     UnknownDataset,
     UnknownSession,
 )
-from mountd.rpc.client import AsyncClient, open_client
+from mountd.rpc.async_client import AsyncClient, open_client
 from mountd.rpc.server import Server
 from mountd.store import layout
 from mountd.store.cache import CacheConfig

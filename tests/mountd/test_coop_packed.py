@@ -17,7 +17,7 @@ import trio
 from digests.write import NewFile, write_digest
 from mountd.coop.brand import unit_members, unit_of, units_in
 from mountd.daemon import DaemonConfig, serve
-from mountd.rpc.client import open_client
+from mountd.rpc.async_client import open_client
 from mountd.store import layout
 from mountd.store.cache import CacheConfig
 

@@ -21,7 +21,8 @@ import trio
 
 from mountd.errors import ProtocolError
 from mountd.rpc import protocol
-from mountd.rpc.client import SyncClient, open_client
+from mountd.rpc.async_client import open_client
+from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.errors import CorruptObject, NotFound
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
