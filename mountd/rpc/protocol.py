@@ -22,7 +22,9 @@ A request that cannot even be parsed is answered with ``"id": null``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -411,6 +413,33 @@ def response_fds(message: Mapping[str, Any]) -> int:
 def progress_message(rid: RequestId, progress: Any) -> dict[str, Any]:
     """An interim progress frame for a long request."""
     return {"id": rid, "progress": progress}
+
+
+def json_value(value: Any) -> Any:
+    """Dataclasses, tuples and paths as JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_value(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def progress_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Whatever the cache's progress callback was given, as one JSON value."""
+    if kwargs and not args:
+        return json_value(kwargs)
+    if len(args) == 1 and not kwargs:
+        value = json_value(args[0])
+        return value if isinstance(value, dict) else {"done": value}
+    if len(args) == 2 and not kwargs and all(isinstance(a, int) for a in args):
+        return {"done": args[0], "total": args[1]}
+    return {"args": json_value(list(args)), **json_value(kwargs)}
 
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
