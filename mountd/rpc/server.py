@@ -396,10 +396,7 @@ class Server:
         client that may not open them itself (a private store). Anyone connected may ask: a
         hash is the capability to its content (DESIGN.md "Many users, one cache"), and only
         hashes the store holds, verified, are ever opened."""
-        args = request.args
-        unknown = set(args) - {"dataset", "hashes", "sizes"}
-        if unknown:
-            raise ProtocolError(f"unknown arguments of open: {', '.join(sorted(unknown))[:200]}")
+        args = _known_args(request, {"dataset", "hashes", "sizes"})
         dataset = check_text(args, "dataset", optional=True)
         raw = check_list(args, "hashes")
         if len(raw) > MAX_OPEN:
@@ -591,44 +588,44 @@ class Server:
         return self.coop
 
     async def _op_session_open(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "world_size", "epoch", "seed", "lookahead",
+        a = _known_args(request, {"dataset", "job", "rank", "world_size", "epoch", "seed", "lookahead",
                                     "scope"})
         dataset, job = a.pop("dataset", None), a.pop("job", None)
         return await self._coop().open_session(dataset, job, **a)
 
     async def _op_claim(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "n", "epoch"})
+        a = _known_args(request, {"dataset", "job", "rank", "n", "epoch"})
         return self._coop().claim(a.get("dataset"), a.get("job"), a.get("rank"), a.get("n"), a.get("epoch"))
 
     async def _op_next_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "epoch"})
+        a = _known_args(request, {"dataset", "job", "rank", "epoch"})
         coop = self._coop()
         info = coop.registry.next_epoch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("epoch"))
         coop.wake()
         return info_json(info)
 
     async def _op_session_close(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "seconds"})
+        a = _known_args(request, {"dataset", "job", "rank", "seconds"})
         coop = self._coop()
         coop.registry.close_session(a.get("dataset"), a.get("job"), a.get("rank"), seconds=a.get("seconds"))
         coop.wake()
         return {"closed": True}
 
     async def _op_report_batch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "seconds", "files", "misses"})
+        a = _known_args(request, {"dataset", "job", "rank", "seconds", "files", "misses"})
         self._coop().registry.report_batch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("seconds"),
                                            a.get("files"), a.get("misses"))
         return {"recorded": 1}
 
     async def _op_report_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "epoch", "seconds"})
+        a = _known_args(request, {"dataset", "job", "rank", "epoch", "seconds"})
         self._coop().registry.report_epoch(
             a.get("dataset"), a.get("job"), a.get("rank"), a.get("epoch"), a.get("seconds")
         )
         return {"recorded": 1}
 
     async def _op_timings(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job"})
+        a = _known_args(request, {"dataset", "job"})
         return protocol.json_value(self._coop().registry.timings(a.get("dataset"), a.get("job")))
 
     async def _op_sessions(self, conn: Connection, request: Request) -> dict[str, Any]:
@@ -653,9 +650,10 @@ def _check_opened(digest: str, fds: tuple[int, ...], peer: Peer) -> None:
             "(the mount sends it); this user cannot open it")
 
 
-def _session_args(request: Request, allowed: set[str]) -> dict[str, Any]:
-    """A session request's arguments; unknown ones are a :class:`ProtocolError`. Values are
-    checked by :class:`mountd.coop.sessions.SessionRegistry` (``InvalidRequest``, errno EINVAL)."""
+def _known_args(request: Request, allowed: set[str]) -> dict[str, Any]:
+    """A request's arguments; unknown ones are a :class:`ProtocolError`. A session request's
+    values are checked by :class:`mountd.coop.sessions.SessionRegistry` (``InvalidRequest``,
+    errno EINVAL)."""
     unknown = set(request.args) - allowed
     if unknown:
         raise ProtocolError(f"unknown arguments of {request.op}: {', '.join(sorted(unknown))[:200]}")
