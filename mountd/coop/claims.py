@@ -155,7 +155,7 @@ class EpochPool:
         if self.dataset.manager is not None:
             self.dataset.manager.detach(self)
         if self.reserved:
-            self.dataset._unreserve(self.reserved)
+            self.dataset.end_reservations(self.reserved)
             self.reserved = set()
         self.unread = None
         self.fill = None
@@ -288,7 +288,7 @@ class EpochPool:
                 if dataset.reserve:
                     fresh = [i for i in extra if i not in self.reserved]
                     self.reserved.update(fresh)
-                    dataset._reserve(fresh)
+                    dataset.add_reservations(fresh)
         return fetch, brought
 
     def _give(self, i: int) -> int:
@@ -297,7 +297,7 @@ class EpochPool:
             self.fill.remove(i)
         if i in self.reserved:
             self.reserved.discard(i)
-            self.dataset._unreserve((i,))
+            self.dataset.end_reservations((i,))
         self.given[i] = 1
         self.given_total += 1
         self.given_per_chunk[self.dataset.plan.chunk_of(i)] += 1

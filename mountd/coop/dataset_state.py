@@ -290,11 +290,13 @@ class DatasetState:
             return None
         return self.protect_room() // self.mean_size
 
-    def _reserve(self, ids: Iterable[int]) -> None:
+    def add_reservations(self, ids: Iterable[int]) -> None:
+        """A pool reserved ``ids`` (brought by its claim): one more pool holds each."""
         for i in ids:
             self.reserved[i] = self.reserved.get(i, 0) + 1
 
-    def _unreserve(self, ids: Iterable[int]) -> None:
+    def end_reservations(self, ids: Iterable[int]) -> None:
+        """A pool no longer holds ``ids`` reserved (given to it, or it closed)."""
         for i in ids:
             left = self.reserved[i] - 1
             if left:
@@ -309,7 +311,7 @@ class DatasetState:
             mine = pool.reserved & ids
             if mine:
                 pool.reserved -= mine
-                self._unreserve(mine)
+                self.end_reservations(mine)
 
     def take_closed(self) -> list[tuple[str, int]]:
         """``(job, epoch)`` of the epoch pools closed since the last call."""
