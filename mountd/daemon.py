@@ -41,7 +41,8 @@ from mountd.coop.chunks import DEFAULT_GRACE
 from mountd.coop.service import CoopService
 from mountd.coop.sessions import SessionRegistry
 from mountd.errors import AlreadyRunning, CacheLocked
-from mountd.rpc.server import Server, bind_socket, check_socket_path
+from mountd.rpc.listener import bind_socket, check_socket_path
+from mountd.rpc.server import Server
 from mountd.stats.metrics import serve_metrics
 from mountd.store import access, layout
 from mountd.store.cache import Cache, CacheConfig

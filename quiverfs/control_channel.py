@@ -48,7 +48,7 @@ _RENAME = {"world": "world_size", "s": "seconds"}
 
 
 class SessionClient(Protocol):
-    """What the channel needs of mountd: one async request (mountd.rpc.client.AsyncClient)."""
+    """What the channel needs of mountd: one async request (mountd.rpc.async_client.AsyncClient)."""
 
     async def call(self, op: str, args: dict[str, Any] | None = None) -> Any:
         """mountd's result for ``op``; raises the rebuilt server error."""

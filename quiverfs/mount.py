@@ -482,7 +482,8 @@ async def _announce_ready(mountpoint: Path, status: _Status, dataset: str) -> No
 
 async def serve(options: MountOptions, digest, status: _Status | None = None) -> None:
     """Mount ``digest`` at ``options.mountpoint`` and serve until unmounted or signalled."""
-    from mountd.rpc.client import open_client, probe
+    from mountd.rpc.async_client import open_client
+    from mountd.rpc.client import probe
     from quiverfs.fs import QuiverOperations
 
     status = status or _Status(None)

@@ -38,7 +38,7 @@ log = logging.getLogger("quiverfs.supply")
 class Supplier:
     """Fills misses of one dataset for a mountd that does not read sources for us.
 
-    ``client`` is the mount's :class:`mountd.rpc.client.AsyncClient`; ``concurrency`` bounds
+    ``client`` is the mount's :class:`mountd.rpc.async_client.AsyncClient`; ``concurrency`` bounds
     this mount's own remote reads (mountd's remote limits do not apply to them).
     """
 

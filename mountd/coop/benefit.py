@@ -45,7 +45,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from mountd.coop.chunks import Mode
+from mountd.coop.plans import Mode
 
 __all__ = [
     "ASSUMED_BENEFIT",
@@ -418,7 +418,7 @@ def allocate_in_order(
 
     A dataset without a manual mode is ``full`` when it fits what is left, else ``chunked``
     with chunks of ``min(chunk_bytes, left / slots)`` when those are still at least
-    ``min_chunk_bytes``, else ``off`` (:func:`mountd.coop.chunks.choose_mode` with what is
+    ``min_chunk_bytes``, else ``off`` (:func:`mountd.coop.plans.choose_mode` with what is
     left for a budget). A manual ``chunked`` dataset is sized the same way and is ``off``
     when no chunk fits; a manual ``full`` one is charged up to what is left (nothing of it is
     pinned: the cache's policy keeps what fits); ``off`` and ``lru`` cost nothing.

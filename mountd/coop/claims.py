@@ -40,385 +40,16 @@ one thread (mountd's trio thread); a method call is atomic.
 from __future__ import annotations
 
 import random
-from array import array
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress
 
-from mountd.coop.brand import FillRates, unit_members, unit_of
-from mountd.coop.chunks import (
-    INVERT,
-    ChunkManager,
-    ChunkPlan,
-    ChunkState,
-    Moves,
-    Needs,
-)
-from mountd.coop.packing import Packing
+from mountd.coop.brand import FillRates, unit_members
+from mountd.coop.dataset_state import DatasetState
+from mountd.coop.draws import INVERT
+from mountd.coop.plans import Moves
+from mountd.coop.unread import UnreadSet
 
-__all__ = ["Claim", "DatasetState", "EpochPool", "UnreadSet"]
-
-
-#: Chunk states whose files mountd pins (loading or resident).
-_HELD_STATES = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
-
-
-class UnreadSet:
-    """The unread files of one chunk, split into cached and uncached: O(1) everything.
-
-    A sparse set (Briggs & Torczon) in two regions: ``_members[:_split]`` are the cached
-    unread files, ``_members[_split:]`` the uncached ones; ``_pos[id]`` is an id's index in
-    ``_members``, meaningful only when ``_members[_pos[id]] == id`` — so ``_pos`` needs no
-    initialisation and both arrays start as memcpy copies of the plan's templates. Moving a file
-    between regions or removing it is a swap; sampling a region is one ``randrange``.
-    """
-
-    __slots__ = ("_members", "_pos", "_split")
-
-    def __init__(self, members: array, pos: array) -> None:
-        """``members``: the set's ids (owned from now on); ``pos``: an index with
-        ``pos[members[k]] == k`` for every ``k`` (owned too). Everything starts uncached."""
-        self._members = members
-        self._pos = pos
-        self._split = 0
-
-    @classmethod
-    def from_mask(cls, ids: array, mask: bytes, capacity: int) -> UnreadSet:
-        """``ids`` with ``mask[k]`` (0/1) telling whether ``ids[k]`` is cached: built in one
-        pass, O(len(ids)) whatever the mix (ids < ``capacity``)."""
-        members = array("i", compress(ids, mask))
-        split = len(members)
-        members.extend(compress(ids, mask.translate(INVERT)))
-        pos = array("i", bytes(4 * capacity))
-        for k, i in enumerate(members):
-            pos[i] = k
-        out = cls(members, pos)
-        out._split = split
-        return out
-
-    def __len__(self) -> int:
-        return len(self._members)
-
-    def __contains__(self, file_id: int) -> bool:
-        k = self._pos[file_id]
-        return 0 <= k < len(self._members) and self._members[k] == file_id
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._members)
-
-    @property
-    def cached(self) -> int:
-        """How many members are cached."""
-        return self._split
-
-    def is_cached(self, file_id: int) -> bool:
-        """Whether ``file_id`` is a member in the cached region."""
-        return file_id in self and self._pos[file_id] < self._split
-
-    def _swap(self, a: int, b: int) -> None:
-        members, pos = self._members, self._pos
-        x, y = members[a], members[b]
-        members[a], members[b] = y, x
-        pos[x], pos[y] = b, a
-
-    def set_cached(self, file_id: int, cached: bool) -> None:
-        """Move a member to the cached or uncached region (no-op for non-members)."""
-        if file_id not in self:
-            return
-        k = self._pos[file_id]
-        if cached and k >= self._split:
-            self._swap(k, self._split)
-            self._split += 1
-        elif not cached and k < self._split:
-            self._split -= 1
-            self._swap(k, self._split)
-
-    def set_all_cached(self) -> None:
-        """Declare every member cached (then mark the exceptions uncached)."""
-        self._split = len(self._members)
-
-    def discard(self, file_id: int) -> None:
-        """Remove ``file_id`` if it is a member (it was given out)."""
-        if file_id not in self:
-            return
-        self.set_cached(file_id, False)
-        self._swap(self._pos[file_id], len(self._members) - 1)
-        self._members.pop()
-
-    def uncached_members(self) -> array:
-        """The uncached members (a copy)."""
-        return self._members[self._split :]
-
-    def sample_cached(self, rng: random.Random) -> int:
-        """A uniformly random cached member (there must be one)."""
-        return self._members[rng.randrange(self._split)]
-
-    def sample_uncached(self, rng: random.Random) -> int:
-        """A uniformly random uncached member (there must be one)."""
-        return self._members[rng.randrange(self._split, len(self._members))]
-
-
-class DatasetState:
-    """One dataset's cache view, shared by every job reading it.
-
-    ``cached`` is a bitmap fed by :meth:`mark_cached` / :meth:`mark_evicted` (the caller
-    forwards the cache's fills and evictions). ``in_flight`` maps ids that claims handed out
-    as misses to the time their fetch is presumed lost (``flight_ttl`` later); another job's
-    miss draw skips them while others are available, so concurrent jobs fetch disjoint
-    subsets (Quiver §5.2) and the remote serves about ``N`` files per epoch whatever the count
-    of jobs. Chunked datasets have a :class:`ChunkManager`.
-
-    A packed dataset has a ``packing`` (:mod:`mountd.coop.brand`): claims then hand out misses
-    a packed chunk at a time, ``flying_units`` counts the in-flight ids per fetch unit, and,
-    when ``reserve`` is on (every mode but lru), the members a claim's GET brings beyond its
-    misses are *reserved* for the claiming pool until it is given them: ``reserved`` counts
-    the pools holding each id. The cache protects what a claim fetches (its misses and the
-    brought members) until it is read (mountd/store/holds.py); ``protect_room`` (bytes the
-    cache's protection share has left, None: no bound) is the gate: a claim brings only as
-    many extra members as fit, the rest stay unread and unfetched for later claims
-    (Brand: load only into a free slot). ``closed`` collects the epoch pools that closed
-    (:meth:`take_closed`): the caller releases what the cache protects for them.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        plan: ChunkPlan,
-        *,
-        manager_options: dict | None = None,
-        flight_ttl: float = 120.0,
-        packing: Packing | None = None,
-        reserve: bool = True,
-        protect_room: Callable[[], int] | None = None,
-        mean_size: int = 1,
-    ) -> None:
-        self.name = name
-        self.plan = plan
-        self.count = plan.count
-        self.cached = bytearray(plan.count)
-        self.cached_total = 0
-        self.in_flight: dict[int, float] = {}
-        self.flight_ttl = flight_ttl
-        self.packing = packing
-        self.reserve = reserve and packing is not None
-        #: unit -> ids of it in ``in_flight`` (packed datasets only; expired ones included
-        #: until :meth:`flying` looks at them).
-        self.flying_units: dict[int, int] = {}
-        #: id -> pools that reserved it (packed datasets with ``reserve`` only).
-        self.reserved: dict[int, int] = {}
-        #: Bytes the cache may still protect (None: no bound), and the mean file size that
-        #: turns them into files.
-        self.protect_room = protect_room
-        self.mean_size = max(1, mean_size)
-        #: (job, epoch) of the pools closed since :meth:`take_closed`.
-        self.closed: list[tuple[str, int]] = []
-        #: Live epoch pools of every job on this dataset (they get cache notifications).
-        self.pools: set[EpochPool] = set()
-        self.manager: ChunkManager | None = None
-        self.manager_options = manager_options or {}
-        if plan.chunks > 1:
-            self.manager = self._new_manager(plan)
-        #: 1 for a file another mountd of the cluster stores (as last asked: it may have
-        #: gone since; then the miss goes to the bucket as any would). Misses prefer these:
-        #: a peer hit costs a LAN transfer, not a bucket GET (mountd/coop/service.py asks).
-        self.peer_held = bytearray(plan.count)
-        self.peer_held_total = 0
-
-    def set_peer_held(self, ids: Iterable[int], held: Iterable[bool]) -> None:
-        """Record what the cluster answered for ``ids`` (see :attr:`peer_held`)."""
-        peer_held = self.peer_held
-        total = self.peer_held_total
-        for i, there in zip(ids, held, strict=True):
-            if peer_held[i] != there:
-                peer_held[i] = there
-                total += 1 if there else -1
-        self.peer_held_total = total
-
-    def replan(self, plan: ChunkPlan) -> list[int]:
-        """Switch to ``plan`` (a mode change, :mod:`mountd.coop.benefit`); returns the ids of
-        the chunks the old manager held (loading or resident: pinned, for the caller to
-        unpin unless something else holds them).
-
-        What a job was given is kept (each pool's ``given`` bitmap), so exactly once per
-        epoch holds across the change; every live pool leaves its chunk (without
-        "finished": the old manager goes) and enters one of the new plan at its next claim.
-        In-flight misses and reservations are per file and stay as they are.
-        """
-        held: list[int] = []
-        old = self.manager
-        if old is not None:
-            for c, state in enumerate(old.states()):
-                if state in _HELD_STATES:
-                    held.extend(self.plan.ids_of(c))
-        self.plan = plan
-        self.manager = None
-        if plan.chunks > 1:
-            self.manager = self._new_manager(plan)
-        for pool in self.pools:
-            pool.replanned()
-        return held
-
-    def _new_manager(self, plan: ChunkPlan) -> ChunkManager:
-        # The bitmap's own getter: the manager asks it once per moved file.
-        return ChunkManager(self.name, plan, self.cached.__getitem__, demand=self.demand,
-                            on_moved=self._moved, **self.manager_options)
-
-    def is_cached(self, file_id: int) -> bool:
-        """Whether ``file_id`` is cached (as reported)."""
-        return bool(self.cached[file_id])
-
-    def demand(self, requester: object | None) -> Needs | None:
-        """Which files the live pools still need (:class:`mountd.coop.chunks.Needs`; None:
-        no pool, every file is wanted): the chunk manager draws the files every reader still
-        has to read first. One pass over each pool's ``given`` mask at C speed.
-
-        "Every reader" means one pool per job: the asking pool for its own job, the newest
-        epoch's pool for the others. A job's older pool (a rank still finishing the last
-        epoch while another started the next) is not a reader of its own: counted as one,
-        it made the new epoch's first chunks out of the files the old one had left, the
-        last files of one epoch became the first of the next (measured: positions moved
-        from the last fifth of an epoch to the first fifth of the next). It still counts
-        for ``by_some``, and it draws its own chunks when it asks."""
-        pools = self.pools
-        if not pools:
-            return None
-        n = self.plan.count
-        readers: dict[str, EpochPool] = {}
-        for pool in pools:
-            seen = readers.get(pool.job)
-            if seen is None or pool.epoch > seen.epoch:
-                readers[pool.job] = pool
-        if isinstance(requester, EpochPool):
-            readers[requester.job] = requester
-        given_any, given_all = 0, -1
-        for pool in pools:
-            given = int.from_bytes(pool.given, "little")
-            if readers.get(pool.job) is pool:
-                given_any |= given
-            given_all &= given
-        mine = None
-        if isinstance(requester, EpochPool):
-            mine = bytes(requester.given).translate(INVERT)
-        return Needs(
-            by_all=given_any.to_bytes(n, "little").translate(INVERT),
-            by_requester=mine,
-            by_some=given_all.to_bytes(n, "little").translate(INVERT),
-        )
-
-    def _moved(self, moves: Moves) -> None:
-        """The chunk manager re-drew free chunks: the pools' per-chunk counts follow."""
-        for pool in self.pools:
-            pool.on_moved(moves)
-
-    def mark_cached(self, ids: Iterable[int]) -> list[int]:
-        """Record fills; returns the ids that were not cached before."""
-        new = []
-        for i in ids:
-            self._land(i)
-            if not self.cached[i]:
-                self.cached[i] = 1
-                new.append(i)
-        self.cached_total += len(new)
-        if self.manager is not None:
-            self.manager.on_cached(new)
-        for pool in self.pools:
-            pool.on_cached(new)
-        return new
-
-    def mark_evicted(self, ids: Iterable[int]) -> list[int]:
-        """Record evictions; returns the ids that were cached before."""
-        gone = []
-        for i in ids:
-            if self.cached[i]:
-                self.cached[i] = 0
-                gone.append(i)
-        self.cached_total -= len(gone)
-        if self.manager is not None:
-            self.manager.on_evicted(gone)
-        for pool in self.pools:
-            pool.on_evicted(gone)
-        return gone
-
-    def fetch_failed(self, ids: Iterable[int]) -> None:
-        """Fetches of ``ids`` failed: they are no longer in flight (and count as settled for a
-        loading chunk)."""
-        ids = list(ids)
-        for i in ids:
-            self._land(i)
-        if self.manager is not None:
-            self.manager.on_failed(ids)
-
-    def flying(self, file_id: int, now: float) -> bool:
-        """Whether a fetch of ``file_id`` handed out by a claim is still presumed running."""
-        deadline = self.in_flight.get(file_id)
-        if deadline is None:
-            return False
-        if deadline <= now:
-            self._land(file_id)
-            return False
-        return True
-
-    def fly(self, ids: Iterable[int], deadline: float) -> None:
-        """Enter ``ids`` in the in-flight map until ``deadline``."""
-        packing, units = self.packing, self.flying_units
-        for i in ids:
-            if packing is not None and i not in self.in_flight:
-                u = unit_of(packing, i)
-                units[u] = units.get(u, 0) + 1
-                if units[u] == 1:
-                    self._tell_flying(u, True)
-            self.in_flight[i] = deadline
-
-    def _land(self, file_id: int) -> None:
-        """``file_id`` is no longer in flight (cached, failed, or presumed lost)."""
-        if self.in_flight.pop(file_id, None) is not None and self.packing is not None:
-            u = unit_of(self.packing, file_id)
-            left = self.flying_units[u] - 1
-            if left:
-                self.flying_units[u] = left
-            else:
-                del self.flying_units[u]
-                self._tell_flying(u, False)
-
-    def _tell_flying(self, unit: int, flying: bool) -> None:
-        for pool in self.pools:
-            if pool.fill is not None:
-                pool.fill.set_flying(unit, flying)
-
-    # -- reservations (packed datasets) ------------------------------------------------------
-
-    def reserve_room(self) -> int | None:
-        """How many more files the cache may protect now, in files of the mean size (None:
-        any number): how many members a claim may bring beyond its misses."""
-        if self.protect_room is None:
-            return None
-        return self.protect_room() // self.mean_size
-
-    def _reserve(self, ids: Iterable[int]) -> None:
-        for i in ids:
-            self.reserved[i] = self.reserved.get(i, 0) + 1
-
-    def _unreserve(self, ids: Iterable[int]) -> None:
-        for i in ids:
-            left = self.reserved[i] - 1
-            if left:
-                self.reserved[i] = left
-            else:
-                del self.reserved[i]
-
-    def drop_reservations(self, ids: Iterable[int]) -> None:
-        """Co-ordinated eviction removes ``ids``: no pool holds them any longer."""
-        ids = set(ids)
-        for pool in self.pools:
-            mine = pool.reserved & ids
-            if mine:
-                pool.reserved -= mine
-                self._unreserve(mine)
-
-    def take_closed(self) -> list[tuple[str, int]]:
-        """``(job, epoch)`` of the epoch pools closed since the last call."""
-        out, self.closed = self.closed, []
-        return out
+__all__ = ["Claim", "EpochPool"]
 
 
 @dataclass(frozen=True)
@@ -524,7 +155,7 @@ class EpochPool:
         if self.dataset.manager is not None:
             self.dataset.manager.detach(self)
         if self.reserved:
-            self.dataset._unreserve(self.reserved)
+            self.dataset.end_reservations(self.reserved)
             self.reserved = set()
         self.unread = None
         self.fill = None
@@ -657,7 +288,7 @@ class EpochPool:
                 if dataset.reserve:
                     fresh = [i for i in extra if i not in self.reserved]
                     self.reserved.update(fresh)
-                    dataset._reserve(fresh)
+                    dataset.add_reservations(fresh)
         return fetch, brought
 
     def _give(self, i: int) -> int:
@@ -666,7 +297,7 @@ class EpochPool:
             self.fill.remove(i)
         if i in self.reserved:
             self.reserved.discard(i)
-            self.dataset._unreserve((i,))
+            self.dataset.end_reservations((i,))
         self.given[i] = 1
         self.given_total += 1
         self.given_per_chunk[self.dataset.plan.chunk_of(i)] += 1
@@ -746,7 +377,7 @@ class EpochPool:
             return
         if self.after is not None:
             manager.release_planned()  # drawn for the last epoch: not this one's order
-            self._prelude = [c for c in manager.held() if manager.state(c) in _HELD_STATES]
+            self._prelude = [c for c in manager.held() if manager.state(c).pinned]
             # Not entered again in full once their share is read (other jobs' newer chunks
             # still are: that is the co-operation).
             self.after = max([self.after, *map(manager.generation, self._prelude)])

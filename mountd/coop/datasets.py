@@ -33,6 +33,7 @@ import trio
 from digests.canonical import iter_canonical
 from digests.digest import Digest
 from mountd.coop.packing import Packing, scan_packing
+from mountd.store.span import Member
 from quiverfs.backends.base import Location
 from quiverfs.errors import UsageError
 
@@ -88,6 +89,39 @@ class DatasetView:
     def items(self, ids: Iterable[int]) -> list[tuple[bytes, int, Location]]:
         """:meth:`item` of each id."""
         return [self.item(i) for i in ids]
+
+    def chunk_members(self, content_hash: bytes, location: Location) -> list[Member] | None:
+        """The members of the packed chunk that holds ``content_hash`` at ``location``, in
+        offset order (:class:`mountd.store.span.ChunkMembers`), or None: a loose dataset or
+        file, or no chunk with that content at that offset.
+
+        Locations come from the packing's offsets and ``location``'s object (every member
+        shares it), so this reads the digest only when one content sits at this offset in
+        two chunks (duplicates), to tell which object ``location`` names."""
+        packing = self.packing
+        if packing is None:
+            return None
+        matches: list[tuple[int, int]] = []  # (compact id, chunk) at this offset
+        for cid in self.ids_of(content_hash):
+            chunk = packing.chunk(cid)
+            if chunk < 0:
+                continue
+            at = list(packing.members_of(chunk)).index(cid)
+            if packing.member_offsets(chunk)[at] == location.offset:
+                matches.append((cid, chunk))
+        if len(matches) > 1:  # one content at this offset of two chunks: which object is it?
+            matches = [(cid, chunk) for cid, chunk in matches if self._in_object(cid, location)]
+        if len(matches) != 1:
+            return None
+        chunk = matches[0][1]
+        sizes = self.sizes
+        return [Member(self.hash_of(m), sizes[m], Location(location.url, location.key, off, sizes[m]))
+                for m, off in zip(packing.members_of(chunk), packing.member_offsets(chunk), strict=True)]
+
+    def _in_object(self, cid: int, location: Location) -> bool:
+        """Whether the digest places ``cid`` in ``location``'s object (one digest read)."""
+        entry = self.digest.entry(self.file_ids[cid])
+        return entry is not None and entry.location is not None and entry.location.key == location.key
 
     def cached_ids(self, present: set[bytes] | frozenset[bytes]) -> Iterator[int]:
         """Ids whose content is in ``present`` (the store's hashes)."""

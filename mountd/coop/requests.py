@@ -11,16 +11,19 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mountd.coop.plans import Mode
 from mountd.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from mountd.coop.claims import DatasetState
+    from mountd.coop.dataset_state import DatasetState
 
 __all__ = [
     "check_ids",
     "check_int",
+    "check_mode",
     "check_name",
     "check_seconds",
+    "check_sizes",
 ]
 
 #: Largest ``n`` one claim may ask for.
@@ -59,6 +62,23 @@ def check_seconds(name: str, value: Any) -> float:
     if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
         raise InvalidRequest(f"{name} must be a finite number of seconds >= 0")
     return float(value)
+
+
+def check_mode(value: Any) -> Mode:
+    """``value`` as a :class:`~mountd.coop.plans.Mode` (one of its names)."""
+    try:
+        return Mode(value)
+    except ValueError:
+        raise InvalidRequest(f"unknown mode {value!r}") from None
+
+
+def check_sizes(sizes: Any) -> Sequence[int]:
+    """``sizes`` if it is a non-empty sequence of byte counts (integers >= 0)."""
+    if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not sizes:
+        raise InvalidRequest("sizes must be a non-empty sequence of byte counts")
+    if any(type(s) is not int or s < 0 for s in sizes):
+        raise InvalidRequest("sizes must be integers >= 0")
+    return sizes
 
 
 def scope_mask(dataset: DatasetState, ranges: Any) -> bytearray:

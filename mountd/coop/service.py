@@ -59,16 +59,19 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import trio
 
 from mountd.cluster.service import Cluster
 from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDemand, counted_benefits
-from mountd.coop.chunks import ChunkReady, ChunkState, Evict, Mode, Preload
+from mountd.coop.chunks import ChunkReady, Evict, Preload
+from mountd.coop.dataset_state import DatasetState
 from mountd.coop.datasets import DatasetView, load_view
-from mountd.coop.sessions import SessionInfo, SessionRegistry
+from mountd.coop.jobs import SessionInfo
+from mountd.coop.plans import Mode
+from mountd.coop.sessions import SessionRegistry
 from mountd.errors import UnknownDataset
 from mountd.store.cache import Cache
 from mountd.store.span import Member
@@ -97,7 +100,6 @@ PRELOAD_TTL = 120.0
 #: (256-file chunks on a 20% cache fetched 12x the dataset an epoch: packed_training.py).
 PACKED_CHUNK_WARN_SHARE = 0.05
 
-_HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
 #: In a cluster: seconds between two rounds of asking the peers what they hold, and the most
 #: uncached files of one dataset asked about per round (32 bytes each on the wire).
 PEER_ASK_SECONDS = 2.0
@@ -214,7 +216,7 @@ class CoopService:
                 self._nursery = None
 
     async def _ask_peers(self) -> None:
-        """Keep each read dataset's :attr:`~mountd.coop.claims.DatasetState.peer_held`
+        """Keep each read dataset's :attr:`~mountd.coop.dataset_state.DatasetState.peer_held`
         current: every :data:`PEER_ASK_SECONDS`, ask the cluster which of up to
         :data:`PEER_ASK_FILES` uncached files (the next ones after those asked last time,
         round the dataset) other mountds hold, so that claims give those misses first."""
@@ -405,38 +407,10 @@ class CoopService:
     def chunk_members(self, dataset: str | None, content_hash: bytes,
                       location: Location) -> list[Member] | None:
         """The members of the chunk that holds ``content_hash`` at ``location`` in
-        ``dataset``, in offset order (:class:`mountd.store.span.ChunkMembers`), or None: no
-        view of ``dataset`` (unknown, not loaded yet, no digest), a loose dataset or file.
-
-        Locations come from the packing's offsets and ``location``'s object (every member
-        shares it), so this reads the digest only when one content sits at this offset in
-        two chunks (duplicates), to tell which object ``location`` names."""
+        ``dataset`` (:meth:`DatasetView.chunk_members`), or None: no view of ``dataset``
+        (unknown, not loaded yet, no digest), a loose dataset or file."""
         view = self.views.get(dataset) if dataset is not None else None
-        packing = view.packing if view is not None else None
-        if view is None or packing is None:
-            return None
-        matches: list[tuple[int, int]] = []  # (compact id, chunk) at this offset
-        for cid in view.ids_of(content_hash):
-            chunk = packing.chunk(cid)
-            if chunk < 0:
-                continue
-            at = list(packing.members_of(chunk)).index(cid)
-            if packing.member_offsets(chunk)[at] == location.offset:
-                matches.append((cid, chunk))
-        if len(matches) > 1:  # one content at this offset of two chunks: which object is it?
-            matches = [(cid, chunk) for cid, chunk in matches if self._in_object(view, cid, location)]
-        if len(matches) != 1:
-            return None
-        chunk = matches[0][1]
-        sizes = view.sizes
-        return [Member(view.hash_of(m), sizes[m], Location(location.url, location.key, off, sizes[m]))
-                for m, off in zip(packing.members_of(chunk), packing.member_offsets(chunk), strict=True)]
-
-    @staticmethod
-    def _in_object(view: DatasetView, cid: int, location: Location) -> bool:
-        """Whether the digest places ``cid`` in ``location``'s object (one digest read)."""
-        entry = view.digest.entry(view.file_ids[cid])
-        return entry is not None and entry.location is not None and entry.location.key == location.key
+        return None if view is None else view.chunk_members(content_hash, location)
 
     # -- cache events (CacheListener) ----------------------------------------------------------
 
@@ -470,9 +444,7 @@ class CoopService:
             self._preloading.get(name, {}).pop(arg, None)
             if event == "filled":
                 reg.on_cached(name, ids)
-                state = reg.dataset(name)
-                if state.manager is not None and any(
-                        state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
+                if any(map(reg.dataset(name).pinned, ids)):
                     self.cache.pin([arg])
             else:
                 reg.on_fetch_failed(name, ids)
@@ -604,17 +576,17 @@ class CoopService:
         return {"policy": self.policy, "benefit_aware": reg.benefit_aware, "budget": self.budget,
                 "datasets": out}
 
-    def _pinned_for(self, content_hash: bytes) -> bool:
-        """Whether some dataset holds ``content_hash`` pinned: in a loading or resident chunk."""
+    def _holding(self, content_hash: bytes) -> Iterator[tuple[str, DatasetState, list[int]]]:
+        """Every dataset whose files include ``content_hash``: its name, its state and the
+        compact ids of that content in it."""
         for name, view in self.views.items():
             ids = view.ids_of(content_hash)
-            if not ids:
-                continue
-            state = self.registry.dataset(name)
-            if state.manager is not None and any(
-                    state.manager.state(state.plan.chunk_of(i)) in _HELD for i in ids):
-                return True
-        return False
+            if ids:
+                yield name, self.registry.dataset(name), ids
+
+    def _pinned_for(self, content_hash: bytes) -> bool:
+        """Whether some dataset holds ``content_hash`` pinned: in a loading or resident chunk."""
+        return any(any(map(state.pinned, ids)) for _, state, ids in self._holding(content_hash))
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
         self._retain(action.dataset, view, action.ids)
@@ -665,19 +637,13 @@ class CoopService:
         dataset's retained files hold ``content_hash``."""
         if self._is_retained(content_hash):
             return True
-        for name, view in self.views.items():
-            ids = view.ids_of(content_hash)
-            if not ids:
-                continue
-            state = self.registry.dataset(name)
+        for name, state, ids in self._holding(content_hash):
             if state.manager is None:
                 if name != dataset:
                     return True
-                continue
-            for i in ids:
-                c = state.plan.chunk_of(i)
-                if (name, c) != (dataset, chunk) and state.manager.state(c) in _HELD:
-                    return True
+            elif any(state.pinned(i) and (name, state.plan.chunk_of(i)) != (dataset, chunk)
+                     for i in ids):
+                return True
         return False
 
     def _unpin(self, hashes: Sequence[bytes] | bytes) -> None:

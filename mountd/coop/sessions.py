@@ -2,8 +2,9 @@
 
 :class:`SessionRegistry` is what mountd's RPC handlers (and, through them, the mount's xattr
 control channel and the PyTorch sampler) call. It owns the datasets' cache views
-(:class:`mountd.coop.claims.DatasetState`), the jobs' epoch pools (:class:`mountd.coop.claims.EpochPool`)
-and their timing reports, and returns chunk decisions from :meth:`SessionRegistry.tick`.
+(:class:`mountd.coop.dataset_state.DatasetState`), the jobs' epoch pools
+(:class:`mountd.coop.claims.EpochPool`) and their timing reports, and returns chunk decisions
+from :meth:`SessionRegistry.tick`.
 
 A session is keyed by ``(dataset, job, rank)`` — never by pid: DataLoader worker processes and
 the main process of one rank share it, and :meth:`~SessionRegistry.open_session` with the same
@@ -20,11 +21,9 @@ session as it was. All methods run in mountd's trio thread: each call is atomic.
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from mountd.coop.benefit import (
@@ -37,20 +36,14 @@ from mountd.coop.benefit import (
     allocate_in_order,
     benefit_moved,
     could_be_full,
-    lean_chunk_bytes,
 )
-from mountd.coop.chunks import (
-    DEFAULT_GRACE,
-    MIN_FRACTION,
-    Action,
-    ChunkPlan,
-    Evict,
-    Mode,
-    plan_chunks,
-    plan_packed_chunks,
-)
-from mountd.coop.claims import Claim, DatasetState, EpochPool
+from mountd.coop.chunks import DEFAULT_GRACE, Action, Evict
+from mountd.coop.claims import Claim, EpochPool
+from mountd.coop.dataset_state import DatasetState
+from mountd.coop.jobs import Job, Session, SessionInfo, session_rng
 from mountd.coop.packing import Packing
+from mountd.coop.plans import MIN_FRACTION, Mode
+from mountd.coop.registrations import ModeChange, Registration, too_few_to_chunk
 from mountd.coop.requests import (
     LIVE_EPOCHS,
     MAX_CLAIM,
@@ -59,8 +52,10 @@ from mountd.coop.requests import (
     MAX_WORLD,
     check_ids,
     check_int,
+    check_mode,
     check_name,
     check_seconds,
+    check_sizes,
     scope_mask,
 )
 from mountd.coop.timings import JobTimings, TimingSummary
@@ -92,84 +87,6 @@ __all__ = [
 # -- sessions ------------------------------------------------------------------------------------
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """An open session, as reported to the client."""
-
-    dataset: str
-    job: str
-    rank: int
-    world_size: int
-    epoch: int
-    seed: int
-    lookahead: int
-    files: int  # files in the dataset
-    quota: int  # files this rank gets per epoch, at most
-    mode: Mode
-
-
-@dataclass
-class _Session:
-    rank: int
-    seed: int
-    lookahead: int
-    epoch: int
-    rng: random.Random
-
-
-@dataclass
-class _Job:
-    dataset: str
-    job: str
-    world_size: int
-    scope: bytearray | None = None  # the job's files (EpochPool.scope); None: all
-    sessions: dict[int, _Session] = field(default_factory=dict)
-    pools: dict[int, EpochPool] = field(default_factory=dict)
-    seen: float = 0.0  # clock of the last accepted request from any rank
-
-
-def _rng(seed: int, job: str, epoch: int, rank: int) -> random.Random:
-    # The job id is mixed in so that two jobs with the same (default) seed still draw
-    # different misses: co-operation must not depend on users picking distinct seeds.
-    return random.Random(f"claim:{seed}:{job}:{epoch}:{rank}")
-
-
-@dataclass(frozen=True)
-class ModeChange:
-    """A dataset's mode changed by :meth:`SessionRegistry.allocate`; ``released``: ids of the
-    chunks the old mode held (pinned: unpin unless something else holds them)."""
-
-    dataset: str
-    old: Mode
-    new: Mode
-    budget: int
-    released: tuple[int, ...]
-
-
-@dataclass
-class _Registration:
-    """What :meth:`SessionRegistry.add_dataset` was given, to plan the dataset again."""
-
-    sizes: Sequence[int]
-    total: int
-    fraction: float
-    max_chunk_bytes: int | None
-    seed: int
-    packing: Packing | None
-    fixed: bool  # mode given explicitly: the allocator leaves it
-    budget: int | None
-    #: the mode given explicitly (None: chosen); kept apart from the mode in force, which a
-    #: shared budget may turn ``off`` (a manual ``chunked`` with no room left)
-    asked: Mode | None = None
-
-    def chunk_bytes(self) -> int:
-        """One chunk as the dataset wants it: ``min(fraction × total, max_chunk_bytes)``."""
-        chunk = self.fraction * self.total
-        if self.max_chunk_bytes is not None:
-            chunk = min(chunk, self.max_chunk_bytes)
-        return int(chunk)
 
 
 class SessionRegistry:
@@ -223,9 +140,9 @@ class SessionRegistry:
         self.protect_room = protect_room
         self._datasets: dict[str, DatasetState] = {}
         self._modes: dict[str, Mode] = {}
-        self._jobs: dict[tuple[str, str], _Job] = {}
+        self._jobs: dict[tuple[str, str], Job] = {}
         self._timings: OrderedDict[tuple[str, str], JobTimings] = OrderedDict()
-        self._registrations: dict[str, _Registration] = {}
+        self._registrations: dict[str, Registration] = {}
         #: Benefit-aware allocation (Quiver §5.3): probe jobs and let :meth:`allocate` choose
         #: the modes of datasets registered without one. Off: modes come from one budget
         #: shared in registration order (:func:`mountd.coop.benefit.allocate_in_order`).
@@ -264,14 +181,11 @@ class SessionRegistry:
         cache now. Registering the same dataset again with the same file count is a no-op.
 
         ``packing``: the packed chunks of a packed dataset (None: loose). Its chunks are
-        then unions of whole packed chunks (:func:`~mountd.coop.chunks.plan_packed_chunks`)
+        then unions of whole packed chunks (:func:`~mountd.coop.plans.plan_packed_chunks`)
         and its claims follow Brand's policy (docs/substitutable-reads.md "Packed datasets").
         """
         check_name("dataset", dataset)
-        if isinstance(sizes, str | bytes) or not isinstance(sizes, Sequence) or not sizes:
-            raise InvalidRequest("sizes must be a non-empty sequence of byte counts")
-        if any(type(s) is not int or s < 0 for s in sizes):
-            raise InvalidRequest("sizes must be integers >= 0")
+        check_sizes(sizes)
         if budget is not None:
             check_int("budget", budget, 0, 1 << 62)
         if type(fraction) not in (int, float) or not 0 < fraction <= 1:
@@ -281,14 +195,10 @@ class SessionRegistry:
         check_int("seed", seed, 0, (1 << 64) - 1)
         if packing is not None and len(packing.chunk_of) != len(sizes):
             raise InvalidRequest("the packing must cover every file of the dataset")
-        try:
-            chosen = Mode(mode) if mode is not None else None
-        except ValueError:
-            raise InvalidRequest(f"unknown mode {mode!r}") from None
+        chosen = check_mode(mode) if mode is not None else None
         if (chosen is None or chosen is Mode.CHUNKED) and budget is None:
             raise InvalidRequest("a budget is needed to choose a mode or plan chunks")
-        nothing_to_chunk = len(sizes) < 3 or (
-            packing is not None and packing.chunks + packing.chunk_of.count(-1) < 3)
+        nothing_to_chunk = too_few_to_chunk(len(sizes), packing)
         if chosen is Mode.CHUNKED and nothing_to_chunk:
             chosen = Mode.FULL
         existing = self._datasets.get(dataset)
@@ -296,7 +206,7 @@ class SessionRegistry:
             if existing.count != len(sizes):
                 raise SessionConflict(f"dataset {dataset} is registered with another file count")
             return self._modes[dataset]
-        registration = _Registration(sizes, sum(sizes), fraction, max_chunk_bytes, seed, packing,
+        registration = Registration(sizes, sum(sizes), fraction, max_chunk_bytes, seed, packing,
                                      fixed=mode is not None, budget=budget, asked=chosen)
         if chosen is None or chosen is Mode.CHUNKED:
             assert budget is not None
@@ -304,7 +214,7 @@ class SessionRegistry:
             registration.budget = budget
             if chosen is Mode.CHUNKED and nothing_to_chunk:
                 chosen = Mode.FULL
-        chosen, plan = self._plan(dataset, registration, chosen, budget)
+        chosen, plan = registration.plan(dataset, chosen, budget, self.chunk_slots)
         state = DatasetState(
             dataset,
             plan,
@@ -329,70 +239,19 @@ class SessionRegistry:
         self._allocate_due = True
         return chosen
 
-    def _charge(self, dataset: str) -> int:
-        """Cache bytes a registered dataset holds in its mode now: the whole dataset when
-        ``full``, its chunk slots when ``chunked``, nothing otherwise."""
-        reg = self._registrations[dataset]
-        mode = self._modes[dataset]
-        if mode is Mode.FULL:
-            return reg.total
-        if mode is Mode.CHUNKED:
-            return min(reg.budget or 0, self.chunk_slots * reg.chunk_bytes())
-        return 0
-
-    def _share(self, dataset: str, reg: _Registration, budget: int) -> tuple[Mode, int]:
+    def _share(self, dataset: str, reg: Registration, budget: int) -> tuple[Mode, int]:
         """The mode and budget of a dataset being registered: what the registered datasets
         leave of ``budget`` (:func:`mountd.coop.benefit.allocate_in_order` with it last), so
         that datasets registered one after the other never hold more than ``budget`` together
         (each sized against the whole budget, three datasets each fitting two chunks pinned
         more than the cache: ``CacheFull``). The benefit-aware allocation that follows may
         move it (it runs at the next tick, before any chunk preloads)."""
-        left = max(0, budget - sum(self._charge(name) for name in self._registrations))
+        left = max(0, budget - sum(r.charge(self._modes[name], self.chunk_slots)
+                                   for name, r in self._registrations.items()))
         demand = DatasetDemand(dataset, reg.total, reg.chunk_bytes(), int(MIN_FRACTION * reg.total),
                                fixed=reg.asked)
         decision = allocate_in_order([demand], left, slots=self.chunk_slots)[dataset]
         return decision.mode, decision.budget
-
-    def _plan(self, dataset: str, reg: _Registration, chosen: Mode,
-              budget: int | None) -> tuple[Mode, ChunkPlan]:
-        """The plan of ``chosen`` within ``budget`` (and the mode it really gets: ``off`` when
-        packed chunks are too large for the chunk slots)."""
-        sizes, packing, fraction = reg.sizes, reg.packing, reg.fraction
-        max_chunk_bytes, seed = reg.max_chunk_bytes, reg.seed
-        if chosen is Mode.CHUNKED and packing is not None:
-            assert budget is not None
-            plan = plan_packed_chunks(
-                sizes,
-                packing,
-                budget,
-                fraction=fraction,
-                max_chunk_bytes=max_chunk_bytes,
-                seed=seed,
-                slots=self.chunk_slots,
-            )
-            largest = plan.target_bytes  # its largest chunk's bytes (set_sizes summed them)
-            if largest * self.chunk_slots > budget:
-                # Packed chunks too big for the budget: chunks made of whole ones cannot
-                # have their slots resident at once (pins would fill the cache and every
-                # other fill would fail). No chunk management, then: claims still prefer
-                # what is cached, and the cache's own policy evicts.
-                log.info("dataset %s: its packed chunks are too large for %d chunk slots in "
-                         "%d bytes (largest chunk %d bytes): mode off", dataset,
-                         self.chunk_slots, budget, largest)
-                chosen, plan = Mode.OFF, ChunkPlan.whole(len(sizes))
-        elif chosen is Mode.CHUNKED:
-            assert budget is not None
-            plan = plan_chunks(
-                sizes,
-                budget,
-                fraction=fraction,
-                max_chunk_bytes=max_chunk_bytes,
-                seed=seed,
-                slots=self.chunk_slots,
-            )
-        else:
-            plan = ChunkPlan.whole(len(sizes))
-        return chosen, plan
 
     def remove_dataset(self, dataset: str) -> None:
         """Forget ``dataset``; :class:`SessionConflict` while sessions are open on it."""
@@ -428,26 +287,20 @@ class SessionRegistry:
     def set_mode(self, dataset: str, mode: Mode | str, budget: int) -> ModeChange | None:
         """Plan ``dataset`` again in ``mode`` within ``budget`` bytes; None when nothing changed.
 
-        Safe under load (:meth:`mountd.coop.claims.DatasetState.replan`): what every job was
+        Safe under load (:meth:`mountd.coop.dataset_state.DatasetState.replan`): what every job was
         given stays given, claims in flight stay in flight, reservations stay; the chunks the
         old mode held come back in :attr:`ModeChange.released` for the caller to unpin.
         """
         state = self._dataset(dataset)
         check_int("budget", budget, 0, 1 << 62)
-        try:
-            chosen = Mode(mode)
-        except ValueError:
-            raise InvalidRequest(f"unknown mode {mode!r}") from None
+        chosen = check_mode(mode)
         reg = self._registrations[dataset]
-        if chosen is Mode.CHUNKED and (
-            state.count < 3
-            or (reg.packing is not None and reg.packing.chunks + reg.packing.chunk_of.count(-1) < 3)
-        ):
+        if chosen is Mode.CHUNKED and too_few_to_chunk(state.count, reg.packing):
             chosen = Mode.FULL
         old = self._modes[dataset]
         if chosen is old and (chosen is not Mode.CHUNKED or reg.budget == budget):
             return None
-        chosen, plan = self._plan(dataset, reg, chosen, budget)
+        chosen, plan = reg.plan(dataset, chosen, budget, self.chunk_slots)
         if chosen is old and old is not Mode.CHUNKED:
             return None
         released = state.replan(plan)
@@ -462,18 +315,8 @@ class SessionRegistry:
         jobs: dict[str, list[JobBenefit]] = {name: [] for name in self._datasets}
         for dataset, job in self._jobs:
             jobs[dataset].append(self._timings_of((dataset, job), touch=False).benefit(job))
-        out = []
-        for name, reg in self._registrations.items():  # registration order
-            chunk, floor = reg.chunk_bytes(), int(MIN_FRACTION * reg.total)
-            out.append(DatasetDemand(
-                name, reg.total, chunk, floor,
-                tuple(sorted(jobs[name], key=lambda j: j.job)),
-                (reg.asked or self._modes[name]) if reg.fixed else None,
-                # Packed: chunks are unions of whole packed chunks, which a lean target could
-                # undercut (the dataset then goes off: ``_plan``); they keep their size.
-                lean_chunk_bytes(reg.total, len(reg.sizes), chunk, floor) if reg.packing is None else 0,
-            ))
-        return out
+        return [reg.demand(name, self._modes[name], jobs[name])
+                for name, reg in self._registrations.items()]  # registration order
 
     def allocation_due(self, now: float | None = None) -> bool:
         """Whether :meth:`allocate` should run: a job arrived or left, a probe ended, a
@@ -652,19 +495,19 @@ class SessionRegistry:
         if session is not None:
             epoch = max(epoch, session.epoch)
         if entry is not None:
-            self._check_epoch(entry, session.epoch if session else None, epoch)
+            entry.check_epoch(session.epoch if session else None, epoch)
         elif len(self._jobs) >= self.max_jobs:
             raise TooManyJobs(f"{len(self._jobs)} jobs are open already; close some first")
         if entry is None:
-            entry = self._jobs[key] = _Job(dataset, job, world_size, mask)
+            entry = self._jobs[key] = Job(dataset, job, world_size, mask)
             self._timings_of(key).world_size = world_size
             self._allocate_due = True
         if session is None:
-            session = _Session(rank, seed, lookahead, epoch, _rng(seed, job, epoch, rank))
+            session = Session(rank, seed, lookahead, epoch, session_rng(seed, job, epoch, rank))
             entry.sessions[rank] = session
-        self._move(entry, session, epoch)
+        entry.move(session, epoch, state)
         entry.seen = self.clock()
-        return self._info(state, entry, session)
+        return self._info(entry, session)
 
     def close_session(
         self, dataset: str, job: str, rank: int, *, seconds: float | None = None
@@ -679,19 +522,19 @@ class SessionRegistry:
         timings.closed += 1
         if seconds is not None:
             timings.session_seconds.append(float(seconds))
-        self._drop_unused_pools(entry)
+        entry.drop_unused_pools()
         if not entry.sessions:
             del self._jobs[(dataset, job)]
             timings.probe = None
             self._allocate_due = True
 
-    def _close_job(self, key: tuple[str, str], entry: _Job) -> None:
+    def _close_job(self, key: tuple[str, str], entry: Job) -> None:
         """Close every session of an idle job (its timings stay)."""
         timings = self._timings_of(key)
         timings.closed += len(entry.sessions)
         timings.probe = None
         entry.sessions.clear()
-        self._drop_unused_pools(entry)
+        entry.drop_unused_pools()
         del self._jobs[key]
         self._allocate_due = True
 
@@ -702,10 +545,10 @@ class SessionRegistry:
         entry, session = self._session(dataset, job, rank)
         target = session.epoch + 1 if epoch is None else epoch
         check_int("epoch", target, 0, MAX_EPOCH)
-        self._check_epoch(entry, session.epoch, target)
-        self._move(entry, session, target)
+        entry.check_epoch(session.epoch, target)
+        entry.move(session, target, self._datasets[dataset])
         entry.seen = self.clock()
-        return self._info(self._datasets[dataset], entry, session)
+        return self._info(entry, session)
 
     def claim(
         self, dataset: str, job: str, rank: int, n: int, *, epoch: int | None = None
@@ -718,8 +561,8 @@ class SessionRegistry:
         entry, session = self._session(dataset, job, rank)
         check_int("n", n, 1, self.max_claim)
         target = session.epoch if epoch is None else check_int("epoch", epoch, 0, MAX_EPOCH)
-        self._check_epoch(entry, session.epoch, target)
-        self._move(entry, session, target)
+        entry.check_epoch(session.epoch, target)
+        entry.move(session, target, self._datasets[dataset])
         pool = entry.pools[session.epoch]
         entry.seen = now = self.clock()
         timings = self._timings_of((dataset, job))
@@ -739,7 +582,7 @@ class SessionRegistry:
         timings.on_claim(len(claim.hits), len(claim.fetch))
         return claim
 
-    def _probe_may_start(self, entry: _Job, timings: JobTimings, now: float) -> bool:
+    def _probe_may_start(self, entry: Job, timings: JobTimings, now: float) -> bool:
         """A probe starts when the job is due (:meth:`JobTimings.probe_due`, or
         :meth:`JobTimings.early_probe_due` when a larger ``b`` could make its dataset
         ``full``), its dataset's mode is the allocator's, and no other job of the dataset is
@@ -757,12 +600,12 @@ class SessionRegistry:
     def session_info(self, dataset: str, job: str, rank: int) -> SessionInfo:
         """The open session of ``job``'s ``rank``."""
         entry, session = self._session(dataset, job, rank)
-        return self._info(self._datasets[dataset], entry, session)
+        return self._info(entry, session)
 
     def sessions(self) -> list[SessionInfo]:
         """Every open session."""
         return [
-            self._info(self._datasets[entry.dataset], entry, session)
+            self._info(entry, session)
             for entry in self._jobs.values()
             for session in entry.sessions.values()
         ]
@@ -828,7 +671,7 @@ class SessionRegistry:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _session(self, dataset: Any, job: Any, rank: Any) -> tuple[_Job, _Session]:
+    def _session(self, dataset: Any, job: Any, rank: Any) -> tuple[Job, Session]:
         self._dataset(dataset)
         check_name("job", job)
         check_int("rank", rank, 0, MAX_WORLD - 1)
@@ -840,40 +683,6 @@ class SessionRegistry:
             raise UnknownSession(f"no session for job {job} rank {rank} on {dataset}")
         return entry, session
 
-    def _check_epoch(self, entry: _Job, current: int | None, epoch: int) -> None:
-        """Refuse moving a session (on ``current``, None for a new one) to ``epoch``."""
-        if current is not None and epoch < current:
-            raise StaleEpoch(f"epoch {epoch} is behind this rank's epoch {current}")
-        if epoch not in entry.pools and entry.pools and epoch < max(entry.pools):
-            # A pool is only ever created for an epoch newer than every live one: an older
-            # epoch was given out already (or dropped) and cannot start again.
-            raise StaleEpoch(f"epoch {epoch} of job {entry.job} is over: start a later one")
-        if epoch == current and epoch not in entry.pools:
-            raise StaleEpoch(f"epoch {epoch} of job {entry.job} was dropped: start a later one")
-
-    def _move(self, entry: _Job, session: _Session, epoch: int) -> None:
-        """Put ``session`` on ``epoch`` (already validated), creating its pool if needed."""
-        if epoch not in entry.pools:
-            state = self._datasets[entry.dataset]
-            # The new epoch starts after the chunk the previous one is on (order across epochs).
-            after = entry.pools[max(entry.pools)].generation if entry.pools else None
-            entry.pools[epoch] = EpochPool(
-                state, entry.job, epoch, entry.world_size, entry.scope, after=after
-            )
-            while len(entry.pools) > LIVE_EPOCHS:
-                oldest = min(entry.pools)
-                entry.pools.pop(oldest).close()
-        if session.epoch != epoch:
-            session.epoch = epoch
-            session.rng = _rng(session.seed, entry.job, epoch, session.rank)
-        self._drop_unused_pools(entry)
-
-    def _drop_unused_pools(self, entry: _Job) -> None:
-        """Pools no session is on are finished with (a session never goes back)."""
-        used = {s.epoch for s in entry.sessions.values()}
-        for epoch in [e for e in entry.pools if e not in used]:
-            entry.pools.pop(epoch).close()
-
     def _timings_of(self, key: tuple[str, str], *, touch: bool = True) -> JobTimings:
         timings = self._timings.get(key)
         if timings is None:
@@ -884,18 +693,5 @@ class SessionRegistry:
             self._timings.move_to_end(key)
         return timings
 
-    def _info(self, state: DatasetState, entry: _Job, session: _Session) -> SessionInfo:
-        pool = entry.pools.get(session.epoch)
-        quota = pool.quota if pool is not None else -(-state.count // entry.world_size)
-        return SessionInfo(
-            dataset=state.name,
-            job=entry.job,
-            rank=session.rank,
-            world_size=entry.world_size,
-            epoch=session.epoch,
-            seed=session.seed,
-            lookahead=session.lookahead,
-            files=state.count,
-            quota=quota,
-            mode=self._modes[state.name],
-        )
+    def _info(self, entry: Job, session: Session) -> SessionInfo:
+        return entry.info(self._datasets[entry.dataset], session, self._modes[entry.dataset])

@@ -1,7 +1,8 @@
 """The mountd wire protocol: framing, messages, argument checks and error transport.
 
-Pure code (no sockets, no trio), shared by :mod:`mountd.rpc.server` and :mod:`mountd.rpc.client` and
-documented for other implementations in ``docs/mountd-protocol.md``.
+Pure code (no sockets, no trio), shared by :mod:`mountd.rpc.server` and the clients
+(:mod:`mountd.rpc.calls`) and documented for other implementations in
+``docs/mountd-protocol.md``.
 
 **Framing.** Every message is one *frame*: a 4-byte big-endian unsigned length ``N`` followed
 by ``N`` bytes of UTF-8 JSON encoding one object. ``N`` is at most :data:`MAX_FRAME`; a larger
@@ -21,7 +22,9 @@ A request that cannot even be parsed is answered with ``"id": null``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -410,6 +413,33 @@ def response_fds(message: Mapping[str, Any]) -> int:
 def progress_message(rid: RequestId, progress: Any) -> dict[str, Any]:
     """An interim progress frame for a long request."""
     return {"id": rid, "progress": progress}
+
+
+def json_value(value: Any) -> Any:
+    """Dataclasses, tuples and paths as JSON-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_value(v) for v in value]
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def progress_value(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Whatever the cache's progress callback was given, as one JSON value."""
+    if kwargs and not args:
+        return json_value(kwargs)
+    if len(args) == 1 and not kwargs:
+        value = json_value(args[0])
+        return value if isinstance(value, dict) else {"done": value}
+    if len(args) == 2 and not kwargs and all(isinstance(a, int) for a in args):
+        return {"done": args[0], "total": args[1]}
+    return {"args": json_value(list(args)), **json_value(kwargs)}
 
 
 def error_payload(exc: BaseException) -> dict[str, Any]:

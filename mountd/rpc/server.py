@@ -7,11 +7,12 @@ response and disturbs nothing else; only a frame header announcing more than
 :data:`~mountd.rpc.protocol.MAX_FRAME` bytes (after which the stream cannot be resynchronised)
 closes that one connection.
 
-Peer credentials (``SO_PEERCRED``) are read once per connection; admin operations
-(``admin`` in :data:`~mountd.rpc.protocol.OPERATIONS`) are refused unless the peer is root or the uid that owns
-mountd. The socket itself is created ``0600`` by :func:`bind_socket` unless the operator
-chose a group or every local user (``--socket-group``, ``--shared``), so by default only that
-uid (and root) can connect at all; the credential check is the second line of defence.
+Peer credentials (``SO_PEERCRED``, :mod:`mountd.rpc.connection`) are read once per
+connection; admin operations (``admin`` in :data:`~mountd.rpc.protocol.OPERATIONS`) are
+refused unless the peer is root or the uid that owns mountd. The socket itself is created
+``0600`` by :func:`mountd.rpc.listener.bind_socket` unless the operator chose a group or every
+local user (``--socket-group``, ``--shared``), so by default only that uid (and root) can
+connect at all; the credential check is the second line of defence.
 
 Invariant: the registration tables (``mounts``, ``_dataset_refs``) are changed only from the
 trio thread with no ``await`` in between reads and writes, so they need no lock.
@@ -21,16 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import logging
 import os
-import socket
 import stat
-import struct
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +36,10 @@ import trio
 
 from mountd.cluster.service import Cluster
 from mountd.coop.service import CoopService, info_json
-from mountd.errors import CacheError, PermissionDenied, ProtocolError
+from mountd.errors import PermissionDenied, ProtocolError
 from mountd.rpc import protocol
-from mountd.rpc.fdpass import DescriptorStream, close_all, send_frame, send_with_fds
+from mountd.rpc.connection import Connection, Peer, peer_credentials
+from mountd.rpc.fdpass import DescriptorStream, close_all
 from mountd.rpc.protocol import (
     MAX_OPEN,
     MAX_WAIT_MS,
@@ -60,7 +59,7 @@ from mountd.store.cache import Cache
 from mountd.store.evictions import EvictionJournal
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.backends.base import Location
-from quiverfs.errors import QuiverError, UsageError
+from quiverfs.errors import QuiverError
 from quiverfs.version import __version__
 
 log = logging.getLogger("mountd.rpc.server")
@@ -69,89 +68,8 @@ log = logging.getLogger("mountd.rpc.server")
 #: request; ``answer``: sending the answer).
 FILL_OPS = frozenset({"ensure", "supply"})
 
-#: Requests one connection may have in flight; the reader stops reading beyond this, which
-#: pushes back on a client that pipelines faster than fills complete.
-MAX_IN_FLIGHT = 1024
-
 #: Seconds between two progress frames of a long request (scrub).
 PROGRESS_INTERVAL = 0.25
-
-#: sizeof(sockaddr_un.sun_path) on Linux, including the terminating NUL.
-MAX_SOCKET_PATH = 108
-
-_PEERCRED = struct.Struct("3i")  # struct ucred { pid_t pid; uid_t uid; gid_t gid; }
-
-#: Errors of a send that mean the client went away.
-_PEER_GONE = frozenset({errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF})
-
-
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """Who is on the other end of a connection, as the kernel saw it at ``connect()``."""
-
-    pid: int
-    uid: int
-    gid: int
-
-
-def peer_credentials(sock: Any) -> Peer:
-    """``SO_PEERCRED`` of a connected unix socket (Linux)."""
-    data = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
-    return Peer(*_PEERCRED.unpack(data))
-
-
-def check_socket_path(path: str | os.PathLike[str]) -> None:
-    """:class:`UsageError` when ``path`` cannot be a unix socket address (too long)."""
-    if len(os.fsencode(path)) >= MAX_SOCKET_PATH:
-        raise UsageError(
-            f"socket path {os.fspath(path)!r} is too long for a unix socket "
-            f"({len(os.fsencode(path))} bytes, at most {MAX_SOCKET_PATH - 1}): use a shorter --cache-dir"
-        )
-
-
-def bind_socket(path: str | os.PathLike[str], backlog: int = 128, *, mode: int = 0o600,
-                gid: int | None = None) -> trio.socket.SocketType:
-    """A listening unix socket at ``path`` with ``mode`` (and group ``gid``), never wider.
-
-    ``bind()`` creates the socket file with the process umask applied, so the umask is set
-    around it to leave only ``mode``'s owner bits: there is no moment at which the file is
-    reachable by anyone else. Then the group is changed (still owner-only), and only then is
-    the final mode set, so the group that may connect is never the wrong one (mountd's own).
-    The socket listens last: until then a connect is refused whatever the mode. The umask is
-    process-wide; nothing else here creates files between the two ``umask`` calls (no
-    ``await`` in between). A stale socket file must have been removed by the caller, who
-    knows (holding the cache-dir lock) that no other mountd can own it. Changing the group
-    needs root or membership of it: :class:`UsageError` otherwise.
-    """
-    check_socket_path(path)
-    if mode & ~0o777:
-        raise UsageError(f"socket mode {mode:o} is not a permission mode (0 to 0777)")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    bound = False
-    try:
-        old = os.umask(0o777 & ~(mode & stat.S_IRWXU))
-        try:
-            sock.bind(os.fspath(path))  # the blocking stdlib bind: no await in the umask window
-        finally:
-            os.umask(old)
-        bound = True
-        if gid is not None:
-            try:
-                os.chown(path, -1, gid)
-            except PermissionError:
-                raise UsageError(
-                    f"cannot give the socket {os.fspath(path)} to group {gid}: mountd's user "
-                    f"(uid {os.geteuid()}) is not a member of it; add it, or run mountd as root"
-                ) from None
-        os.chmod(path, mode)  # explicit, whatever the umask was
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        if bound:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        raise
-    return trio.socket.from_stdlib_socket(sock)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,72 +97,6 @@ class MountRecord:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-@dataclass(eq=False)
-class Connection:
-    """One client connection: its stream, peer, send lock and the mounts it registered."""
-
-    id: int
-    stream: trio.SocketStream
-    peer: Peer
-    admin: bool
-    #: mountd may read sources with its own rights for this peer (same uid as mountd): see
-    #: :meth:`Server.fills_for`. Otherwise the peer supplies the bytes (``supply``).
-    fills: bool = True
-    #: Receives the descriptors requests carry (None: not a unix socket, e.g. in tests).
-    descriptors: DescriptorStream | None = None
-    send_lock: trio.Lock = field(default_factory=trio.Lock)
-    slots: trio.Semaphore = field(default_factory=lambda: trio.Semaphore(MAX_IN_FLIGHT))
-    mounts: set[int] = field(default_factory=set)
-    closed: bool = False
-    #: Requests waiting for news (``evictions`` with ``wait_ms``): cancelled when the client
-    #: stops sending (end of stream), so a closed connection is let go at once.
-    waits: set[trio.CancelScope] = field(default_factory=set)
-
-    @property
-    def charge_uid(self) -> int | None:
-        """The uid the fills this peer causes are charged to (mountd/store/quota.py); None
-        when the kernel reported none (not a unix socket)."""
-        return self.peer.uid if self.peer.uid >= 0 else None
-
-    async def send(self, message: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:
-        """Send one frame (with ``fds`` attached to its first byte: the message says how
-        many); a client that went away is not an error (its answers are dropped). The
-        caller still closes ``fds``: the kernel passes copies."""
-        try:
-            frame = protocol.encode_frame(message)
-        except ProtocolError as exc:  # a result too large for a frame: say so instead
-            frame = protocol.encode_frame(protocol.error_response(message.get("id"), exc))
-            fds = ()
-        if self.closed:
-            return
-        if not fds:
-            try:
-                await send_frame(self.stream, self.send_lock, frame)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                self.closed = True  # the client left
-            return
-        async with self.send_lock:
-            try:
-                if fds:
-                    try:
-                        await send_with_fds(self.stream.socket, frame, fds)
-                    except OSError as exc:
-                        if exc.errno in _PEER_GONE:
-                            raise
-                        # Refused before a byte went (ETOOMANYREFS: too many descriptors in
-                        # flight to readers that do not read): the client must still get an
-                        # answer, or it would wait forever; it reads through its mount.
-                        log.warning("cannot send %d descriptors: %s", len(fds), exc)
-                        frame = protocol.encode_frame(protocol.error_response(message.get("id"), CacheError(
-                            f"mountd could not hand over descriptors ({os.strerror(exc.errno or 0)})")))
-                        await self.stream.send_all(frame)
-                else:
-                    await self.stream.send_all(frame)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-                # OSError: sendmsg on the raw socket (EPIPE, ECONNRESET: the client left).
-                self.closed = True
 
 
 class Server:
@@ -544,10 +396,7 @@ class Server:
         client that may not open them itself (a private store). Anyone connected may ask: a
         hash is the capability to its content (DESIGN.md "Many users, one cache"), and only
         hashes the store holds, verified, are ever opened."""
-        args = request.args
-        unknown = set(args) - {"dataset", "hashes", "sizes"}
-        if unknown:
-            raise ProtocolError(f"unknown arguments of open: {', '.join(sorted(unknown))[:200]}")
+        args = _known_args(request, {"dataset", "hashes", "sizes"})
         dataset = check_text(args, "dataset", optional=True)
         raw = check_list(args, "hashes")
         if len(raw) > MAX_OPEN:
@@ -716,7 +565,7 @@ class Server:
 
         def progress(*args: Any, **kwargs: Any) -> None:
             # May be called from a worker thread: only store (list item assignment is atomic).
-            latest[0] = _progress_json(args, kwargs)
+            latest[0] = protocol.progress_value(args, kwargs)
 
         async def ticker() -> None:
             while True:
@@ -729,7 +578,7 @@ class Server:
             nursery.start_soon(ticker)
             report = await self.cache.scrub(progress=progress)
             nursery.cancel_scope.cancel()
-        return _to_json(report)
+        return protocol.json_value(report)
 
     # -- job sessions (docs/control-protocol.md; errors carry errno: mountd.coop.requests) ----------
 
@@ -739,45 +588,45 @@ class Server:
         return self.coop
 
     async def _op_session_open(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "world_size", "epoch", "seed", "lookahead",
+        a = _known_args(request, {"dataset", "job", "rank", "world_size", "epoch", "seed", "lookahead",
                                     "scope"})
         dataset, job = a.pop("dataset", None), a.pop("job", None)
         return await self._coop().open_session(dataset, job, **a)
 
     async def _op_claim(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "n", "epoch"})
+        a = _known_args(request, {"dataset", "job", "rank", "n", "epoch"})
         return self._coop().claim(a.get("dataset"), a.get("job"), a.get("rank"), a.get("n"), a.get("epoch"))
 
     async def _op_next_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "epoch"})
+        a = _known_args(request, {"dataset", "job", "rank", "epoch"})
         coop = self._coop()
         info = coop.registry.next_epoch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("epoch"))
         coop.wake()
         return info_json(info)
 
     async def _op_session_close(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "seconds"})
+        a = _known_args(request, {"dataset", "job", "rank", "seconds"})
         coop = self._coop()
         coop.registry.close_session(a.get("dataset"), a.get("job"), a.get("rank"), seconds=a.get("seconds"))
         coop.wake()
         return {"closed": True}
 
     async def _op_report_batch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "seconds", "files", "misses"})
+        a = _known_args(request, {"dataset", "job", "rank", "seconds", "files", "misses"})
         self._coop().registry.report_batch(a.get("dataset"), a.get("job"), a.get("rank"), a.get("seconds"),
                                            a.get("files"), a.get("misses"))
         return {"recorded": 1}
 
     async def _op_report_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job", "rank", "epoch", "seconds"})
+        a = _known_args(request, {"dataset", "job", "rank", "epoch", "seconds"})
         self._coop().registry.report_epoch(
             a.get("dataset"), a.get("job"), a.get("rank"), a.get("epoch"), a.get("seconds")
         )
         return {"recorded": 1}
 
     async def _op_timings(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _session_args(request, {"dataset", "job"})
-        return _to_json(self._coop().registry.timings(a.get("dataset"), a.get("job")))
+        a = _known_args(request, {"dataset", "job"})
+        return protocol.json_value(self._coop().registry.timings(a.get("dataset"), a.get("job")))
 
     async def _op_sessions(self, conn: Connection, request: Request) -> dict[str, Any]:
         return {"sessions": self._coop().sessions()}
@@ -801,37 +650,11 @@ def _check_opened(digest: str, fds: tuple[int, ...], peer: Peer) -> None:
             "(the mount sends it); this user cannot open it")
 
 
-def _session_args(request: Request, allowed: set[str]) -> dict[str, Any]:
-    """A session request's arguments; unknown ones are a :class:`ProtocolError`. Values are
-    checked by :class:`mountd.coop.sessions.SessionRegistry` (``InvalidRequest``, errno EINVAL)."""
+def _known_args(request: Request, allowed: set[str]) -> dict[str, Any]:
+    """A request's arguments; unknown ones are a :class:`ProtocolError`. A session request's
+    values are checked by :class:`mountd.coop.sessions.SessionRegistry` (``InvalidRequest``,
+    errno EINVAL)."""
     unknown = set(request.args) - allowed
     if unknown:
         raise ProtocolError(f"unknown arguments of {request.op}: {', '.join(sorted(unknown))[:200]}")
     return dict(request.args)
-
-
-def _to_json(value: Any) -> Any:
-    """Dataclasses, tuples and paths as JSON-ready values."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _to_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_to_json(v) for v in value]
-    if isinstance(value, bytes):
-        return value.hex()
-    if isinstance(value, os.PathLike):
-        return os.fspath(value)
-    return value
-
-
-def _progress_json(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Whatever the cache's progress callback was given, as one JSON value."""
-    if kwargs and not args:
-        return _to_json(kwargs)
-    if len(args) == 1 and not kwargs:
-        value = _to_json(args[0])
-        return value if isinstance(value, dict) else {"done": value}
-    if len(args) == 2 and not kwargs and all(isinstance(a, int) for a in args):
-        return {"done": args[0], "total": args[1]}
-    return {"args": _to_json(list(args)), **_to_json(kwargs)}

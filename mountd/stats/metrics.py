@@ -1,20 +1,40 @@
-"""Prometheus metrics: mountd's counters in the text exposition format, over a tiny HTTP server.
+"""Prometheus metrics: mountd's counters as Prometheus series, on ``/metrics`` over a tiny HTTP responder.
 
 ``GET /metrics`` on ``127.0.0.1:PORT`` (``quiverfs mountd --metrics-port PORT``) answers with
 format 0.0.4 text. It is loopback-only on purpose: scrape it with a local agent, or put a
 proxy in front. Totals have no label (``quiverfs_hits_total``); per-dataset series carry a
 ``dataset`` label (``quiverfs_dataset_hits_total{dataset="…"}``), so neither double-counts.
 
-The responder reads one request (at most 8 KiB, within 5 s), answers and closes: enough for a
-scraper, with nothing to configure and no dependency.
+The series are ``prometheus_client``'s: :class:`MountdCollector` is a custom collector that
+reads a ``stats`` answer (and ``usage``) when it is scraped and yields them as metric
+families; ``prometheus_client``'s registry and :func:`~prometheus_client.generate_latest`
+write the exposition (names, ``HELP``/``TYPE`` once per family, label escaping, numbers in
+Go's float format). mountd keeps no second set of counters: it has its own
+(:mod:`mountd.stats.counters`), kept on the trio thread, and those are what a scrape reads.
+
+The HTTP responder stays ours, in the trio loop, rather than ``prometheus_client``'s
+``start_http_server``: that one serves from a thread of its own, and a scrape there would
+read mountd's state (the cache's counters, the session layer's allocation) from outside the
+trio thread that owns it and changes it without locks. Ours reads one request (at most
+8 KiB, within 5 s), calls ``generate_latest`` on the trio thread, answers and closes: enough
+for a scraper, with nothing to configure.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 log = logging.getLogger("mountd.stats.metrics")
 
@@ -36,67 +56,6 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "chunk_members": ("chunk_members_total", "Files stored by chunk fills."),
 }
 
-MAX_REQUEST = 8192
-REQUEST_TIMEOUT = 5.0
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(labels: dict[str, str]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
-
-
-def _number(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    if isinstance(value, float):
-        return repr(value)
-    return str(int(value))
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._declared: set[str] = set()
-
-    def sample(self, name: str, kind: str, help_text: str, value: Any,
-               labels: dict[str, str] | None = None) -> None:
-        if name not in self._declared:
-            self._declared.add(name)
-            self.lines.append(f"# HELP {name} {help_text}")
-            self.lines.append(f"# TYPE {name} {kind}")
-        self.lines.append(f"{name}{_labels(labels or {})} {_number(value)}")
-
-    def histogram(self, name: str, help_text: str, snapshot: dict[str, Any],
-                  labels: dict[str, str]) -> None:
-        if name not in self._declared:
-            self._declared.add(name)
-            self.lines.append(f"# HELP {name} {help_text}")
-            self.lines.append(f"# TYPE {name} histogram")
-        cumulative = 0
-        for bound, count in snapshot.get("buckets", {}).items():  # per-bucket → cumulative
-            cumulative += count
-            self.lines.append(f"{name}_bucket{_labels({**labels, 'le': bound})} {cumulative}")
-        self.lines.append(f"{name}_sum{_labels(labels)} {_number(snapshot.get('sum', 0.0))}")
-        self.lines.append(f"{name}_count{_labels(labels)} {_number(snapshot.get('count', 0))}")
-
-
-def _counter_set(out: _Writer, prefix: str, counters: dict[str, Any], labels: dict[str, str]) -> None:
-    for key, (suffix, help_text) in COUNTERS.items():
-        if key in counters:
-            out.sample(f"{prefix}_{suffix}", "counter", help_text, counters[key], labels)
-    for kind, count in sorted(counters.get("remote_requests", {}).items()):
-        out.sample(f"{prefix}_remote_requests_total", "counter", "Remote requests by kind.",
-                   count, {**labels, "kind": kind})
-    if "fill_latency" in counters:
-        out.histogram(f"{prefix}_fill_latency_seconds", "Seconds from fill start to stored.",
-                      counters["fill_latency"], labels)
-
-
 #: cluster counter key (``stats`` → ``cluster``, docs/cluster.md) → (metric, help text).
 CLUSTER_COUNTERS: dict[str, tuple[str, str]] = {
     "peer_hits": ("peer_hits_total", "Misses served by a peer mountd."),
@@ -116,8 +75,104 @@ CLUSTER_COUNTERS: dict[str, tuple[str, str]] = {
     "membership_changes": ("membership_changes_total", "Changes of the member list seen."),
 }
 
+MAX_REQUEST = 8192
+REQUEST_TIMEOUT = 5.0
 
-def _cluster(out: _Writer, cluster: dict[str, Any] | None) -> None:
+#: What a scrape reads: a ``stats`` answer and the cache's ``usage`` (None: none).
+Snapshot = Callable[[], tuple[dict[str, Any], dict[str, Any] | None]]
+
+
+class _Families:
+    """The metric families of one scrape, in the order they were first sampled: a family
+    is made at its first sample (a series with no sample is not declared) and takes the
+    label names of that sample."""
+
+    _KINDS = {"counter": CounterMetricFamily, "gauge": GaugeMetricFamily}
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Metric] = {}
+
+    def sample(self, name: str, kind: str, help_text: str, value: Any,
+               labels: dict[str, str] | None = None) -> None:
+        labels = labels or {}
+        family = self._by_name.get(name)
+        if family is None:
+            family = self._by_name[name] = self._KINDS[kind](name, help_text, labels=list(labels))
+        family.add_metric(list(labels.values()), float(value))
+
+    def histogram(self, name: str, help_text: str, snapshot: dict[str, Any],
+                  labels: dict[str, str]) -> None:
+        """A histogram from a :meth:`mountd.stats.counters.Histogram.snapshot` (per-bucket
+        counts, made cumulative here; the ``+Inf`` bucket is the count)."""
+        family = self._by_name.get(name)
+        if family is None:
+            family = self._by_name[name] = HistogramMetricFamily(name, help_text, labels=list(labels))
+        cumulative = 0
+        buckets = []
+        for bound, count in snapshot.get("buckets", {}).items():
+            cumulative += count
+            buckets.append((bound, cumulative))
+        if not buckets:
+            buckets = [("+Inf", snapshot.get("count", 0))]
+        family.add_metric(list(labels.values()), buckets, float(snapshot.get("sum", 0.0)))
+
+    def __iter__(self) -> Iterator[Metric]:
+        return iter(self._by_name.values())
+
+
+class MountdCollector:
+    """A ``prometheus_client`` collector of mountd's series, read from ``snapshot`` at every
+    scrape (see the module docstring). Call it on mountd's trio thread only."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        stats, usage = self._snapshot()
+        out = _Families()
+        counters = stats.get("counters", {})
+        _counter_set(out, "quiverfs", counters.get("total", {}), {})
+        for dataset, per in counters.get("datasets", {}).items():
+            _counter_set(out, "quiverfs_dataset", per, {"dataset": dataset})
+        if "fills_in_flight" in counters:
+            out.sample("quiverfs_fills_in_flight", "gauge", "Fills running now.", counters["fills_in_flight"])
+        if "scrub_removed" in counters:
+            out.sample("quiverfs_scrub_removed_total", "counter",
+                       "Entries removed by scrub and recovery.", counters["scrub_removed"])
+        server = stats.get("server", {})
+        for key, kind, help_text in (
+            ("connections", "gauge", "Client connections open now."),
+            ("mounts", "gauge", "Registered mounts."),
+            ("uptime", "gauge", "Seconds since mountd started."),
+            ("requests_served", "counter", "Requests answered."),
+            ("protocol_errors", "counter", "Malformed frames and requests."),
+        ):
+            if key in server:
+                name = f"quiverfs_mountd_{key}" + ("_total" if kind == "counter" else "")
+                if key == "uptime":
+                    name = "quiverfs_mountd_uptime_seconds"
+                out.sample(name, kind, help_text, server[key])
+        _cluster(out, stats.get("cluster"))
+        _allocation(out, stats.get("allocation") or {})
+        for key, value in sorted((usage or {}).items()):
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out.sample(f"quiverfs_cache_{key}", "gauge", f"Cache usage: {key}.", value)
+        yield from out
+
+
+def _counter_set(out: _Families, prefix: str, counters: dict[str, Any], labels: dict[str, str]) -> None:
+    for key, (suffix, help_text) in COUNTERS.items():
+        if key in counters:
+            out.sample(f"{prefix}_{suffix}", "counter", help_text, counters[key], labels)
+    for kind, count in sorted(counters.get("remote_requests", {}).items()):
+        out.sample(f"{prefix}_remote_requests_total", "counter", "Remote requests by kind.",
+                   count, {**labels, "kind": kind})
+    if "fill_latency" in counters:
+        out.histogram(f"{prefix}_fill_latency_seconds", "Seconds from fill start to stored.",
+                      counters["fill_latency"], labels)
+
+
+def _cluster(out: _Families, cluster: dict[str, Any] | None) -> None:
     """The cluster's series: counters, per-peer errors, membership gauges."""
     if not cluster:
         return
@@ -135,40 +190,7 @@ def _cluster(out: _Writer, cluster: dict[str, Any] | None) -> None:
                bool(cluster.get("connected")))
 
 
-def render(stats: dict[str, Any], usage: dict[str, Any] | None = None) -> str:
-    """The exposition text for a ``stats`` answer (and ``usage``, when given)."""
-    out = _Writer()
-    counters = stats.get("counters", {})
-    _counter_set(out, "quiverfs", counters.get("total", {}), {})
-    for dataset, per in counters.get("datasets", {}).items():
-        _counter_set(out, "quiverfs_dataset", per, {"dataset": dataset})
-    if "fills_in_flight" in counters:
-        out.sample("quiverfs_fills_in_flight", "gauge", "Fills running now.", counters["fills_in_flight"])
-    if "scrub_removed" in counters:
-        out.sample("quiverfs_scrub_removed_total", "counter",
-                   "Entries removed by scrub and recovery.", counters["scrub_removed"])
-    server = stats.get("server", {})
-    for key, kind, help_text in (
-        ("connections", "gauge", "Client connections open now."),
-        ("mounts", "gauge", "Registered mounts."),
-        ("uptime", "gauge", "Seconds since mountd started."),
-        ("requests_served", "counter", "Requests answered."),
-        ("protocol_errors", "counter", "Malformed frames and requests."),
-    ):
-        if key in server:
-            name = f"quiverfs_mountd_{key}" + ("_total" if kind == "counter" else "")
-            if key == "uptime":
-                name = "quiverfs_mountd_uptime_seconds"
-            out.sample(name, kind, help_text, server[key])
-    _cluster(out, stats.get("cluster"))
-    _allocation(out, stats.get("allocation") or {})
-    for key, value in sorted((usage or {}).items()):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out.sample(f"quiverfs_cache_{key}", "gauge", f"Cache usage: {key}.", value)
-    return "\n".join(out.lines) + "\n"
-
-
-def _allocation(out: _Writer, allocation: dict[str, Any]) -> None:
+def _allocation(out: _Families, allocation: dict[str, Any]) -> None:
     """Cache allocation (Quiver §5.3): the policy in force; per dataset mode, bytes and G_D;
     per job b, g."""
     if allocation.get("policy"):
@@ -200,7 +222,21 @@ def _allocation(out: _Writer, allocation: dict[str, Any]) -> None:
                        bool(job.get("probing")), job_labels)
 
 
-async def _respond(stream: trio.SocketStream, server: Any) -> None:
+def registry_of(snapshot: Snapshot) -> CollectorRegistry:
+    """A registry holding only a :class:`MountdCollector` over ``snapshot`` (not the
+    process-wide default registry: mountd exports its own series, not the client's
+    process and platform collectors)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MountdCollector(snapshot))
+    return registry
+
+
+def render(stats: dict[str, Any], usage: dict[str, Any] | None = None) -> str:
+    """The exposition text for a ``stats`` answer (and ``usage``, when given)."""
+    return generate_latest(registry_of(lambda: (stats, usage))).decode()
+
+
+async def _respond(stream: trio.SocketStream, registry: CollectorRegistry) -> None:
     request = b""
     with trio.move_on_after(REQUEST_TIMEOUT):
         while b"\r\n\r\n" not in request and len(request) < MAX_REQUEST:
@@ -210,8 +246,8 @@ async def _respond(stream: trio.SocketStream, server: Any) -> None:
             request += data
     line = request.split(b"\r\n", 1)[0].decode("latin-1", "replace").split()
     if len(line) >= 2 and line[0] in ("GET", "HEAD") and line[1].split("?")[0] == "/metrics":
-        body = render(server.stats_snapshot(), server.cache.usage()).encode()
-        status, ctype = "200 OK", "text/plain; version=0.0.4; charset=utf-8"
+        body = generate_latest(registry)
+        status, ctype = "200 OK", CONTENT_TYPE_PLAIN_0_0_4
     elif len(line) >= 2 and line[0] in ("GET", "HEAD") and line[1] == "/":
         body, status, ctype = b"quiverfs mountd: see /metrics\n", "200 OK", "text/plain"
     else:
@@ -224,13 +260,14 @@ async def _respond(stream: trio.SocketStream, server: Any) -> None:
 async def serve_metrics(server: Any, port: int, *, host: str = "127.0.0.1",
                         task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve ``/metrics`` for ``server`` on ``host:port``; ``task_status`` gets the bound port."""
+    registry = registry_of(lambda: (server.stats_snapshot(), server.cache.usage()))
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
 
     async def handle(stream: trio.SocketStream) -> None:
         try:
             async with stream:
-                await _respond(stream, server)
+                await _respond(stream, registry)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception:

@@ -32,6 +32,7 @@ __all__ = [
     "mean_lag_correlation",
     "pearson",
     "position_chi2_p",
+    "spearman",
 ]
 
 
@@ -137,3 +138,12 @@ def early_share_quantile(epochs: Sequence[dict[int, int]], n: int, q: float = 0.
         return 0.0
     shares = sorted(c / len(epochs) for c in early.values())
     return shares[min(len(shares) - 1, int(q * len(shares)))]
+
+
+def spearman(order: Sequence[int]) -> float:
+    """Spearman's rank correlation between a position in ``order`` (a permutation of
+    ``0..n-1``, e.g. the ids in the order claims gave them) and the id there: about 0 for a
+    shuffle, 1 for the digest's order."""
+    n = len(order)
+    d2 = sum((pos - file_id) ** 2 for pos, file_id in enumerate(order))
+    return 1 - 6 * d2 / (n * (n * n - 1))

@@ -69,7 +69,7 @@ import trio  # noqa: E402
 from harness.world import BENCH, DatasetSpec, make_dataset  # noqa: E402
 
 from mountd.daemon import DaemonConfig, serve  # noqa: E402
-from mountd.rpc.client import open_client  # noqa: E402
+from mountd.rpc.async_client import open_client  # noqa: E402
 from mountd.store import layout  # noqa: E402
 from mountd.store.cache import CacheConfig  # noqa: E402
 

@@ -3,7 +3,7 @@
 
 Every chunk is drawn afresh when it is planned (docs/substitutable-reads.md "Random order
 across epochs"), in mountd's trio thread: every read of the machine waits meanwhile. This
-script builds the real :class:`mountd.coop.claims.DatasetState` for ``--files`` loose files
+script builds the real :class:`mountd.coop.dataset_state.DatasetState` for ``--files`` loose files
 (default 1.3M, 110 KB each) in ``--chunks`` chunks (default 10: a 20% cache), opens
 ``--jobs`` epoch pools (default 2) and gives each a random ``--given`` share of the files
 (default a third: mid-epoch), then times ``--rounds`` plannings (each from the same free
@@ -27,8 +27,9 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
 
-from mountd.coop.chunks import ChunkPlan  # noqa: E402
-from mountd.coop.claims import DatasetState, EpochPool  # noqa: E402
+from mountd.coop.claims import EpochPool  # noqa: E402
+from mountd.coop.dataset_state import DatasetState  # noqa: E402
+from mountd.coop.plans import ChunkPlan  # noqa: E402
 
 
 def main() -> None:

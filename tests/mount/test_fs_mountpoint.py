@@ -57,7 +57,7 @@ RACER = """
 import sys, pathlib
 from quiverfs.cli import app
 from quiverfs.console import run_app
-import quiverfs.mount, digests.digest, mountd.rpc.client
+import quiverfs.mount, digests.digest, mountd.rpc.async_client
 pathlib.Path(sys.argv[1]).touch()
 sys.stdin.readline()
 run_app(app, "quiverfs", sys.argv[2:])
@@ -67,7 +67,7 @@ run_app(app, "quiverfs", sys.argv[2:])
 HELPER_RACER = """
 import sys, pathlib
 from quiverfs.mount_cli import helper_main
-import quiverfs.mount, digests.digest, mountd.rpc.client
+import quiverfs.mount, digests.digest, mountd.rpc.async_client
 pathlib.Path(sys.argv[1]).touch()
 sys.stdin.readline()
 sys.exit(helper_main(sys.argv[2:]))

@@ -1,4 +1,5 @@
-"""Fixtures for the mountd cache tests: a real ``file://`` source and real caches on disk."""
+"""Fixtures for the mountd tests: a real ``file://`` source, real caches on disk, and whole
+mountds in this process (:func:`in_process_mountd`, :func:`mountd_env`)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import blake3
 import pytest
 import trio
 
+from digests.build import build
+from mountd.coop.datasets import DatasetView
+from mountd.daemon import DaemonConfig, Running, serve
+from mountd.rpc.async_client import AsyncClient, open_client
+from mountd.rpc.server import Server
+from mountd.store import layout
 from mountd.store.cache import Cache, CacheConfig
 from mountd.store.fillpool import ProcessFills
 from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
@@ -164,3 +172,73 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what:
             await trio.sleep(0.005)
         return
     raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def short_dir(tmp_path: Path) -> Path:
+    """``tmp_path``, or the same directory relative to the working directory when its path is
+    long: a cache directory's socket path must fit a unix socket address (107 bytes)."""
+    return tmp_path if len(str(tmp_path)) < 60 else Path(os.path.relpath(tmp_path))
+
+
+@asynccontextmanager
+async def in_process_mountd(cache_dir: Path, cache_size: int, **options: Any) -> AsyncIterator[Running]:
+    """A whole mountd in this process (real Cache, socket, session layer and tick loop:
+    :func:`mountd.daemon.serve` without signal handlers) serving ``cache_dir``; ``options``
+    are :class:`~mountd.daemon.DaemonConfig` fields. Shut down on exit."""
+    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=cache_size), **options)
+    async with trio.open_nursery() as nursery:
+        running = await nursery.start(partial(serve, config, handle_signals=False))
+        try:
+            yield running
+        finally:
+            running.server.shutdown.set()
+
+
+@dataclass
+class Env:
+    """A mountd in this process serving one ``file://`` dataset, registered with its digest
+    (:func:`mountd_env`)."""
+
+    server: Server
+    client: AsyncClient
+    cache_dir: Path
+    dataset: str
+    digest: Path
+    url: str
+    files: list[tuple[str, bytes]]  # in digest (path) order
+
+    @property
+    def view(self) -> DatasetView:
+        assert self.server.coop is not None
+        return self.server.coop.views[self.dataset]
+
+    def in_store(self, cid: int) -> bool:
+        return layout.store_path(self.cache_dir, self.view.hash_of(cid)).exists()
+
+
+@asynccontextmanager
+async def mountd_env(tmp_path: Path, *, files: int = 200, size: int = 1000,
+                     cache_size: int = 1 << 26, mode: str | None = None,
+                     chunk_grace: float = 0.0) -> AsyncIterator[Env]:
+    """``files`` files of ``size`` bytes (the first 4 their index) under ``tmp_path/remote``,
+    their digest built, served by :func:`in_process_mountd` (``mode``: ``--dataset-mode``)
+    and registered by an :class:`AsyncClient` (the client of :class:`Env`)."""
+    source = tmp_path / "remote"
+    source.mkdir()
+    data = []
+    for i in range(files):
+        body = i.to_bytes(4, "big") + os.urandom(size - 4)
+        name = f"d{i % 7}/f{i:05d}.bin"
+        (source / name).parent.mkdir(exist_ok=True)
+        (source / name).write_bytes(body)
+        data.append((name, body))
+    data.sort(key=lambda item: [p.encode() for p in item[0].split("/")])
+    digest = tmp_path / "ds.qd"
+    url = "file://" + str(source)
+    result = await build(url, digest)
+    cache_dir = short_dir(tmp_path) / "cache"
+    async with in_process_mountd(cache_dir, cache_size, dataset_mode=mode,
+                                 chunk_grace=chunk_grace) as running, \
+            open_client(cache_dir) as client:
+        await client.register(result.dataset_id, digest=str(digest))
+        yield Env(running.server, client, cache_dir, result.dataset_id, digest, url, data)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import os
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -13,16 +12,14 @@ import trio
 
 from digests.build import build
 from mountd.coop.benefit import HIT_SAMPLES, MISS_SAMPLES
-from mountd.coop.chunks import ChunkState, Mode
-from mountd.daemon import DaemonConfig, serve
+from mountd.coop.chunks import ChunkState
+from mountd.coop.plans import Mode
 from mountd.errors import InvalidRequest
-from mountd.rpc.client import open_client
+from mountd.rpc.async_client import open_client
 from mountd.stats.metrics import render
 from mountd.store import layout
-from mountd.store.cache import CacheConfig
 from quiverfs.mountd_views import print_allocation
-
-from .test_coop import mountd_env
+from tests.mountd.conftest import in_process_mountd, mountd_env, wait_until
 
 
 async def test_mode_changes_under_load_fail_no_read(tmp_path: Path) -> None:
@@ -194,13 +191,8 @@ async def test_budget_only_shares_one_small_cache_among_three_datasets(
     # failed with CacheFull. Dealt in registration order: 60 kB, the 20 kB left, nothing.
     datasets = await _build_datasets(tmp_path, 3, files=300, size=1000)
     cache_dir = tmp_path / "cache"
-    config = DaemonConfig(
-        CacheConfig(cache_dir=cache_dir, cache_size=100_000),
-        dataset_mode="chunked" if policy == "manual" else None,
-        chunk_grace=0.0,
-    )
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(partial(serve, config, handle_signals=False))
+    async with in_process_mountd(cache_dir, 100_000, chunk_grace=0.0,
+                                 dataset_mode="chunked" if policy == "manual" else None) as running:
         coop = running.server.coop
         assert coop is not None
         coop.registry.benefit_aware = False
@@ -261,7 +253,6 @@ async def test_budget_only_shares_one_small_cache_among_three_datasets(
                 assert all(sorted(ids) == list(range(300)) for ids in given.values())
             stats = await client.stats()
             assert stats["counters"]["total"]["fill_errors"] == 0
-        running.server.shutdown.set()
 
 
 async def test_datasets_enter_the_registry_in_registration_order_whichever_loads_first(
@@ -274,17 +265,12 @@ async def test_datasets_enter_the_registry_in_registration_order_whichever_loads
     (big, big_digest, _), = await _build_datasets(tmp_path / "big", 1, files=4000, size=100)
     (small, small_digest, _), = await _build_datasets(tmp_path / "small", 1, files=5, size=100)
     cache_dir = tmp_path / "cache"
-    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=100_000))
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(partial(serve, config, handle_signals=False))
+    async with in_process_mountd(cache_dir, 100_000) as running:
         coop = running.server.coop
         assert coop is not None
         coop.registry.benefit_aware = False
         async with open_client(cache_dir) as client:
             await client.register(big, digest=str(big_digest))
             await client.register(small, digest=str(small_digest))
-            with trio.fail_after(20):
-                while len(coop.views) < 2:
-                    await trio.sleep(0.01)
+            await wait_until(lambda: len(coop.views) >= 2, 20, "both views loaded")
             assert [d.dataset for d in coop.registry.demands()] == [big, small]
-        running.server.shutdown.set()

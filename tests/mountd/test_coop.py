@@ -4,21 +4,15 @@ real socket, real tick loop) serving a file:// dataset described by a real diges
 from __future__ import annotations
 
 import errno
-import os
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
-from digests.build import build
-from mountd.coop.chunks import ChunkState, Mode
-from mountd.coop.datasets import DatasetView
-from mountd.daemon import DaemonConfig, serve
+from mountd.coop.chunks import ChunkState
+from mountd.coop.plans import Mode
+from mountd.daemon import DaemonConfig
 from mountd.errors import (
     InvalidRequest,
     ProtocolError,
@@ -27,72 +21,13 @@ from mountd.errors import (
     UnknownDataset,
     UnknownSession,
 )
-from mountd.rpc.client import AsyncClient, open_client
-from mountd.rpc.server import Server
-from mountd.store import layout
 from mountd.store.cache import CacheConfig
 from quiverfs.backends.base import Location
 from quiverfs.errors import UsageError
+from tests.mountd.conftest import Env, mountd_env, wait_until
 
-
-@dataclass
-class Env:
-    server: Server
-    client: AsyncClient
-    cache_dir: Path
-    dataset: str
-    digest: Path
-    url: str
-    files: list[tuple[str, bytes]]  # in digest (path) order
-
-    @property
-    def view(self) -> DatasetView:
-        assert self.server.coop is not None
-        return self.server.coop.views[self.dataset]
-
-    def in_store(self, cid: int) -> bool:
-        return layout.store_path(self.cache_dir, self.view.hash_of(cid)).exists()
-
-
-def _short_dir(tmp_path: Path) -> Path:
-    # unix socket paths are limited to 107 bytes
-    return tmp_path if len(str(tmp_path)) < 60 else Path(os.path.relpath(tmp_path))
-
-
-@asynccontextmanager
-async def mountd_env(tmp_path: Path, *, files: int = 200, size: int = 1000,
-                     cache_size: int = 1 << 26, mode: str | None = None,
-                     chunk_grace: float = 0.0) -> AsyncIterator[Env]:
-    source = tmp_path / "remote"
-    source.mkdir()
-    data = []
-    for i in range(files):
-        body = i.to_bytes(4, "big") + os.urandom(size - 4)
-        name = f"d{i % 7}/f{i:05d}.bin"
-        (source / name).parent.mkdir(exist_ok=True)
-        (source / name).write_bytes(body)
-        data.append((name, body))
-    data.sort(key=lambda item: [p.encode() for p in item[0].split("/")])
-    digest = tmp_path / "ds.qd"
-    url = "file://" + str(source)
-    result = await build(url, digest)
-    cache_dir = _short_dir(tmp_path) / "cache"
-    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=cache_size), dataset_mode=mode,
-                          chunk_grace=chunk_grace)
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(partial(serve, config, handle_signals=False))
-        async with open_client(cache_dir) as client:
-            await client.register(result.dataset_id, digest=str(digest))
-            yield Env(running.server, client, cache_dir, result.dataset_id, digest, url, data)
-        running.server.shutdown.set()
-
-
-async def wait_until(predicate, timeout: float = 20.0, what: str = "") -> None:
-    with trio.move_on_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
-        return
-    raise AssertionError(f"timed out waiting for {what}")
+#: Seconds to wait for a whole mountd's background work (fills, ticks) under load.
+WAIT = 20.0
 
 
 async def read_claimed(env: Env, ids: list[int]) -> None:
@@ -186,7 +121,8 @@ async def test_claims_are_hits_while_cached_unread_files_remain(tmp_path: Path) 
                 break
             claimed_misses.extend(claim["fetch"])
         assert len(claimed_misses) >= 300
-        await wait_until(lambda: all(env.in_store(c) for c in claimed_misses), what="claimed misses")
+        await wait_until(lambda: all(env.in_store(c) for c in claimed_misses), timeout=WAIT,
+                         what="claimed misses")
         stats = await env.client.stats()
         assert stats["counters"]["datasets"][env.dataset]["prefetches"] >= 300
 
@@ -244,7 +180,7 @@ async def test_a_session_that_does_not_claim_yet_loads_one_chunk(tmp_path: Path)
         info = await env.client.session_open(env.dataset, "job", seed=1)
         assert info["mode"] == "chunked"
         manager = env.server.coop.registry.dataset(env.dataset).manager
-        await wait_until(lambda: manager.newest is not None, what="the first chunk loaded")
+        await wait_until(lambda: manager.newest is not None, WAIT, "the first chunk loaded")
         first = manager.newest
         await trio.sleep(2.0)  # mountd ticks every second, and at every fill
         assert manager.newest == first and manager.loading is None
@@ -297,7 +233,7 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
         usage = await env.client.usage()
         assert usage["used_bytes"] <= 100_000
         await wait_until(lambda: len(chunks_in_store()) <= 2 or manager.loading is not None,
-                         what="at most two chunks resident")
+                         WAIT, "at most two chunks resident")
 
 
 async def test_a_chunked_dataset_keeps_the_budget_its_chunks_leave_across_epochs(tmp_path: Path) -> None:
@@ -309,7 +245,7 @@ async def test_a_chunked_dataset_keeps_the_budget_its_chunks_leave_across_epochs
         await env.client.session_open(env.dataset, "job", seed=1)
         coop = env.server.coop
         assert coop is not None
-        await wait_until(lambda: coop.registry.retain_bytes(env.dataset) > 0, what="an allocation")
+        await wait_until(lambda: coop.registry.retain_bytes(env.dataset) > 0, WAIT, "an allocation")
         assert coop.registry.retain_bytes(env.dataset) == 20_000
         cache = env.server.cache
         kept_before: set[bytes] = set()
@@ -415,7 +351,7 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
         assert manager is not None and manager.grace == 2.0
         claim = await env.client.claim(env.dataset, "job", 0, 1)
         assert claim["chunk"] == 0
-        await wait_until(lambda: manager.newest == 1, what="chunk 1 loaded")
+        await wait_until(lambda: manager.newest == 1, WAIT, "chunk 1 loaded")
         assert manager.state(0) is ChunkState.MARKED
         pool = env.server.coop.registry.pool(env.dataset, "job", 0)
         await read_claimed(env, claim["hits"] + claim["fetch"])
@@ -428,7 +364,7 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
         if trio.current_time() - finished < 1.9:  # a loaded machine may have slept longer
             assert manager.state(0) is ChunkState.MARKED and manager.loading is None
             assert all(env.in_store(c) for c in chunk0)
-        await wait_until(lambda: manager.state(0) is ChunkState.IDLE, what="chunk 0 evicted")
+        await wait_until(lambda: manager.state(0) is ChunkState.IDLE, WAIT, "chunk 0 evicted")
         assert trio.current_time() - finished >= 1.9
         # All gone but what the dataset keeps across epochs (the 20 kB its chunks leave of
         # the budget: the first chunk evicted gives up to 20 of its files, unpinned).

@@ -4,52 +4,30 @@ files point into them by offset."""
 
 from __future__ import annotations
 
-import io
-import os
 import random
-import tarfile
-from functools import partial
 from pathlib import Path
 
-import blake3
-import trio
-
-from digests.write import NewFile, write_digest
 from mountd.coop.brand import unit_members, unit_of, units_in
-from mountd.daemon import DaemonConfig, serve
-from mountd.rpc.client import open_client
+from mountd.rpc.async_client import open_client
 from mountd.store import layout
-from mountd.store.cache import CacheConfig
+from quiverfs.testing.packed import PackedFile, pack, packed_digest
+from tests.mountd.conftest import in_process_mountd, short_dir, wait_until
 
 FILES, PER_TAR, SIZE = 320, 16, 600
 
 
-def write_packed_source(root: Path) -> tuple[list[NewFile], dict[str, bytes]]:
-    """Files shuffled into tar objects of ``PER_TAR`` members (what ``digests pack``
-    writes); the digest's entries point at each member's data by offset."""
+def packed_source(root: Path) -> tuple[list[PackedFile], dict[str, bytes]]:
+    """Files shuffled into tar objects of ``PER_TAR`` members under ``root`` (what ``digests
+    pack`` writes), placed by offset: every file's place and its bytes by path."""
     rng = random.Random(1)
     names = [f"c{i % 5}/f{i:04d}.bin" for i in range(FILES)]
     bodies = {name: i.to_bytes(4, "big") + rng.randbytes(SIZE - 4) for i, name in enumerate(names)}
     order = names[:]
     rng.shuffle(order)
-    entries = []
-    for k in range(0, FILES, PER_TAR):
-        key = f"chunk-{k // PER_TAR:03d}.tar"
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for name in order[k : k + PER_TAR]:
-                info = tarfile.TarInfo(name)
-                info.size = len(bodies[name])
-                tar.addfile(info, io.BytesIO(bodies[name]))
-        data = buf.getvalue()
+    objects, placed = pack([(name, bodies[name]) for name in order], PER_TAR, prefix="")
+    for key, data in objects.items():
         (root / key).write_bytes(data)
-        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-            for member in tar.getmembers():
-                body = bodies[member.name]
-                assert data[member.offset_data : member.offset_data + member.size] == body
-                entries.append(NewFile(member.name, member.size, blake3.blake3(body).digest(), 0,
-                                       key, member.offset_data))
-    return entries, bodies
+    return placed, bodies
 
 
 async def test_packed_dataset_claims_whole_packed_chunks_and_protects_what_they_bring(
@@ -57,17 +35,14 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_protects_what_they_
 ) -> None:
     source = tmp_path / "remote"
     source.mkdir()
-    entries, bodies = write_packed_source(source)
+    placed, bodies = packed_source(source)
     digest = tmp_path / "packed.qd"
-    dataset = write_digest(digest, entries, ["file://" + str(source)])
-    base = tmp_path if len(str(tmp_path)) < 60 else Path(os.path.relpath(tmp_path))
-    cache_dir = base / "cache"
+    dataset = packed_digest(digest, "file://" + str(source), placed)
+    cache_dir = short_dir(tmp_path) / "cache"
     # the dataset fits: mode full, forced so that only the protection of what claims fetch
     # is at work (a dataset the benefit-aware allocation makes full is pinned whole)
-    config = DaemonConfig(CacheConfig(cache_dir=cache_dir, cache_size=1 << 24), chunk_grace=0.0,
-                          dataset_mode="full")
-    async with trio.open_nursery() as nursery:
-        running = await nursery.start(partial(serve, config, handle_signals=False))
+    async with in_process_mountd(cache_dir, 1 << 24, chunk_grace=0.0,
+                                 dataset_mode="full") as running:
         server = running.server
         async with open_client(cache_dir) as client:
             await client.register(dataset, digest=str(digest))
@@ -90,9 +65,8 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_protects_what_they_
             assert set(state.reserved) == set(brought)
             # the packed chunk lands whole (the claim's misses and what they bring), and
             # all of it is protected until read (mountd/store/holds.py), never pinned
-            with trio.fail_after(20):
-                while any(stored(i) is None for i in unit_members(packing, unit)):
-                    await trio.sleep(0.01)
+            await wait_until(lambda: all(stored(i) is not None for i in unit_members(packing, unit)),
+                             20, "the packed chunk")
             for i in unit_members(packing, unit):
                 path = view.digest.entry(view.file_ids[i]).path
                 assert stored(i) == bodies[path]
@@ -104,9 +78,8 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_protects_what_they_
             # given, not read yet: still protected; read (the mount reports hits): ended
             assert all(cache.holds.protected(h) for h in view.hashes_of(brought))
             await client.hits(dataset, view.hashes_of(brought), 0)  # a notification
-            with trio.fail_after(20):
-                while any(cache.holds.protected(h) for h in view.hashes_of(brought)):
-                    await trio.sleep(0.01)
+            await wait_until(lambda: not any(cache.holds.protected(h) for h in view.hashes_of(brought)),
+                             20, "the read members' protection to end")
             assert all(cache.holds.protected(h) for h in view.hashes_of(first["fetch"]))
             # the rest of the epoch: exactly once, misses a packed chunk at a time
             given = first["fetch"] + second["hits"]
@@ -118,14 +91,10 @@ async def test_packed_dataset_claims_whole_packed_chunks_and_protects_what_they_
                 given.extend(ids)
                 assert len(units_in(packing, claim["fetch"])) <= 1
                 for cid in ids:  # read it: wait for the claimed misses to land
-                    with trio.fail_after(20):
-                        while stored(cid) is None:
-                            await trio.sleep(0.01)
+                    await wait_until(lambda cid=cid: stored(cid) is not None, 20, f"file {cid}")
             assert sorted(given) == list(range(FILES))
             assert cache.holds.protected_count() > 0  # fetched for the job, never reported read
             await client.session_close(dataset, "job", 0)
-            with trio.fail_after(20):  # the pool closed: the next tick releases them
-                while cache.holds.protected_count():
-                    await trio.sleep(0.01)
+            # the pool closed: the next tick releases them
+            await wait_until(lambda: not cache.holds.protected_count(), 20, "the release")
             assert cache.holds.ended["released"] > 0
-        server.shutdown.set()

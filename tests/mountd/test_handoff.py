@@ -22,7 +22,8 @@ import trio
 
 from mountd.errors import ProtocolError
 from mountd.rpc import protocol
-from mountd.rpc.client import SyncClient, open_client
+from mountd.rpc.async_client import open_client
+from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.testing.mountd import SampleFile, location, make_dataset, running_mountd, wait_until
 from quiverfs.testing.users import LocalUsers, run_as, traversable_tmpdir

@@ -21,10 +21,12 @@ import trio
 
 from mountd.errors import ProtocolError
 from mountd.rpc import protocol
-from mountd.rpc.client import SyncClient, open_client
+from mountd.rpc.async_client import open_client
+from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.errors import CorruptObject, NotFound
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
+from quiverfs.testing.prometheus import scraped
 
 NOBODY = 65534
 
@@ -342,8 +344,9 @@ def test_metrics_endpoint_serves_prometheus_text(client, daemon):
     with urllib.request.urlopen(base + "/metrics", timeout=10) as response:
         assert response.status == 200
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        lines = response.read().decode().splitlines()
-    assert f"quiverfs_hits_total {hits}" in lines
+        text = response.read().decode()
+    lines = text.splitlines()
+    assert scraped(text)["quiverfs_hits_total"] == hits
     assert "# TYPE quiverfs_fill_latency_seconds histogram" in lines
     assert any(line.startswith("quiverfs_cache_used_bytes ") for line in lines)
     with pytest.raises(urllib.error.HTTPError) as missing:

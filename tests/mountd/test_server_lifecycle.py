@@ -16,7 +16,8 @@ import pytest
 import trio
 
 from mountd.errors import EXIT_ALREADY_RUNNING, MountdUnavailable
-from mountd.rpc.client import SyncClient, connect_or_start, open_client, probe
+from mountd.rpc.async_client import connect_or_start, open_client
+from mountd.rpc.client import SyncClient, probe
 from mountd.store import layout
 from quiverfs.testing.mountd import (
     location,
@@ -97,7 +98,7 @@ RACER = textwrap.dedent(
     """
     import json, sys
     import trio
-    from mountd.rpc.client import connect_or_start
+    from mountd.rpc.async_client import connect_or_start
 
     async def main():
         sys.stdin.readline()  # start line: both racers are loaded before either tries

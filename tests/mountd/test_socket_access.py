@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from mountd.daemon import SocketAccess
-from mountd.rpc.server import bind_socket
+from mountd.rpc.listener import bind_socket
 from quiverfs.errors import UsageError
 
 

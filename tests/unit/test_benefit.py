@@ -25,11 +25,12 @@ from mountd.coop.benefit import (
     counted_benefits,
     lean_chunk_bytes,
 )
-from mountd.coop.chunks import Mode
 from mountd.coop.packing import Packing
+from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionRegistry
 from mountd.coop.timings import COLD_MISS_SAMPLES, JobTimings, classify_batch
 from mountd.errors import InvalidRequest
+from quiverfs.testing.clock import FakeClock
 
 MB = 1_000_000
 
@@ -149,7 +150,7 @@ def test_chunked_datasets_shrink_to_lean_chunks_and_keep_what_that_frees() -> No
 def test_the_registry_plans_a_loose_chunked_dataset_in_lean_chunks() -> None:
     # 2,000 files of 1 kB in a 300 kB budget: two 10% chunks (400 kB) do not fit, two of
     # 150 kB would; lean chunks are 4% (80 kB, more than 32 files) and the rest is kept.
-    reg = registry(Clock())
+    reg = registry(FakeClock())
     reg.add_dataset("d", [1000] * 2000, budget=300_000)
     reg.allocate(300_000)
     decision = reg.allocation()["d"]
@@ -167,7 +168,7 @@ def test_a_packed_dataset_keeps_its_chunk_size() -> None:
     chunk_of = array("i", [i // per_pack for i in range(n)])
     starts = array("q", range(0, n + 1, per_pack))
     packing = Packing(chunk_of, starts, array("i", range(n)))
-    reg = registry(Clock())
+    reg = registry(FakeClock())
     reg.add_dataset("p", [1000] * n, budget=300_000, packing=packing)
     reg.allocate(300_000)
     decision = reg.allocation()["p"]
@@ -271,7 +272,7 @@ def test_a_cached_datasets_natural_misses_count_only_for_its_cold_start() -> Non
 
 @pytest.mark.parametrize(("mode", "counted"), [("full", COLD_MISS_SAMPLES), ("off", 40)])
 def test_report_batch_tells_the_timings_whether_the_dataset_is_cached(mode: str, counted: int) -> None:
-    reg = registry(Clock())
+    reg = registry(FakeClock())
     reg.add_dataset("d", [1000] * 100, budget=1 * MB, mode=mode)
     reg.open_session("d", "j")
     for _ in range(40):
@@ -327,15 +328,7 @@ def test_on_batch_says_when_the_job_is_first_measured() -> None:
 # -- the registry: probes, exactly once, re-evaluation -----------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def drive(reg: SessionRegistry, clock: Clock, dataset: str, job: str, t_hit: float, t_miss: float,
+def drive(reg: SessionRegistry, clock: FakeClock, dataset: str, job: str, t_hit: float, t_miss: float,
           *, epochs: int = 1, n: int = 5, world: int = 1) -> list[list[int]]:
     """Claim through ``epochs`` epochs on every rank of ``job``, reporting each batch as the
     emulated job would take it: ``t_hit`` when its claim was all hits, else ``t_miss``.
@@ -363,14 +356,14 @@ def drive(reg: SessionRegistry, clock: Clock, dataset: str, job: str, t_hit: flo
     return given
 
 
-def registry(clock: Clock) -> SessionRegistry:
+def registry(clock: FakeClock) -> SessionRegistry:
     reg = SessionRegistry(clock=clock, idle_timeout=None)
     reg.benefit_aware = True
     return reg
 
 
 def test_a_probe_measures_t_miss_and_keeps_exactly_once() -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     n_files = 1000
     reg.add_dataset("d", [1000] * n_files, budget=10 * MB, cached=range(0, n_files, 2))
@@ -388,7 +381,7 @@ def test_a_probe_measures_t_miss_and_keeps_exactly_once() -> None:
 
 
 def test_a_probe_gives_only_uncached_files() -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     reg.add_dataset("d", [1000] * 2000, budget=10 * MB, cached=range(1000))
     reg.open_session("d", "j")
@@ -429,7 +422,7 @@ def test_a_wholly_cached_datasets_job_is_measured_by_its_cold_start() -> None:
     # A small dataset that ``full`` loaded before its job read it: nothing uncached is left
     # to probe with. The cold start's misses (the shim reports all of the first claim's
     # batches but the first: fewer than MISS_SAMPLES) give t_miss; the probe ends at once.
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     reg.add_dataset("d", [1000] * 100, budget=1 * MB, cached=range(100))
     reg.open_session("d", "j")
@@ -455,7 +448,7 @@ def test_a_wholly_cached_datasets_job_is_measured_by_its_cold_start() -> None:
 
 
 def test_a_job_with_no_miss_sample_at_all_is_not_probed_at_every_claim() -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     reg.add_dataset("d", [1000] * 100, budget=1 * MB, cached=range(100))
     reg.open_session("d", "j")
@@ -477,7 +470,7 @@ def test_a_cold_measured_job_is_probed_at_once_when_its_b_could_make_its_dataset
     # Chunked "big" (its jobs measured b 3 from the cold start, co-operative misses that
     # understate it) beside full "small": at 1.2 MB a larger b would make "big" full, so its
     # job is probed at its next claim, not a probe period later; at 0.7 MB it cannot be.
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     reg.add_dataset("big", [1000] * 1000, budget=budget)
     reg.add_dataset("small", [1000] * 500, budget=budget)
@@ -509,7 +502,7 @@ def test_a_cold_measured_job_is_probed_at_once_when_its_b_could_make_its_dataset
 
 
 def test_allocation_is_re_evaluated_when_jobs_join_and_leave() -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     sizes = [1000] * 400  # 400 kB each
     for name in ("a", "b"):
@@ -543,7 +536,7 @@ def test_allocation_is_re_evaluated_when_jobs_join_and_leave() -> None:
 
 
 def test_mode_changes_keep_exactly_once_mid_epoch() -> None:
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     n_files = 600
     reg.add_dataset("d", [1000] * n_files, budget=10 * MB, cached=range(0, n_files, 3))
@@ -580,7 +573,7 @@ def test_exact_reports_measure_b_within_a_few_batches_and_allocate_at_once() -> 
     # whose reader runs ahead knows) measure both jobs within HIT_SAMPLES + MISS_SAMPLES
     # batches each, and the first b makes an allocation due at once (not at the next
     # interval): the insensitive job's dataset goes off, the sensitive one is cached.
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     for name in ("fast", "slow"):
         reg.add_dataset(name, [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
@@ -609,7 +602,7 @@ def test_exact_reports_measure_b_within_a_few_batches_and_allocate_at_once() -> 
 
 
 def test_report_batch_checks_files_and_misses() -> None:
-    reg = registry(Clock())
+    reg = registry(FakeClock())
     reg.add_dataset("d", [1000] * 10, budget=1 * MB)
     reg.open_session("d", "j")
     for files, misses in ((5, None), (None, 2), (5, 6), (-1, 0), (5, True)):
@@ -626,7 +619,7 @@ def test_a_b_that_moves_makes_an_allocation_due() -> None:
     assert not benefit_moved(1.08, 1.12)  # on the threshold: hysteresis
     # Through the registry: an early noisy b (1.0) sends the dataset off; as the job's miss
     # times grow, its b moves and the allocation follows at once, not 30 s later.
-    clock = Clock()
+    clock = FakeClock()
     reg = registry(clock)
     reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
     reg.open_session("d", "job")

@@ -16,12 +16,11 @@ from collections import OrderedDict
 
 import pytest
 
-from mountd.coop.chunks import ChunkState, Evict, Mode, Preload
+from mountd.coop.chunks import Evict, Preload
 from mountd.coop.packing import Packing
+from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionRegistry
 from quiverfs.testing import order_stats
-
-_HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
 
 
 class SimulatedCache:
@@ -49,7 +48,6 @@ class SimulatedCache:
 
     def _trim(self) -> None:
         state = self.registry.dataset("ds")
-        manager = state.manager
         over = len(self.files) - self.capacity
         if over <= 0:
             return
@@ -57,7 +55,7 @@ class SimulatedCache:
         for i in self.files:
             if len(gone) >= over:
                 break
-            if manager.state(state.plan.chunk_of(i)) not in _HELD:
+            if not state.pinned(i):
                 gone.append(i)
         for i in gone:
             del self.files[i]

@@ -1,4 +1,5 @@
-"""mountd.coop.chunks: striped partitions, mode choice, the chunk lifecycle and chunked claims."""
+"""mountd.coop.plans, draws and chunks: striped partitions, mode choice, the draw, the chunk
+lifecycle and chunked claims."""
 
 from __future__ import annotations
 
@@ -7,19 +8,9 @@ from collections import deque
 
 import pytest
 
-from mountd.coop.chunks import (
-    INVERT,
-    ChunkManager,
-    ChunkPlan,
-    ChunkReady,
-    ChunkState,
-    Evict,
-    Mode,
-    Needs,
-    Preload,
-    choose_mode,
-    plan_chunks,
-)
+from mountd.coop.chunks import ChunkManager, ChunkReady, ChunkState, Evict, Preload
+from mountd.coop.draws import INVERT, Needs
+from mountd.coop.plans import ChunkPlan, Mode, choose_mode, plan_chunks
 from mountd.coop.sessions import SessionRegistry
 from mountd.errors import UnknownSession
 
@@ -188,6 +179,19 @@ def test_lifecycle_load_mark_evict_then_load_the_third():
     assert manager.generation(2) > manager.generation(1) > manager.generation(0)
     cache.evict(evict.ids)
     check_invariants(manager)
+
+
+def test_a_chunk_is_pinned_from_its_load_to_its_eviction():
+    assert [s for s in ChunkState if s.pinned] == [
+        ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED]
+    manager, cache, plan = make_manager()
+    job = object()
+    manager.attach(job)
+    [preload] = manager.tick(0.0)
+    assert [manager.state(c).pinned for c in range(plan.chunks)] == [True] + [False] * 4
+    cache.fill(preload.ids)
+    manager.tick(1.0)
+    assert manager.state(0).pinned and manager.state(0) is ChunkState.LOADED
 
 
 @pytest.mark.parametrize("slots", [2, 3])

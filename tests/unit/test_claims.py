@@ -7,17 +7,13 @@ from array import array
 
 import pytest
 
-from mountd.coop.chunks import ChunkPlan
-from mountd.coop.claims import DatasetState, EpochPool, UnreadSet
+from mountd.coop.claims import EpochPool
+from mountd.coop.dataset_state import DatasetState
+from mountd.coop.plans import ChunkPlan
 from mountd.coop.sessions import SessionRegistry
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from mountd.coop.unread import UnreadSet
+from quiverfs.testing.clock import FakeClock
+from quiverfs.testing.order_stats import spearman
 
 
 def full_registry(n: int, *, cached=(), clock=None, **kwargs) -> SessionRegistry:
@@ -34,13 +30,6 @@ def drain(registry, job, rank, n, epoch=None):
         if claim.end_of_epoch:
             return out
         out.extend(claim.ids)
-
-
-def spearman(order: list[int]) -> float:
-    """Rank correlation between claim position and id, for a permutation of 0..n-1."""
-    n = len(order)
-    d2 = sum((pos - file_id) ** 2 for pos, file_id in enumerate(order))
-    return 1 - 6 * d2 / (n * (n * n - 1))
 
 
 # -- UnreadSet ------------------------------------------------------------------------------------

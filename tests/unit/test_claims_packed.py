@@ -18,17 +18,12 @@ from collections import OrderedDict
 import pytest
 
 from mountd.coop.brand import FillRates, unit_members, unit_of, units_in
-from mountd.coop.chunks import ChunkPlan, ChunkState, Evict, Mode, Preload, plan_packed_chunks
+from mountd.coop.chunks import Evict, Preload
 from mountd.coop.packing import Packing
+from mountd.coop.plans import ChunkPlan, Mode, plan_packed_chunks
 from mountd.coop.sessions import SessionRegistry
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from quiverfs.testing.clock import FakeClock
+from quiverfs.testing.order_stats import spearman
 
 
 def make_packing(n: int, per_pack: int, seed: int = 0, loose: int = 0) -> Packing:
@@ -49,9 +44,6 @@ def make_packing(n: int, per_pack: int, seed: int = 0, loose: int = 0) -> Packin
         members.extend(group)
         starts.append(len(members))
     return Packing(chunk_of, starts, members)
-
-
-_HELD = (ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)
 
 
 class Sim:
@@ -86,9 +78,7 @@ class Sim:
 
     def held(self, i: int) -> bool:
         state = self.state
-        return i in state.reserved or (
-            state.manager is not None and state.manager.state(state.plan.chunk_of(i)) in _HELD
-        )
+        return i in state.reserved or state.pinned(i)
 
     def request(self, ids) -> None:
         """Fetch ``ids``: one GET per unit, landing at the end of the round."""
@@ -528,12 +518,6 @@ def test_chi2_sf_matches_known_values():
     assert abs(chi2_sf(3.841, 1) - 0.05) < 1e-3
     assert abs(chi2_sf(23.209, 10) - 0.01) < 1e-3
     assert abs(chi2_sf(113.512, 81) - 0.01) < 1e-3
-
-
-def spearman(order: list[int]) -> float:
-    n = len(order)
-    d2 = sum((pos - file_id) ** 2 for pos, file_id in enumerate(order))
-    return 1 - 6 * d2 / (n * (n * n - 1))
 
 
 @pytest.mark.parametrize("mode", [None, "off"])

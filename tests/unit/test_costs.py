@@ -8,6 +8,7 @@ from rich.console import Console
 from mountd.stats import costs
 from mountd.stats.metrics import render
 from quiverfs.mountd_views import print_stats
+from quiverfs.testing.prometheus import scraped
 
 
 def test_every_cloud_has_a_dated_sourced_price_table():
@@ -91,13 +92,14 @@ def test_stats_report_rows():
 def test_prometheus_text_has_totals_datasets_and_cumulative_buckets():
     text = render(STATS, {"used_bytes": 123, "cap_bytes": 1000, "policy": "lru"})
     lines = text.splitlines()
-    assert "quiverfs_hits_total 30" in lines
-    assert 'quiverfs_dataset_hits_total{dataset="imagenet"} 20' in lines
-    assert 'quiverfs_remote_requests_total{kind="GET"} 10' in lines
-    assert 'quiverfs_fill_latency_seconds_bucket{le="0.1"} 3' in lines
-    assert 'quiverfs_fill_latency_seconds_bucket{le="+Inf"} 4' in lines
-    assert "quiverfs_fill_latency_seconds_count 4" in lines
-    assert "quiverfs_cache_used_bytes 123" in lines and "quiverfs_mountd_uptime_seconds 3.5" in lines
+    got = scraped(text)
+    assert got["quiverfs_hits_total"] == 30
+    assert got['quiverfs_dataset_hits_total{dataset="imagenet"}'] == 20
+    assert got['quiverfs_remote_requests_total{kind="GET"}'] == 10
+    assert got['quiverfs_fill_latency_seconds_bucket{le="0.1"}'] == 3
+    assert got['quiverfs_fill_latency_seconds_bucket{le="+Inf"}'] == 4
+    assert got["quiverfs_fill_latency_seconds_count"] == 4
+    assert got["quiverfs_cache_used_bytes"] == 123 and got["quiverfs_mountd_uptime_seconds"] == 3.5
     assert lines.count("# TYPE quiverfs_dataset_hits_total counter") == 1
     assert not any("policy" in line for line in lines)  # strings are not metrics
 
@@ -117,5 +119,5 @@ def test_dropped_prefetches_are_counted_apart_from_fill_errors() -> None:
     console = Console(record=True, width=200)
     print_stats(report, console)
     assert "12 (3 dropped)" in console.export_text()
-    lines = render(stats, {"used_bytes": 1, "cap_bytes": 10}).splitlines()
-    assert "quiverfs_prefetches_dropped_total 3" in lines
+    assert scraped(render(stats, {"used_bytes": 1, "cap_bytes": 10}))[
+        "quiverfs_prefetches_dropped_total"] == 3

@@ -7,14 +7,7 @@ import trio
 import trio.testing
 
 from mountd.store.limits import RemoteLimits, SourceSlots, TokenBucket, Turns
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from quiverfs.testing.clock import FakeClock
 
 
 def test_bucket_starts_full_then_charges_debt():

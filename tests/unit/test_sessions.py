@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mountd.coop.chunks import Mode
+from mountd.coop.plans import Mode
 from mountd.coop.sessions import LIVE_EPOCHS, MAX_CLAIM, SessionRegistry
 from mountd.errors import (
     InvalidRequest,
