@@ -24,9 +24,13 @@ class JobFailed(RuntimeError):
 
 def run_together(jobs: Sequence[tuple[str, Path]], script: Path, workdir: Path, *, timeout: float,
                  cwd: Path, env: Mapping[str, str] | None = None,
-                 on_start: Callable[[list[int]], None] | None = None) -> list[dict[str, Any]]:
+                 on_start: Callable[[list[int]], None] | None = None,
+                 options: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
     """Run ``python SCRIPT SPEC_FILE`` for each ``(name, spec_file)``, started together; their
     JSON results, in order. ``on_start`` gets the job pids once they run (for a monitor).
+    ``options``: more ``subprocess.Popen`` arguments for job NAME (``user=``, ``group=``,
+    ``extra_groups=`` and its own ``env=`` to run it as another local user;
+    ``start_new_session=``), over the ones above.
 
     Stderr of job NAME is in ``workdir/NAME.log``, its result in ``workdir/NAME.result.json``.
     Every job process is killed if anything fails, on Ctrl-C, and at ``timeout`` seconds."""
@@ -44,10 +48,12 @@ def run_together(jobs: Sequence[tuple[str, Path]], script: Path, workdir: Path, 
     try:
         for name, spec_file in jobs:
             log = workdir / f"{name}.log"
+            popen: dict[str, Any] = {"cwd": cwd, "env": None if env is None else dict(env)}
+            popen.update((options or {}).get(name, {}))
             with open(log, "wb") as err:
                 proc = subprocess.Popen([sys.executable, str(script), str(spec_file)],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                        text=True, cwd=cwd, env=None if env is None else dict(env))
+                                        text=True, **popen)
             procs.append((name, proc, log))
         timer.start()
         for name, proc, log in procs:
