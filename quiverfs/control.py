@@ -8,23 +8,19 @@ mountd's session layer through the mount it reads from, with one ``getxattr`` pe
 The *name* carries the whole request, so a request is one system call: atomic, stateless for
 the caller, and safe from DataLoader worker processes and the main process alike (no file
 handle, no pid; sessions are keyed by job id and rank). Grammar, ops, paging and errors are
-specified in docs/control-protocol.md. This module holds what both ends share (the grammar:
-:func:`parse_name`, :func:`make_name`, :data:`OPS`) and the caller side:
+specified in docs/control-protocol.md. This module holds what both ends share, the grammar:
+:func:`parse_name`, :func:`make_name`, :data:`OPS`.
 
-* :class:`ControlClient` — blocking, any process (no trio: the shim imports it into every
-  DataLoader worker): builds names with a fresh nonce, follows paged responses, and raises
-  ``OSError(errno)``.
-
-The mount side, :class:`quiverfs.control_channel.ControlChannel`, parses each name, forwards
-the request to mountd and answers it exactly once.
+The caller side, :class:`quiverfs.control_client.ControlClient`, builds names with a fresh
+nonce and follows paged responses; the mount side,
+:class:`quiverfs.control_channel.ControlChannel`, parses each name, forwards the request to
+mountd and answers it exactly once.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import math
-import os
 import re
 import secrets
 from typing import Any
@@ -152,61 +148,3 @@ def make_name(op: str, nonce: str | None = None, **args: Any) -> str:
     if len(name.encode()) > NAME_MAX:
         raise ValueError(f"control request too long for an attribute name: {name[:80]}...")
     return name
-
-
-# -- the caller side --------------------------------------------------------------------------
-
-
-class ControlClient:
-    """Requests over the control channel of the mount at ``root`` (blocking; any process).
-
-    ``request(op, **args)`` returns the decoded JSON response and raises ``OSError`` with the
-    errno (EINVAL, ENOENT, ESTALE, EBUSY, ENOTSUP, EIO, or ENODATA/ENOTSUP from a mount
-    without a control channel).
-    """
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = os.fspath(root)
-
-    def request(self, op: str, **args: Any) -> Any:
-        nonce = secrets.token_hex(8)
-        value = os.getxattr(self.root, make_name(op, nonce, **args))
-        response = json.loads(value)
-        if isinstance(response, dict) and set(response) == {"paged"}:
-            paged = response["paged"]
-            parts = [
-                os.getxattr(self.root, make_name("page", of=paged["nonce"], i=i))
-                for i in range(paged["pages"])
-            ]
-            body = b"".join(parts)
-            if len(body) != paged["bytes"]:
-                raise OSError(errno.EIO, "paged control response arrived incomplete")
-            response = json.loads(body)
-        return response
-
-    def paths(self) -> list[str]:
-        """Every file's relative path, in compact-id order (paged ``paths`` requests)."""
-        out: list[str] = []
-        start: int | None = 0
-        while start is not None:
-            page = self.request("paths", start=start)
-            out.extend(page["paths"])
-            start = page["next"]
-        return out
-
-
-def find_mount_root(path: str | os.PathLike[str]) -> str | None:
-    """The root of the quiverfs mount holding ``path`` (the nearest mount point above it that
-    answers ``user.quiver.dataset``), or None when ``path`` is not on one."""
-    current = os.path.abspath(os.fspath(path))
-    while True:
-        if os.path.ismount(current):
-            try:
-                os.getxattr(current, "user.quiver.dataset")
-                return current
-            except OSError:
-                return None
-        parent = os.path.dirname(current)
-        if parent == current:
-            return None
-        current = parent

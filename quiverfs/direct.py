@@ -68,7 +68,7 @@ from digests.digest import Digest
 from digests.schema import ROOT_ID
 from mountd.rpc.fdpass import close_all
 from mountd.store import layout
-from quiverfs.control import find_mount_root
+from quiverfs.control_client import find_mount_root
 from quiverfs.errors import QuiverError
 from quiverfs.fs import XATTR_STATS
 from quiverfs.handoff import HandOff, can_open_store

@@ -41,12 +41,13 @@ import trio
 
 from digests.digest import Digest, FileEntry
 from quiverfs import fuse_wire as w
+from quiverfs.control import CONTROL_PREFIX  # names on the root that are control requests
 from quiverfs.control_channel import ControlChannel, SessionClient
 from quiverfs.errors import CorruptObject, FsError, errno_for
-from quiverfs.fuse_worker import HIT_RECORD
 from quiverfs.readahead import ReadAhead, window_bytes
 from quiverfs.reads import COUNTERS, ERRORS, SharedCounters, StoreReads
 from quiverfs.tree import ROOT_INODE, Tree
+from quiverfs.worker_messages import HIT_RECORD
 
 log = logging.getLogger("quiverfs.fs")
 
@@ -57,9 +58,6 @@ XATTR_STATS = b"user.quiver.stats"
 
 #: ensure() + open() attempts for a miss whose store file is evicted before we open it.
 ENSURE_ATTEMPTS = 3
-
-#: Names on the root that are requests over the control channel (see quiverfs/control.py).
-CONTROL_PREFIX = b"user.quiver.ctl."
 
 FILE_XATTRS = (XATTR_HASH, XATTR_CACHED)
 ROOT_XATTRS = (XATTR_DATASET, XATTR_STATS)

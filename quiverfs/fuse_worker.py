@@ -23,9 +23,10 @@ whether every file is a terminal).
 
 Counters live in a shared memory block, one slot per process (quiverfs/reads.py); hit
 reports for mountd are batched and sent to the main process every :data:`FLUSH_INTERVAL` (files
-mountd handed over, which it counted already, go as :data:`SERVED`, not as hits), and
-kept store files that mountd evicted are closed as often (both from a timer signal, which is
-also what interrupts a worker blocked in ``read`` while the mount is idle). When mountd
+mountd handed over, which it counted already, go as ``SERVED``, not as hits: the messages are
+quiverfs/worker_messages.py), and kept store files that mountd evicted are closed as often
+(both from a timer signal, which is also what interrupts a worker blocked in ``read`` while
+the mount is idle). When mountd
 reports evictions the main process signals the workers (:data:`SWEEP_SIGNAL`, the same
 handler), so that evicted files are closed at once rather than at the next tick
 (quiverfs/worker_pool.py).
@@ -52,6 +53,7 @@ from quiverfs.errors import CorruptObject, FsError
 from quiverfs.forking import fork_child
 from quiverfs.reads import ERRORS, StoreReads
 from quiverfs.tree import TIMEOUT, Tree
+from quiverfs.worker_messages import FORWARD, HIT_RECORD, HITS, SERVED
 
 log = logging.getLogger("quiverfs.fuse")
 
@@ -67,12 +69,6 @@ FLUSH_BATCH = 512
 #: ``SIGALRM`` does. Its default action is to be ignored, so a worker forked a moment ago,
 #: which has not set its handler yet, is not killed by it (``SIGALRM`` would kill it).
 SWEEP_SIGNAL = signal.SIGURG
-
-#: Message kinds on the socket between workers and the main process.
-FORWARD = b"Q"  # a raw request for the main process to answer
-HITS = b"H"  # u64 bytes, then one record per file read from the store: 32-byte hash, u64 inode
-SERVED = b"S"  # as HITS, for files whose descriptor mountd handed over: it counted them as hits
-HIT_RECORD = struct.Struct("<32sQ")
 
 _UNIQUE = struct.Struct("<Q")  # a request's unique id, at offset 8 of its header
 

@@ -57,7 +57,7 @@ from pathlib import Path
 import trio
 
 from mountd.store.layout import runtime_dir
-from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads
+from quiverfs import fuse_channel, fuse_wire, fuse_worker, reads, worker_messages
 from quiverfs.errors import QuiverError, UsageError, first_error
 from quiverfs.mountd_wait import MOUNTD_WAIT, MountdWait, PatientSessions
 from quiverfs.readahead import WINDOW, WINDOW_BYTES
@@ -648,11 +648,11 @@ async def _serve_forwarded(ops, sock, pool: WorkerPool) -> None:
             if not message:
                 return
             kind, body = message[:1], message[1:]
-            if kind == fuse_worker.HITS:
+            if kind == worker_messages.HITS:
                 ops.add_hits(body)
-            elif kind == fuse_worker.SERVED:
+            elif kind == worker_messages.SERVED:
                 ops.add_hits(body, report=False)
-            elif kind == fuse_worker.FORWARD:
+            elif kind == worker_messages.FORWARD:
                 channel = pool.channel_of(_sender(ancillary))
                 if channel is not None:  # else its worker died, and the request with it
                     nursery.start_soon(_answer, ops, body, channel)

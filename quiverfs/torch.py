@@ -2,7 +2,7 @@
 
 ``QuiverBatchSampler`` replaces ``shuffle=True`` for a dataset whose files live on a quiverfs
 mount: every epoch it claims batches from mountd through the mount's control channel
-(:mod:`quiverfs.control`), so each file is read exactly once per epoch, cached files first,
+(:mod:`quiverfs.control_client`), so each file is read exactly once per epoch, cached files first,
 and the misses it claims are already being fetched when the DataLoader's workers open them::
 
     from torch.utils.data import DataLoader
@@ -52,7 +52,7 @@ from typing import Any, BinaryIO
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from quiverfs.control import ControlClient, find_mount_root
+from quiverfs.control_client import ControlClient, find_mount_root
 from quiverfs.direct import DirectReader
 from quiverfs.stagger import epoch_order
 

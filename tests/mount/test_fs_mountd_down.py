@@ -18,7 +18,7 @@ import blake3
 import pytest
 
 from mountd.rpc.client import SyncClient
-from quiverfs.control import ControlClient
+from quiverfs.control_client import ControlClient
 from quiverfs.fs import FAILURE_MEMORY
 from tests.mount.conftest import MountdProcess, MountProcess, build_digest, wait_for, write_tree
 

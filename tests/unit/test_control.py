@@ -19,16 +19,16 @@ from mountd.errors import (
     StaleEpoch,
     UnknownSession,
 )
-from quiverfs import control
+from quiverfs import control_client
 from quiverfs.control import (
     CONTROL_PREFIX,
     PAGE_BYTES,
-    ControlClient,
     ControlRequestError,
     make_name,
     parse_name,
 )
 from quiverfs.control_channel import REPLAY_SECONDS, ControlChannel
+from quiverfs.control_client import ControlClient
 from quiverfs.errors import FsError
 
 
@@ -306,7 +306,7 @@ def test_control_client_exactly_once_through_cpythons_two_syscalls(monkeypatch) 
                 return outcome
         raise OSError(errno.E2BIG, "too big")
 
-    monkeypatch.setattr(control.os, "getxattr", fake_getxattr)
+    monkeypatch.setattr(control_client.os, "getxattr", fake_getxattr)
     cc = ControlClient("/mnt")
     answer = cc.request("claim", job="j", rank=0, n=40)
     assert answer["hits"] == list(range(40))

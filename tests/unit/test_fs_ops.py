@@ -28,7 +28,7 @@ from digests.errors import DigestError
 from digests.write import NewFile, write_digest
 from mountd.errors import CacheFull, MountdUnavailable, PermissionDenied
 from mountd.store import layout
-from quiverfs import fs, fuse_worker, tree
+from quiverfs import fs, tree, worker_messages
 from quiverfs import fuse_wire as w
 from quiverfs.errors import (
     AccessDenied,
@@ -298,14 +298,14 @@ def split_dots(listed: list[Dirent]) -> tuple[list[Dirent], list[Dirent]]:
 async def miss(env: Env, req: bytes):
     """A READ the worker cannot serve: it must be forwarded as is; the main process's reply."""
     assert handle(env, req) is None
-    assert env.forwarded() == [fuse_worker.FORWARD + req]
+    assert env.forwarded() == [worker_messages.FORWARD + req]
     return await env.ops.answer(req)
 
 
 async def xattr(env: Env, req: bytes):
     """An xattr request: always forwarded by the worker, answered by the main process."""
     assert handle(env, req) is None
-    assert env.forwarded() == [fuse_worker.FORWARD + req]
+    assert env.forwarded() == [worker_messages.FORWARD + req]
     return await env.ops.answer(req)
 
 
@@ -514,7 +514,7 @@ def test_hits_are_answered_inline(env: Env) -> None:
     # Hit reports: batched, sent to the main process on flush (u64 bytes, then hash + inode).
     env.worker.flush()
     (message,) = env.forwarded()
-    assert message == fuse_worker.HITS + struct.pack("<Q", len(data)) + b3(data) + struct.pack("<Q", ino)
+    assert message == worker_messages.HITS + struct.pack("<Q", len(data)) + b3(data) + struct.pack("<Q", ino)
     env.worker.flush()
     assert env.forwarded() == []  # nothing pending: nothing sent
     env.ops.add_hits(message[1:])
@@ -547,7 +547,7 @@ def test_a_kept_descriptor_serves_a_file_evicted_from_the_store(env: Env) -> Non
     # A new read of the file (offset 0) looks in the store again: evicted, so a miss.
     again = read_request(ino, 0, 4096)
     assert handle(env, again) is None
-    assert env.forwarded() == [fuse_worker.FORWARD + again]
+    assert env.forwarded() == [worker_messages.FORWARD + again]
 
 
 async def test_evicted_files_are_remembered_for_the_kernel(env: Env) -> None:
@@ -635,7 +635,7 @@ def test_the_timer_closes_kept_files_that_left_the_store(sized: Env) -> None:
         os.fstat(fds[sized.ino("p1")])  # closed: its blocks are free
     # The rest of the evicted file is a miss again; the others are still served from the store.
     later = read_request(sized.ino("p1"), 100, 100)
-    assert handle(sized, later) is None and sized.forwarded()[-1] == fuse_worker.FORWARD + later
+    assert handle(sized, later) is None and sized.forwarded()[-1] == worker_messages.FORWARD + later
     assert ok_body(handle(sized, read_request(sized.ino("p2"), 100, 100))) == PARTS["p2"][100:200]
 
 

@@ -18,7 +18,7 @@ from digests.digest import Digest, FileEntry
 from digests.write import NewFile, write_digest
 from mountd.store import layout
 from quiverfs import fuse_wire as w
-from quiverfs import fuse_worker
+from quiverfs import worker_messages
 from quiverfs.fs import SIZES_AHEAD, QuiverOperations
 from quiverfs.readahead import START_BYTES, window_bytes
 from quiverfs.reads import SharedCounters
@@ -134,7 +134,7 @@ async def test_worker_hit_reports_move_the_window(digest: Digest, tmp_path: Path
         await read_files(ops, digest, range(15))
         await trio.testing.wait_all_tasks_blocked()
         # f15 .. f19 were then read from the store by a worker, which reports them.
-        records = b"".join(fuse_worker.HIT_RECORD.pack(b3(FILES[f"d/f{i:03d}"]), ino(digest, i))
+        records = b"".join(worker_messages.HIT_RECORD.pack(b3(FILES[f"d/f{i:03d}"]), ino(digest, i))
                            for i in range(15, 20))
         ops.add_hits(struct.pack("<Q", 0) + records)
 
