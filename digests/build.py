@@ -40,7 +40,7 @@ from digests.tar import (
     scan_shard,
 )
 from digests.write import write_digest
-from quiverfs.backends import (
+from quiverfs.base.backends import (
     DIRECTORY,
     EXTERNAL_LINK,
     Backend,
@@ -50,8 +50,8 @@ from quiverfs.backends import (
     normalize_url,
     open_backend,
 )
-from quiverfs.backends.base import DEFAULT_CHUNK
-from quiverfs.errors import CorruptObject, NotFound, UsageError, first_error
+from quiverfs.base.backends.base import DEFAULT_CHUNK
+from quiverfs.base.errors import CorruptObject, NotFound, UsageError, first_error
 
 #: Hash buffers at least this big in a worker thread; smaller ones inline (17 µs per 110 KiB).
 THREAD_HASH_BYTES = 1 << 20

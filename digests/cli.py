@@ -4,7 +4,7 @@ A thin layer over the Python API with the same names: :func:`digests.build.build
 :class:`digests.digest.Digest`, :func:`digests.verify.verify`, :func:`digests.diff.diff`,
 :func:`digests.pack.pack`.
 Errors print one line (``digests: error: ...``) with the exit codes of
-:mod:`quiverfs.console`; ``--debug`` shows tracebacks.
+:mod:`quiverfs.base.console`; ``--debug`` shows tracebacks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from digests.pack import DEFAULT_CHUNK_SIZE, default_out
 from digests.pack import pack as pack_digest
 from digests.progress import make_progress
 from digests.verify import verify as verify_digest
-from quiverfs.console import run_app
+from quiverfs.base.console import run_app
 
 app = typer.Typer(
     help="Build, inspect, verify, diff and pack quiverfs dataset digests.\n\n"

@@ -32,8 +32,8 @@ from digests.canonical import empty_dir_paths, iter_canonical
 from digests.errors import DigestError
 from digests.paths import path_problem
 from digests.schema import ROOT_ID
-from quiverfs.backends.base import Location
-from quiverfs.errors import UsageError
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import UsageError
 
 #: Validation levels of :meth:`Digest.open`, cheapest first.
 CHECKS = ("structure", "rows", "full")
@@ -302,7 +302,7 @@ class Digest:
         (no such file, or a row whose size or hash is malformed).
 
         For hot paths that open content by hash and need nothing else (the direct loader,
-        quiverfs/direct.py): one indexed read and no :class:`Location`. Only the two columns
+        quiverfs/client/direct.py): one indexed read and no :class:`Location`. Only the two columns
         it returns are checked; :meth:`lookup` checks the whole row.
         """
         if "\0" in name or not name.isprintable() and _unencodable(name):

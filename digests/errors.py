@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from quiverfs.errors import QuiverError
+from quiverfs.base.errors import QuiverError
 
 
 class DigestError(QuiverError):
     """A digest file is missing, not a digest, broken or hostile; ``str()`` is one line.
 
-    Exit code 4 (see :mod:`quiverfs.console`). The message names the file and the first
+    Exit code 4 (see :mod:`quiverfs.base.console`). The message names the file and the first
     problem found, e.g. ``invalid digest a.qd: file 17: path component '..' is not allowed``.
     """
 

@@ -51,9 +51,15 @@ from digests.build import build
 from digests.digest import Digest
 from digests.progress import Progress
 from digests.write import NewFile, write_digest
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, normalize_url, open_backend
-from quiverfs.backends.base import DEFAULT_CHUNK
-from quiverfs.errors import CorruptObject, NotFound, UsageError, first_error
+from quiverfs.base.backends import (
+    Backend,
+    BackendOptions,
+    RemoteSettings,
+    normalize_url,
+    open_backend,
+)
+from quiverfs.base.backends.base import DEFAULT_CHUNK
+from quiverfs.base.errors import CorruptObject, NotFound, UsageError, first_error
 
 #: Files per chunk by default: the paper's choice (§3.2, measured in its §5.5).
 DEFAULT_CHUNK_SIZE = 64

@@ -51,7 +51,7 @@ CREATE TABLE meta (
 CREATE TABLE sources (
     -- Where file contents can be read: one row per backend root URL.
     id  INTEGER PRIMARY KEY,   -- 1, 2, ...; referenced by files.loc_source
-    url TEXT NOT NULL UNIQUE   -- normalised root URL (quiverfs.backends.normalize_url), no
+    url TEXT NOT NULL UNIQUE   -- normalised root URL (quiverfs.base.backends.normalize_url), no
                                -- trailing '/', never credentials: s3://bucket/prefix, file:///x
 )""",
     "dirs": """

@@ -4,7 +4,7 @@
 it holds: a member's location is the shard's key plus the offset of its data, so the mount
 fetches one member with one ranged GET and never needs the tar format again. This module
 only reads: :func:`scan_shard` walks one shard from its first byte with ranged reads of
-:data:`~quiverfs.backends.base.DEFAULT_CHUNK` (8 MiB), hashing each member's data as it
+:data:`~quiverfs.base.backends.base.DEFAULT_CHUNK` (8 MiB), hashing each member's data as it
 passes, so a shard is downloaded once and never held whole in memory (one chunk plus the
 header being parsed).
 
@@ -41,9 +41,9 @@ import blake3
 import trio
 
 from digests.paths import path_problem
-from quiverfs.backends import Backend, ObjectInfo
-from quiverfs.backends.base import DEFAULT_CHUNK
-from quiverfs.errors import CorruptObject, UsageError
+from quiverfs.base.backends import Backend, ObjectInfo
+from quiverfs.base.backends.base import DEFAULT_CHUNK
+from quiverfs.base.errors import CorruptObject, UsageError
 
 BLOCK = 512
 ZERO_BLOCK = bytes(BLOCK)

@@ -48,8 +48,8 @@ from digests.schema import (
     READ_VERSIONS,
     ROOT_ID,
 )
-from quiverfs.backends import normalize_url
-from quiverfs.errors import QuiverError
+from quiverfs.base.backends import normalize_url
+from quiverfs.base.errors import QuiverError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 _HEX64 = re.compile(r"[0-9a-f]{64}")

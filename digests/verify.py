@@ -16,9 +16,9 @@ import trio
 
 from digests.digest import Digest, FileEntry
 from digests.progress import Progress
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
-from quiverfs.backends.base import DEFAULT_CHUNK
-from quiverfs.errors import AccessDenied, BackendError, NotFound, first_error
+from quiverfs.base.backends import Backend, BackendOptions, RemoteSettings, open_backend
+from quiverfs.base.backends.base import DEFAULT_CHUNK
+from quiverfs.base.errors import AccessDenied, BackendError, NotFound, first_error
 
 
 @dataclass

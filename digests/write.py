@@ -17,7 +17,7 @@ from digests.canonical import compute_dataset_id
 from digests.errors import DigestError
 from digests.paths import components_key, path_problem
 from digests.schema import FORMAT_VERSION, ROOT_ID, create_indexes, create_tables
-from quiverfs.version import __version__
+from quiverfs.base.version import __version__
 
 
 @dataclass(frozen=True, slots=True)

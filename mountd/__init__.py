@@ -1,8 +1,8 @@
 """mountd: the per-machine cache server that owns the shared, verified, content-addressed store.
 
 Layer 3 of 4 (see :mod:`quiverfs`): may import :mod:`digests` and the base
-(:mod:`quiverfs.errors`, :mod:`quiverfs.backends`, :mod:`quiverfs.console`,
-:mod:`quiverfs.version`); never the mount, the control channel, the shim or the CLI, which
+(:mod:`quiverfs.base.errors`, :mod:`quiverfs.base.backends`, :mod:`quiverfs.base.console`,
+:mod:`quiverfs.base.version`); never the mount, the control channel, the shim or the CLI, which
 talk to it over its socket (:mod:`mountd.rpc.async_client`, :mod:`mountd.rpc.client`).
 
 Inside, one package per subsystem, layered in this order (each imports only those below it;

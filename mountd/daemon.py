@@ -48,8 +48,8 @@ from mountd.store import access, layout
 from mountd.store.cache import Cache, CacheConfig
 from mountd.store.fillpool import ProcessFills
 from mountd.store.limits import spare_slots
-from quiverfs.backends import BackendOptions, open_backend
-from quiverfs.errors import UsageError
+from quiverfs.base.backends import BackendOptions, open_backend
+from quiverfs.base.errors import UsageError
 
 log = logging.getLogger("mountd")
 

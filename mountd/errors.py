@@ -1,8 +1,8 @@
-"""Every error mountd adds to :mod:`quiverfs.errors`, and the registry of those that travel.
+"""Every error mountd adds to :mod:`quiverfs.base.errors`, and the registry of those that travel.
 
 One module for the package's errors (STYLE.md): the cache's, the protocol's and the session
 layer's. Each ``str()`` is one clear line; ``exit_code`` and ``errno`` are class attributes
-(see :mod:`quiverfs.errors`), because mountd's error transport rebuilds a class by name without
+(see :mod:`quiverfs.base.errors`), because mountd's error transport rebuilds a class by name without
 calling ``__init__`` (:func:`mountd.rpc.protocol.exception_from_payload`).
 
 :data:`WIRE_ERRORS` lists, explicitly, every class a response may name. A client rebuilds the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import errno as _errno
 
 from digests.errors import DigestError
-from quiverfs.errors import (
+from quiverfs.base.errors import (
     AccessDenied,
     BackendError,
     CorruptObject,

@@ -1,7 +1,7 @@
-"""``python -m quiverfs``: the ``quiverfs`` command (quiverfs/cli.py), where no console script
+"""``python -m quiverfs``: the ``quiverfs`` command (quiverfs/cli/main.py), where no console script
 is on ``PATH``."""
 
-from quiverfs.cli import main
+from quiverfs.cli.main import main
 
 if __name__ == "__main__":
     main()

@@ -2,7 +2,7 @@
 
 ``QuiverBatchSampler`` replaces ``shuffle=True`` for a dataset whose files live on a quiverfs
 mount: every epoch it claims batches from mountd through the mount's control channel
-(:mod:`quiverfs.control_client`), so each file is read exactly once per epoch, cached files first,
+(:mod:`quiverfs.client.control_client`), so each file is read exactly once per epoch, cached files first,
 and the misses it claims are already being fetched when the DataLoader's workers open them::
 
     from torch.utils.data import DataLoader
@@ -21,7 +21,7 @@ and the misses it claims are already being fetched when the DataLoader's workers
 Claims happen in the process that iterates the sampler (the DataLoader's main process); the
 workers only open files, so any number of workers works.
 
-Cached files can also be read without FUSE, straight from the store (:mod:`quiverfs.direct`:
+Cached files can also be read without FUSE, straight from the store (:mod:`quiverfs.client.direct`:
 from a traversable store, else by descriptors mountd hands over; misses and evicted files go
 through the mount)::
 
@@ -52,9 +52,9 @@ from typing import Any, BinaryIO
 import torch
 from torch.utils.data import Dataset, Sampler
 
-from quiverfs.control_client import ControlClient, find_mount_root
-from quiverfs.direct import DirectReader
-from quiverfs.stagger import epoch_order
+from quiverfs.client.control_client import ControlClient, find_mount_root
+from quiverfs.client.direct import DirectReader
+from quiverfs.plan.stagger import epoch_order
 
 __all__ = ["DirectDataset", "QuiverBatchSampler", "direct_loader", "direct_reader", "pil_rgb"]
 
@@ -139,7 +139,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
     on the mount too, without claims, so every job with the same ``seed`` visits the files in
     one order and a job started later reads what an earlier one cached (the HiPC'23 premise;
     the cache's own policy keeps the files, as in mountd's ``lru`` mode). ``hold_until`` (a
-    ``time.time()`` value, e.g. from :func:`quiverfs.start_record.planned_start`) holds the
+    ``time.time()`` value, e.g. from :func:`quiverfs.plan.start_record.planned_start`) holds the
     first batch until then, so the job can build its model and workers meanwhile.
     """
 
@@ -459,7 +459,7 @@ _reader = DirectReader()
 
 
 def direct_reader() -> DirectReader:
-    """The shared :class:`~quiverfs.direct.DirectReader` (``flush()``, ``counts()``)."""
+    """The shared :class:`~quiverfs.client.direct.DirectReader` (``flush()``, ``counts()``)."""
     return _reader
 
 
@@ -529,7 +529,7 @@ class DirectDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Items ``indices``, as a DataLoader worker fetches a whole batch (PyTorch calls
         this instead of ``__getitem__`` per index): the files are opened together
-        (:meth:`~quiverfs.direct.DirectReader.open_many`), so a reader that asks mountd for
+        (:meth:`~quiverfs.client.direct.DirectReader.open_many`), so a reader that asks mountd for
         descriptors (hand-off) sends one request per batch (of up to 64 files)."""
         samples = [self.samples[i] for i in indices]
         files = self.reader.open_many([path for path, _ in samples])

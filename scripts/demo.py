@@ -47,7 +47,7 @@ def run(cmd: list[str], env: dict[str, str]) -> None:
 def stop_mountd(cache_dir: Path) -> None:
     """Ask the demo's mountd to shut down (it was started on demand by the mount)."""
     from mountd.rpc.client import SyncClient, resolve_socket
-    from quiverfs.errors import QuiverError
+    from quiverfs.base.errors import QuiverError
 
     try:
         with SyncClient.connect(resolve_socket(cache_dir)[0]) as client:

@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from mountd.cluster.tls import PeerTLS
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 #: Shortest cluster secret accepted, in bytes (HMAC-SHA256 keys shorter than this are guessable).
 MIN_SECRET = 16

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import trio
 
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 try:  # the optional "cluster" extra: mountd without --cluster runs without it
     import redis

@@ -38,8 +38,8 @@ from mountd.errors import PeerCorrupt, PeerError
 from mountd.store import layout
 from mountd.store.cache import Cache
 from mountd.store.peers import PEER_URL, PeerBytes, PeerContent, PeerFile, spool_file
-from quiverfs.backends.base import Location
-from quiverfs.errors import QuiverError
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import QuiverError
 
 log = logging.getLogger("mountd.cluster.peer")
 

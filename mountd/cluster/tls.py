@@ -14,7 +14,7 @@ import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,8 @@ from digests.canonical import iter_canonical
 from digests.digest import Digest
 from mountd.coop.packing import Packing, scan_packing
 from mountd.store.span import Member
-from quiverfs.backends.base import Location
-from quiverfs.errors import UsageError
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import UsageError
 
 HASH = 32
 

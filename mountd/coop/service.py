@@ -75,8 +75,8 @@ from mountd.coop.sessions import SessionRegistry
 from mountd.errors import UnknownDataset
 from mountd.store.cache import Cache
 from mountd.store.span import Member
-from quiverfs.backends.base import Location
-from quiverfs.errors import QuiverError
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import QuiverError
 
 log = logging.getLogger("mountd.coop.service")
 

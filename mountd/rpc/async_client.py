@@ -42,7 +42,7 @@ from mountd.rpc.calls import (
 from mountd.rpc.client import START_TIMEOUT, ensure_running
 from mountd.rpc.fdpass import DescriptorStream, close_all, send_frame, send_with_fds
 from mountd.rpc.protocol import MAX_OPEN, PROTOCOL_VERSION
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 
 
 @contextmanager

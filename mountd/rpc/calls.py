@@ -20,7 +20,7 @@ from mountd.rpc import protocol
 from mountd.rpc.fdpass import close_all
 from mountd.rpc.protocol import MAX_OPEN
 from mountd.store import layout
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 
 __all__ = [
     "MAX_QUEUED_FDS",

@@ -50,7 +50,7 @@ from mountd.rpc.fdpass import (
 )
 from mountd.rpc.protocol import MAX_OPEN, PROTOCOL_VERSION
 from mountd.store import layout
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 
 #: Seconds a blocking client waits for mountd to accept and answer ``hello``.
 CONNECT_TIMEOUT = 5.0

@@ -15,7 +15,7 @@ import stat
 
 import trio
 
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 __all__ = ["MAX_SOCKET_PATH", "bind_socket", "check_socket_path"]
 

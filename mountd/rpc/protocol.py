@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mountd.errors import WIRE_ERRORS, MountdInternalError, ProtocolError
-from quiverfs.errors import BackendError, QuiverError
+from quiverfs.base.errors import BackendError, QuiverError
 
 #: Protocol version; ``hello`` refuses a client whose major version differs.
 PROTOCOL_VERSION = 1

@@ -58,9 +58,9 @@ from mountd.stats.users import UserStats
 from mountd.store.cache import Cache
 from mountd.store.evictions import EvictionJournal
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends.base import Location
-from quiverfs.errors import QuiverError
-from quiverfs.version import __version__
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import QuiverError
+from quiverfs.base.version import __version__
 
 log = logging.getLogger("mountd.rpc.server")
 

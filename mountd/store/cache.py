@@ -73,9 +73,9 @@ from mountd.store.recovery import RecoveryReport, recover
 from mountd.store.scrub import ScrubReport, scrub
 from mountd.store.space import Space
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends import Backend, normalize_url, open_backend
-from quiverfs.backends.base import BackendOptions, Location, RemoteCounters
-from quiverfs.errors import QuiverError
+from quiverfs.base.backends import Backend, normalize_url, open_backend
+from quiverfs.base.backends.base import BackendOptions, Location, RemoteCounters
+from quiverfs.base.errors import QuiverError
 
 __all__ = [
     "Cache",

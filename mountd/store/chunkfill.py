@@ -16,7 +16,7 @@ What a chunk fill keeps exactly as a fill of one file (docs/store-layout.md "Chu
   requester's uid, as a plain fill is) before its GET; each member's share turns into use
   in the trio step its row is indexed.
 * **Verification.** Each member is verified against its own hash; one that fails is
-  dropped alone (its waiters get :class:`~quiverfs.errors.CorruptObject`, EIO), its
+  dropped alone (its waiters get :class:`~quiverfs.base.errors.CorruptObject`, EIO), its
   neighbours are stored.
 * **Counters.** One GET and its bytes (``remote_requests``/``remote_bytes``), one fill per
   member stored (``bytes_from_remote``, fill latency), plus ``chunk_fills`` and

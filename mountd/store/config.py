@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mountd.store.access import StoreModes, store_modes
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from mountd.store.fillwork import FillJob, FillStopped, Outcome, SpanJob, Target
 from mountd.store.limits import RemoteLimits
 from mountd.store.span import Span
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 
 
 class Filler:

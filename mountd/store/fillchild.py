@@ -31,7 +31,7 @@ from mountd.store.fillwork import (
     SpanJob,
     Store,
 )
-from quiverfs.backends import Backend
+from quiverfs.base.backends import Backend
 
 Job = FillJob | SpanJob
 

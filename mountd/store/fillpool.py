@@ -85,9 +85,9 @@ from mountd.store.fillwork import (
     StageTimes,
     Store,
 )
-from quiverfs.backends import Backend
-from quiverfs.backends.base import RemoteCounters
-from quiverfs.forking import close_inherited, fork_child
+from quiverfs.base.backends import Backend
+from quiverfs.base.backends.base import RemoteCounters
+from quiverfs.base.forking import close_inherited, fork_child
 
 log = logging.getLogger("mountd.store.fillpool")
 
@@ -237,7 +237,7 @@ class ProcessFills:
     run starts: a child forked from a process without threads inherits no lock held by one);
     :meth:`serve` reads their answers; :meth:`close` stops them.
 
-    ``factory(url)`` opens a backend in a child (default: :func:`quiverfs.backends.open_backend`
+    ``factory(url)`` opens a backend in a child (default: :func:`quiverfs.base.backends.open_backend`
     with ``threads`` connections)."""
 
     def __init__(self, cache_dir: Path, processes: int, threads: int,

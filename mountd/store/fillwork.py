@@ -8,7 +8,7 @@ in mountd's own worker threads when mountd has no fill processes (``--fill-proce
 the cache's unit tests), so there is one implementation of the steps, whoever runs them:
 
 1. read the content: a ranged GET of the backend (retried there,
-   :meth:`~quiverfs.backends.base.Backend.call_blocking`), a descriptor a client supplied
+   :meth:`~quiverfs.base.backends.base.Backend.call_blocking`), a descriptor a client supplied
    (``pread``), or bytes a peer sent;
 2. check its size and blake3 against the hash (bad bytes never reach a final name);
 3. write a temp file in ``tmp/`` (:class:`~mountd.store.disk.TempFile`);
@@ -46,8 +46,8 @@ from mountd.errors import CacheFull
 from mountd.stats.counters import WORK_STAGES
 from mountd.store import disk
 from mountd.store.supplied import pread_all
-from quiverfs.backends.base import Location
-from quiverfs.errors import CorruptObject
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import CorruptObject
 
 
 class Target(NamedTuple):

@@ -15,7 +15,7 @@ from typing import Protocol
 import trio
 
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 
 
 class CacheListener(Protocol):

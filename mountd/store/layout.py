@@ -24,7 +24,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 #: Bytes in a blake3 hash, and hex characters in a store file name.
 HASH_BYTES = 32

@@ -52,9 +52,9 @@ from mountd.store.policy import EvictionPolicy
 from mountd.store.quota import Charges
 from mountd.store.span import ChunkMembers, Span
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends import Backend
-from quiverfs.backends.base import Location
-from quiverfs.errors import CorruptObject, QuiverError
+from quiverfs.base.backends import Backend
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import CorruptObject, QuiverError
 
 # The cache's log: every part of Cache logs as "mountd.store.cache".
 log = logging.getLogger("mountd.store.cache")

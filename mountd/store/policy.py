@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import ClassVar
 
 from mountd.store.index import Index
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 
 class EvictionPolicy(ABC):

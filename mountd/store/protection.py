@@ -26,8 +26,8 @@ from mountd.store.flights import Flight
 from mountd.store.holds import HOLD_SHARE, Holds
 from mountd.store.index import Index
 from mountd.store.limits import Turns
-from quiverfs.backends.base import Location
-from quiverfs.errors import QuiverError
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import QuiverError
 
 
 class Protection:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 
 
 class Member(NamedTuple):

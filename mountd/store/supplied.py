@@ -21,7 +21,7 @@ import contextlib
 import errno
 import os
 
-from quiverfs.errors import AccessDenied, BackendError, PermanentFailure
+from quiverfs.base.errors import AccessDenied, BackendError, PermanentFailure
 
 #: URL shown in errors about supplied bytes (they have no remote location of their own).
 SUPPLIED_URL = "supplied://"

@@ -12,7 +12,7 @@ process on the way out (terminate, then kill), exceptions included::
 The same works from a pytest fixture (``with run_azurite(tmp) as az: yield az``) and from a
 plain script. ``handle.env`` holds the environment variables that point our backends (and the
 SDKs' standard credential chains) at the emulator; ``handle.settings()`` is the
-:class:`~quiverfs.backends.settings.RemoteSettings` built from them, so tests need not touch
+:class:`~quiverfs.base.backends.settings.RemoteSettings` built from them, so tests need not touch
 ``os.environ``. Emulator output goes to log files in a temporary directory
 (``handle.log_path``), never to a pipe that could fill up.
 
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quiverfs.backends.settings import RemoteSettings
+from quiverfs.base.backends.settings import RemoteSettings
 
 __all__ = [
     "AZURITE_ACCOUNT",

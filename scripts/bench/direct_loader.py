@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The direct loader (quiverfs/direct.py) against plain reads of the store files, side by side.
+"""The direct loader (quiverfs/client/direct.py) against plain reads of the store files, side by side.
 
 2,000 files of 110 KiB (``--files``) in ImageFolder-style class folders, one mountd, one
 mount (harness/world.py's ``World``). Each round measures, in one run:
@@ -98,7 +98,7 @@ def _handed_over(paths: list[str], reader) -> int:
 
 
 def _reader(kind: str, paths: list[str], repeat: int, barrier, results) -> None:
-    from quiverfs.direct import DirectReader
+    from quiverfs.client.direct import DirectReader
 
     reader = DirectReader(report=kind != "unreported", handoff=kind == "handoff")
     if kind != "plain":
@@ -229,7 +229,7 @@ def main() -> None:
 
     from mountd.rpc.client import SyncClient
     from mountd.store import layout
-    from quiverfs.direct import DirectReader
+    from quiverfs.client.direct import DirectReader
     from quiverfs.torch import DirectDataset
 
     dataset = make_dataset(DatasetSpec(files=args.files, file_size=FILE_SIZE, classes=10))

@@ -158,7 +158,7 @@ class Bench:
         import trio
 
         from digests.build import build
-        from quiverfs.backends.settings import RemoteSettings
+        from quiverfs.base.backends.settings import RemoteSettings
 
         digest = WORK / "dataset.qd"
         for old in WORK.glob("dataset.qd*"):

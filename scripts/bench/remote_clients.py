@@ -78,7 +78,7 @@ import obstore  # noqa: E402
 import trio  # noqa: E402
 from obstore.store import AzureStore, GCSStore, S3Store  # noqa: E402
 
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend  # noqa: E402
+from quiverfs.base.backends import Backend, BackendOptions, RemoteSettings, open_backend  # noqa: E402
 from quiverfs.testing import emulators  # noqa: E402
 from quiverfs.testing.emulators import (  # noqa: E402
     AZURITE_ACCOUNT,

@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from mountd.store.cache import Cache, CacheConfig  # noqa: E402
-from quiverfs.backends.base import Location  # noqa: E402
+from quiverfs.base.backends.base import Location  # noqa: E402
 
 FILE_SIZE = 110 * 1024
 

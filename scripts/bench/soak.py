@@ -104,7 +104,7 @@ from harness.soak_world import (  # noqa: E402
 from harness.world import BENCH, force_unmount, stop_mountd_of  # noqa: E402
 
 from mountd.store.evictions import JOURNAL_ENTRIES  # noqa: E402
-from quiverfs.errors import QuiverError  # noqa: E402
+from quiverfs.base.errors import QuiverError  # noqa: E402
 from quiverfs.testing.mountd import log_tail  # noqa: E402
 from quiverfs.testing.soak import (  # noqa: E402
     FaultWindow,

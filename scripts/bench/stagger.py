@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Cache-aware staggering (HiPC'23): measured makespan per stagger vs the planner's prediction.
 
-Two emulated training jobs (quiverfs.calibrate's built-in reader: a pool of threads loading
+Two emulated training jobs (quiverfs.plan.calibrate's built-in reader: a pool of threads loading
 whole mini-batches ahead, compute emulated by sleep) read one dataset through a real mount, in
 the shared same-seed order the paper requires, on a cache big enough for the dataset (so the
 second job can reuse what the first fetched) behind a remote limited with mountd's
@@ -39,8 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.cli import preflight  # noqa: E402
 from harness.world import DatasetSpec, MountdConfig, World, make_dataset  # noqa: E402
 
-from quiverfs.calibrate import ReaderJob, calibrate, read_batches  # noqa: E402
-from quiverfs.stagger import grid, plan  # noqa: E402
+from quiverfs.plan.calibrate import ReaderJob, calibrate, read_batches  # noqa: E402
+from quiverfs.plan.stagger import grid, plan  # noqa: E402
 
 
 def evictor(world: World):

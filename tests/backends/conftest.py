@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, RetryPolicy, open_backend
+from quiverfs.base.backends import (
+    Backend,
+    BackendOptions,
+    RemoteSettings,
+    RetryPolicy,
+    open_backend,
+)
 from quiverfs.testing.emulators import (
     MOTO_ACCESS_KEY,
     MOTO_REGION,

@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from quiverfs.backends import Backend, RetryPolicy
-from quiverfs.errors import NotFound, TemporaryFailure
+from quiverfs.base.backends import Backend, RetryPolicy
+from quiverfs.base.errors import NotFound, TemporaryFailure
 from quiverfs.testing.faultproxy import FaultProxy
 
 from .conftest import GIVE_UP_SOON, MANY, STANDARD_OBJECTS, OpenAt, Store

@@ -14,7 +14,7 @@ import pytest
 
 from digests.build import build
 from digests.digest import Digest
-from quiverfs.backends import DIRECTORY, OBJECT, BackendOptions
+from quiverfs.base.backends import DIRECTORY, OBJECT, BackendOptions
 
 pytestmark = pytest.mark.backends
 

@@ -1,4 +1,4 @@
-"""Reads through obstore (quiverfs/backends/obstore_reads.py) on the real emulators: S3Backend
+"""Reads through obstore (quiverfs/base/backends/obstore_reads.py) on the real emulators: S3Backend
 against moto, AzureBackend against Azurite.
 
 What the contract suite (test_contract.py) does not show: that the reads really go through
@@ -30,10 +30,10 @@ import boto3
 import pytest
 from azure.storage.blob import ContainerSasPermissions, generate_container_sas
 
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, RetryPolicy
-from quiverfs.backends.azure import AzureBackend
-from quiverfs.backends.s3 import S3Backend
-from quiverfs.errors import AccessDenied, NotFound, TemporaryFailure
+from quiverfs.base.backends import Backend, BackendOptions, RemoteSettings, RetryPolicy
+from quiverfs.base.backends.azure import AzureBackend
+from quiverfs.base.backends.s3 import S3Backend
+from quiverfs.base.errors import AccessDenied, NotFound, TemporaryFailure
 from quiverfs.testing.emulators import (
     AZURITE_ACCOUNT,
     AZURITE_KEY,

@@ -18,8 +18,8 @@ from digests.build import build
 from digests.digest import Digest
 from digests.pack import MANIFEST_KEY, pack
 from digests.verify import verify
-from quiverfs.backends import Backend, BackendOptions
-from quiverfs.errors import PermanentFailure, UsageError
+from quiverfs.base.backends import Backend, BackendOptions
+from quiverfs.base.errors import PermanentFailure, UsageError
 from quiverfs.testing.emulators import MotoEmulator
 
 from .conftest import OpenAt

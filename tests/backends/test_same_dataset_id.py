@@ -14,7 +14,7 @@ import pytest
 
 from digests.build import build
 from digests.digest import Digest
-from quiverfs.backends import BackendOptions
+from quiverfs.base.backends import BackendOptions
 from quiverfs.testing.sample_data import generate_images
 
 pytestmark = pytest.mark.backends

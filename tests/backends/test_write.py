@@ -15,8 +15,8 @@ from urllib.parse import unquote
 
 import pytest
 
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings
-from quiverfs.errors import NotFound, PermanentFailure
+from quiverfs.base.backends import Backend, BackendOptions, RemoteSettings
+from quiverfs.base.errors import NotFound, PermanentFailure
 from quiverfs.testing.faultproxy import FaultProxy
 
 from .conftest import ROOT, OpenAt, Store

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from mountd.daemon import Running
 from mountd.store.span import Member
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 from quiverfs.testing.packed import PackedFile, pack
 from quiverfs.testing.redis import RedisServer
 from tests.cluster.test_nodes import _gets, _nodes

@@ -12,7 +12,7 @@ import trio
 from mountd.cluster.placement import owner
 from mountd.coop import service as coop_service
 from mountd.rpc.async_client import open_client
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 from quiverfs.testing.packed import loose_digest
 from quiverfs.testing.redis import RedisServer
 from tests.cluster.test_nodes import _gets, _nodes

@@ -20,7 +20,7 @@ from mountd.cluster.placement import owner
 from mountd.daemon import DaemonConfig, Running, serve
 from mountd.store.cache import CacheConfig
 from mountd.store.policy import keep_last
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 from quiverfs.testing.emulators import free_port
 from quiverfs.testing.mountd import make_dataset
 from quiverfs.testing.redis import RedisServer

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mountd.cluster import peer
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 from quiverfs.testing.mountd import make_dataset
 from quiverfs.testing.redis import RedisServer
 from tests.cluster.test_nodes import _gets, _nodes

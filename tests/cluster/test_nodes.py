@@ -22,7 +22,7 @@ from mountd.cluster import wire
 from mountd.cluster.config import ClusterConfig
 from mountd.daemon import DaemonConfig, Running, serve
 from mountd.store.cache import CacheConfig
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 from quiverfs.testing.emulators import free_port
 from quiverfs.testing.mountd import SampleFile, make_dataset
 from quiverfs.testing.redis import RedisServer

@@ -12,7 +12,7 @@ import trio
 from mountd.cluster.placement import owners
 from mountd.daemon import Running
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 from quiverfs.testing.mountd import SampleFile, make_dataset
 from quiverfs.testing.redis import RedisServer
 from tests.cluster.test_nodes import _gets, _nodes

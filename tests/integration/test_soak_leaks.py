@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from mountd.store.layout import store_dir
-from quiverfs.reads import OPEN_FILES
+from quiverfs.filesystem.reads import OPEN_FILES
 from quiverfs.testing.soak import DigestTable, Role, alive, fd_targets, sample_role, settled
 from tests.mount.conftest import (
     MountdProcess,
@@ -93,8 +93,8 @@ def test_mountd_restarts_leave_no_descriptor_or_thread_behind(tmp_path: Path) ->
 
             def kept(pids: tuple[int, ...]) -> int:
                 """Store files the processes hold open: the READ path keeps a file it is
-                reading (quiverfs/reads.py, at most OPEN_FILES a process), e.g. when a file's
-                last READ went to another worker; bounded by design, so counted apart."""
+                reading (quiverfs/filesystem/reads.py, at most OPEN_FILES a process), e.g. when a
+                file's last READ went to another worker; bounded by design, so counted apart."""
                 return sum(t.startswith(store) for pid in pids for t in fd_targets(pid))
 
             def counts() -> dict[str, tuple[int, int, int]]:
@@ -121,7 +121,7 @@ def test_mountd_restarts_leave_no_descriptor_or_thread_behind(tmp_path: Path) ->
             start = idle_counts(read_checked(READS))
             for cycle in range(CYCLES):
                 # Misses in flight while mountd dies wait for the next one (--mountd-wait,
-                # quiverfs/mountd_wait.py) and read the right bytes.
+                # quiverfs/mount/mountd_wait.py) and read the right bytes.
                 batch = [next(fresh) for _ in range(IN_FLIGHT)]
                 failed: list[int] = []
 

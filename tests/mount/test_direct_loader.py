@@ -26,7 +26,7 @@ from digests.digest import Digest
 from digests.write import NewFile, write_digest
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
-from quiverfs.direct import RECHECK_SECONDS, DirectReader, mount_info
+from quiverfs.client.direct import RECHECK_SECONDS, DirectReader, mount_info
 from quiverfs.testing.sample_data import generate_images, write_tree
 from tests.mount.conftest import REPO, MountdProcess, MountProcess, build_digest, wait_for
 
@@ -297,7 +297,7 @@ def test_a_row_whose_size_is_not_its_contents_fails_as_through_the_mount(world, 
 
 _NO_STORE_READER = """
 import json, sys
-from quiverfs.direct import DirectReader
+from quiverfs.client.direct import DirectReader
 reader = DirectReader(handoff=False)  # else mountd hands the files over: test_handoff_loader.py
 mnt, src, rels = sys.argv[1], sys.argv[2], sys.argv[3:]
 same = all(reader.read(f"{mnt}/{r}") == open(f"{src}/{r}", "rb").read() for r in rels)

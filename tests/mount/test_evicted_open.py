@@ -5,7 +5,7 @@ After reading 48 of them the filesystem held 23.8 MB (29-32 MB here), because th
 processes kept up to 16 MiB of store files each open, evicted ones among them, whose blocks a
 descriptor keeps allocated outside mountd's cap.
 
-Now the mount's processes keep at most 5 % of the cache open together (quiverfs/reads.py
+Now the mount's processes keep at most 5 % of the cache open together (quiverfs/filesystem/reads.py
 ``KEPT_SHARE``: here less than one file, so none stays open between reads), and mountd answers
 a mount's ``evictions`` question the moment it evicts (docs/mountd-protocol.md), so the
 processes close evicted files at once rather than at their next sweep.

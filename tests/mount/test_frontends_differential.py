@@ -1,5 +1,5 @@
-"""The two front ends answer alike: the native one (quiverfs/fuse_worker.py, our own protocol
-code) and pyfuse3 (quiverfs/frontend_pyfuse3.py, libfuse's), as two mounts of one digest at
+"""The two front ends answer alike: the native one (quiverfs/fuse/worker.py, our own protocol
+code) and pyfuse3 (quiverfs/fuse/frontend_pyfuse3.py, libfuse's), as two mounts of one digest at
 once, through the real kernel.
 
 Seeded random sequences of operations run on both mounts, one operation on each in turn, and

@@ -1,5 +1,5 @@
 """mountd dies (SIGKILL) under a mount: hits go on; a miss waits for mountd to come back
-(``--mountd-wait``, quiverfs/mountd_wait.py) and then reads the right bytes; with no wait it
+(``--mountd-wait``, quiverfs/mount/mountd_wait.py) and then reads the right bytes; with no wait it
 fails with EIO at once, and with a short one after it; once mountd is back, misses work again
 without remounting. The numbered tests run in order on one mount (``--mountd-wait 0``); the
 last ones on mounts of their own."""
@@ -18,8 +18,8 @@ import blake3
 import pytest
 
 from mountd.rpc.client import SyncClient
-from quiverfs.control_client import ControlClient
-from quiverfs.fs import FAILURE_MEMORY
+from quiverfs.client.control_client import ControlClient
+from quiverfs.filesystem.fs import FAILURE_MEMORY
 from tests.mount.conftest import MountdProcess, MountProcess, build_digest, wait_for, write_tree
 
 pytestmark = pytest.mark.mount

@@ -36,7 +36,7 @@ def world(fuse, module_tmp: Path):
 
 
 def _mounts_at(path: Path) -> int:
-    from quiverfs.mount import _unescape
+    from quiverfs.mount.serve import _unescape
 
     with open("/proc/self/mountinfo") as f:
         return sum(1 for line in f if _unescape(line.split(" ")[4]) == str(path))
@@ -55,9 +55,9 @@ def _pid_alive(pid: int) -> bool:
 #: outside check's race needs two mounts between their check and their mount at once.
 RACER = """
 import sys, pathlib
-from quiverfs.cli import app
-from quiverfs.console import run_app
-import quiverfs.mount, digests.digest, mountd.rpc.async_client
+from quiverfs.cli.main import app
+from quiverfs.base.console import run_app
+import quiverfs.mount.serve, digests.digest, mountd.rpc.async_client
 pathlib.Path(sys.argv[1]).touch()
 sys.stdin.readline()
 run_app(app, "quiverfs", sys.argv[2:])
@@ -66,8 +66,8 @@ run_app(app, "quiverfs", sys.argv[2:])
 #: The mount(8) helper (scripts/mount.fuse.quiverfs runs ``helper_main``), started like RACER.
 HELPER_RACER = """
 import sys, pathlib
-from quiverfs.mount_cli import helper_main
-import quiverfs.mount, digests.digest, mountd.rpc.async_client
+from quiverfs.cli.mount_cli import helper_main
+import quiverfs.mount.serve, digests.digest, mountd.rpc.async_client
 pathlib.Path(sys.argv[1]).touch()
 sys.stdin.readline()
 sys.exit(helper_main(sys.argv[2:]))
@@ -187,7 +187,7 @@ def test_nonempty_mountpoint_is_refused_unless_asked(world, mountpoint) -> None:
 
 
 def test_helper_parses_nonempty() -> None:
-    from quiverfs.mount_cli import parse_helper_args
+    from quiverfs.cli.mount_cli import parse_helper_args
 
     assert parse_helper_args(["d.qd", "/mnt", "-o", "nonempty,ro"])["nonempty"] is True
     assert parse_helper_args(["d.qd", "/mnt"])["nonempty"] is False

@@ -281,7 +281,7 @@ def test_workers_killed_under_load(world, digest) -> None:
 
 
 def test_workers_that_keep_dying_end_the_mount(world, digest) -> None:
-    from quiverfs.worker_pool import MAX_RESTARTS
+    from quiverfs.fuse.worker_pool import MAX_RESTARTS
 
     mountpoint = world["tmp"] / "mnt-doomed"
     with MountProcess(digest, mountpoint, world["cache"], "--workers", "2") as mount:

@@ -252,7 +252,7 @@ def test_statfs(tree) -> None:
 
 def test_the_mount_is_registered_with_mountd(tree) -> None:
     from mountd.rpc.client import SyncClient
-    from quiverfs.mount_cli import mount_stats
+    from quiverfs.cli.mount_cli import mount_stats
 
     with SyncClient.connect(tree["cache"]) as client:
         mounts = client.ls()["mounts"]

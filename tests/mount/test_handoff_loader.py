@@ -27,7 +27,7 @@ from digests.digest import Digest
 from digests.write import NewFile, write_digest
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
-from quiverfs.direct import DirectReader
+from quiverfs.client.direct import DirectReader
 from quiverfs.testing.sample_data import generate_images, write_tree
 from tests.mount.conftest import REPO, MountdProcess, MountProcess, build_digest
 
@@ -225,7 +225,7 @@ def test_dataloader_workers_fetch_each_batch_with_one_request(world) -> None:
 
 _NO_STORE_READER = """
 import json, sys
-from quiverfs.direct import DirectReader
+from quiverfs.client.direct import DirectReader
 reader = DirectReader()
 mnt, src, rels = sys.argv[1], sys.argv[2], sys.argv[3:]
 files = reader.open_many([f"{mnt}/{r}" for r in rels])

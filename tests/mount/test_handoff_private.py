@@ -3,7 +3,7 @@ loader through descriptor hand-off: a real throwaway user, its own real mount.
 
 The user may not open store files (``EACCES``), and neither may its mount. The direct loader
 notices the store is closed to it and asks mountd for the descriptors, one request per batch;
-the mount asks for each file it reads (quiverfs/reads.py), and fetches through mountd what it
+the mount asks for each file it reads (quiverfs/filesystem/reads.py), and fetches through mountd what it
 was not handed over (not cached), then asks again. So every byte the user gets here came by
 hand-off, and mountd counts each cached file as one hit of the dataset and of the user's uid,
 once: the mount does not report the hits it was handed over.
@@ -26,8 +26,9 @@ import pytest
 from digests.digest import Digest
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
-from quiverfs import fuse_worker, mount
-from quiverfs.direct import DirectReader
+from quiverfs.client.direct import DirectReader
+from quiverfs.fuse import worker as fuse_worker
+from quiverfs.mount import serve as mount
 from quiverfs.testing.sample_data import generate_images, write_tree
 from quiverfs.testing.users import (
     LocalUser,

@@ -22,8 +22,8 @@ from pathlib import Path
 import blake3
 import pytest
 
-import quiverfs.mount  # noqa: F401  (imported before forking children that run mounts)
-import quiverfs.mount_cli  # noqa: F401
+import quiverfs.cli.mount_cli  # noqa: F401
+import quiverfs.mount.serve  # noqa: F401  (imported before forking children that run mounts)
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.testing.users import (

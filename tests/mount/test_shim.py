@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from quiverfs.control import make_name
-from quiverfs.control_client import ControlClient
+from quiverfs.client.control_client import ControlClient
+from quiverfs.protocol.control import make_name
 from quiverfs.testing.sample_data import generate_images, write_tree
 from tests.mount.conftest import MountdProcess, MountProcess, build_digest, serving
 

@@ -23,8 +23,8 @@ from mountd.rpc.server import Server
 from mountd.store import layout
 from mountd.store.cache import Cache, CacheConfig
 from mountd.store.fillpool import ProcessFills
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
-from quiverfs.backends.base import Location
+from quiverfs.base.backends import Backend, BackendOptions, RemoteSettings, open_backend
+from quiverfs.base.backends.base import Location
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import blake3
 import trio
 
 from mountd.store.cache import Cache, CacheConfig
-from quiverfs.backends.base import Location
+from quiverfs.base.backends.base import Location
 
 
 async def main(cache_dir: Path, source: Path, bandwidth: float, chunk_size: int) -> None:

@@ -18,7 +18,7 @@ from mountd.errors import InvalidRequest
 from mountd.rpc.async_client import open_client
 from mountd.stats.metrics import render
 from mountd.store import layout
-from quiverfs.mountd_views import print_allocation
+from quiverfs.cli.mountd_views import print_allocation
 from tests.mountd.conftest import in_process_mountd, mountd_env, wait_until
 
 

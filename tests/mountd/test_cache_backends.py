@@ -11,8 +11,8 @@ import trio
 
 from mountd.rpc import protocol
 from mountd.rpc.server import Server
-from quiverfs.backends import Backend
-from quiverfs.errors import QuiverError, TemporaryFailure
+from quiverfs.base.backends import Backend
+from quiverfs.base.errors import QuiverError, TemporaryFailure
 from tests.mountd.conftest import Backends, Source, config, running, wait_until
 
 

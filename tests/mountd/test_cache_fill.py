@@ -15,8 +15,8 @@ from mountd.errors import CacheLocked
 from mountd.store import commits, layout
 from mountd.store.cache import Cache
 from mountd.store.commits import TOUCH_INTERVAL
-from quiverfs.backends.base import Location
-from quiverfs.errors import CorruptObject, NotFound
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import CorruptObject, NotFound
 from tests.mountd.conftest import (
     Backends,
     Source,

@@ -17,7 +17,7 @@ import trio.testing
 from mountd.errors import QuotaExceeded
 from mountd.store import layout
 from mountd.store.cache import Cache, SuppliedBytes
-from quiverfs.errors import errno_for
+from quiverfs.base.errors import errno_for
 from tests.mountd.conftest import Backends, Obj, Source, config, running, store_files, wait_until
 
 A, B = 1001, 1002  # two users' uids (nothing here needs them to exist)

@@ -14,8 +14,8 @@ import trio
 
 from mountd.errors import CacheFull
 from mountd.store.index import Index
-from quiverfs.backends.base import Location
-from quiverfs.errors import CorruptObject
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import CorruptObject
 from tests.mountd.conftest import (
     Backends,
     Source,

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from mountd.store.cache import Cache, SuppliedBytes
-from quiverfs.errors import CorruptObject
+from quiverfs.base.errors import CorruptObject
 from tests.mountd.conftest import Backends, Source, config, running, store_files, wait_until
 
 

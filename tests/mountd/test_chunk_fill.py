@@ -16,9 +16,9 @@ import trio
 from mountd.coop.service import CoopService
 from mountd.store import layout
 from mountd.store.cache import Cache
-from quiverfs.backends import Backend, BackendOptions, open_backend
-from quiverfs.backends.base import Location
-from quiverfs.errors import CorruptObject
+from quiverfs.base.backends import Backend, BackendOptions, open_backend
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import CorruptObject
 from quiverfs.testing.emulators import (
     MOTO_ACCESS_KEY,
     MOTO_REGION,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from mountd.rpc.client import SyncClient
-from quiverfs.cli import app
-from quiverfs.console import run_app
+from quiverfs.base.console import run_app
+from quiverfs.cli.main import app
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 
 SIZE = 10_000

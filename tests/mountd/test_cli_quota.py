@@ -11,8 +11,8 @@ import pytest
 
 from mountd.errors import QuotaExceeded
 from mountd.rpc.client import SyncClient
-from quiverfs.cli import app
-from quiverfs.console import run_app
+from quiverfs.base.console import run_app
+from quiverfs.cli.main import app
 from quiverfs.testing.mountd import location, make_dataset, running_mountd
 
 SIZE = 100_000

@@ -22,8 +22,8 @@ from mountd.errors import (
     UnknownSession,
 )
 from mountd.store.cache import CacheConfig
-from quiverfs.backends.base import Location
-from quiverfs.errors import UsageError
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import UsageError
 from tests.mountd.conftest import Env, mountd_env, wait_until
 
 #: Seconds to wait for a whole mountd's background work (fills, ticks) under load.
@@ -375,8 +375,8 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
 
 
 def test_chunk_grace_must_not_be_negative(tmp_path: Path, capsys) -> None:
-    from quiverfs.cli import app
-    from quiverfs.console import run_app
+    from quiverfs.base.console import run_app
+    from quiverfs.cli.main import app
 
     with pytest.raises(UsageError, match="grace"):
         DaemonConfig(CacheConfig(cache_dir=tmp_path, cache_size=1000), chunk_grace=-1.0)

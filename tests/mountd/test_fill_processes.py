@@ -22,8 +22,8 @@ import trio
 from mountd.errors import CacheError
 from mountd.store.cache import Cache
 from mountd.store.supplied import SuppliedBytes
-from quiverfs.backends.base import Location
-from quiverfs.errors import CorruptObject
+from quiverfs.base.backends.base import Location
+from quiverfs.base.errors import CorruptObject
 from tests.mountd.conftest import Source, config, pooled, store_files, tmp_files, wait_until
 
 

@@ -24,7 +24,7 @@ from mountd.rpc import protocol
 from mountd.rpc.async_client import open_client
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
-from quiverfs.errors import CorruptObject, NotFound
+from quiverfs.base.errors import CorruptObject, NotFound
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 from quiverfs.testing.prometheus import scraped
 

@@ -13,7 +13,7 @@ import pytest
 
 from mountd.daemon import SocketAccess
 from mountd.rpc.listener import bind_socket
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 
 def other_group() -> grp.struct_group:
@@ -93,8 +93,8 @@ async def test_the_default_socket_is_owner_only_under_umask_0(tmp_path, open_uma
 
 
 def test_quiverfs_mountd_refuses_conflicting_options_before_starting(capsys, tmp_path) -> None:
-    from quiverfs.cli import app
-    from quiverfs.console import run_app
+    from quiverfs.base.console import run_app
+    from quiverfs.cli.main import app
 
     cache_dir = tmp_path / "cache"
     with pytest.raises(SystemExit) as done:

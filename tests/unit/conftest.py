@@ -14,10 +14,10 @@ import blake3
 import pytest
 
 from digests.cli import app
-from quiverfs.backends import BackendOptions, ObjectInfo, RemoteSettings
-from quiverfs.backends.base import Backend
-from quiverfs.console import run_app
-from quiverfs.errors import BackendError, NotFound
+from quiverfs.base.backends import BackendOptions, ObjectInfo, RemoteSettings
+from quiverfs.base.backends.base import Backend
+from quiverfs.base.console import run_app
+from quiverfs.base.errors import BackendError, NotFound
 
 
 def make_tree(root: Path, files: dict[str, bytes]) -> Path:

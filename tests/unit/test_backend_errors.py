@@ -22,7 +22,7 @@ import urllib3.exceptions as u3e
 from azure.storage.blob._generated.models import StorageErrorCode
 from google.cloud.storage.exceptions import DataCorruption
 
-from quiverfs.backends import (
+from quiverfs.base.backends import (
     Backend,
     BackendOptions,
     RemoteSettings,
@@ -30,7 +30,7 @@ from quiverfs.backends import (
     normalize_url,
     open_backend,
 )
-from quiverfs.errors import (
+from quiverfs.base.errors import (
     AccessDenied,
     BackendError,
     CorruptObject,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from digests.cli import app as digests_app
-from quiverfs.cli import app as quiverfs_app
-from quiverfs.console import INTERNAL_ERROR, run_app
+from quiverfs.base.console import INTERNAL_ERROR, run_app
+from quiverfs.cli.main import app as quiverfs_app
 
 
 def run(capsys, app, prog: str, *args: str) -> tuple[int, str]:

@@ -19,17 +19,17 @@ from mountd.errors import (
     StaleEpoch,
     UnknownSession,
 )
-from quiverfs import control_client
-from quiverfs.control import (
+from quiverfs.base.errors import FsError
+from quiverfs.client import control_client
+from quiverfs.client.control_client import ControlClient
+from quiverfs.filesystem.control_channel import REPLAY_SECONDS, ControlChannel
+from quiverfs.protocol.control import (
     CONTROL_PREFIX,
     PAGE_BYTES,
     ControlRequestError,
     make_name,
     parse_name,
 )
-from quiverfs.control_channel import REPLAY_SECONDS, ControlChannel
-from quiverfs.control_client import ControlClient
-from quiverfs.errors import FsError
 
 
 class FakeClient:
@@ -321,7 +321,7 @@ def test_control_client_exactly_once_through_cpythons_two_syscalls(monkeypatch) 
 
 
 def test_open_carries_a_scope_of_id_ranges() -> None:
-    from quiverfs.control import ControlRequestError, make_name, parse_name
+    from quiverfs.protocol.control import ControlRequestError, make_name, parse_name
 
     name = make_name("open", nonce="n1", job="j", scope="0-10,20-30")
     assert parse_name(name.encode())[2]["scope"] == [[0, 10], [20, 30]]

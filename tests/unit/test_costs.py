@@ -7,7 +7,7 @@ from rich.console import Console
 
 from mountd.stats import costs
 from mountd.stats.metrics import render
-from quiverfs.mountd_views import print_stats
+from quiverfs.cli.mountd_views import print_stats
 from quiverfs.testing.prometheus import scraped
 
 

@@ -16,8 +16,8 @@ from digests.build import build, hash_object
 from digests.digest import Digest
 from digests.progress import Progress
 from digests.write import NewFile, write_digest
-from quiverfs.backends import BackendOptions, RemoteSettings, open_backend
-from quiverfs.errors import AccessDenied, CorruptObject, NotFound, UsageError
+from quiverfs.base.backends import BackendOptions, RemoteSettings, open_backend
+from quiverfs.base.errors import AccessDenied, CorruptObject, NotFound, UsageError
 
 FILES = {f"train/c{i % 5}/img_{i:03d}.jpg": os.urandom(100 + i * 37) for i in range(60)}
 FILES["big/blob.bin"] = os.urandom(3 * 1024 * 1024 + 17)

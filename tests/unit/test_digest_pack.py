@@ -29,8 +29,8 @@ from digests.pack import (
     tar_bytes,
 )
 from digests.progress import Progress
-from quiverfs.backends import Backend, BackendOptions, RemoteSettings, open_backend
-from quiverfs.errors import CorruptObject, PermanentFailure, UsageError
+from quiverfs.base.backends import Backend, BackendOptions, RemoteSettings, open_backend
+from quiverfs.base.errors import CorruptObject, PermanentFailure, UsageError
 
 FILES = {f"train/c{i % 4}/img_{i:03d}.jpg": os.urandom(50 + i * 41) for i in range(45)}
 FILES["train/naïve ☃/déjà vu.txt"] = b"unicode"

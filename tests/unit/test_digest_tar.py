@@ -23,8 +23,8 @@ from digests.build import build
 from digests.digest import Digest
 from digests.progress import Progress
 from digests.tar import normalize_member_name
-from quiverfs.backends import BackendOptions, RemoteSettings, open_backend
-from quiverfs.errors import AccessDenied, CorruptObject, UsageError
+from quiverfs.base.backends import BackendOptions, RemoteSettings, open_backend
+from quiverfs.base.errors import AccessDenied, CorruptObject, UsageError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ from digests.digest import Digest
 from digests.progress import Progress
 from digests.verify import verify
 from digests.write import NewFile, write_digest
-from quiverfs.backends import RemoteSettings
+from quiverfs.base.backends import RemoteSettings
 
 FILES = {f"d{i % 3}/f{i:02d}": os.urandom(50 + i) for i in range(20)}
 

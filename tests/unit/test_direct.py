@@ -12,8 +12,8 @@ from pathlib import Path
 import blake3
 
 from mountd.store import layout
-from quiverfs.direct import DirectReader, _store_file
-from quiverfs.hit_reports import CONNECT_TIMEOUT, HitReporter
+from quiverfs.client.direct import DirectReader, _store_file
+from quiverfs.client.hit_reports import CONNECT_TIMEOUT, HitReporter
 
 
 def test_store_file_names_what_layout_names(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from digests.digest import Digest
-from quiverfs.version import __version__
+from quiverfs.base.version import __version__
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS: dict[str, str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]

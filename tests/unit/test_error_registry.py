@@ -19,10 +19,10 @@ import pytest
 
 import digests.errors
 import mountd.errors
-import quiverfs.errors
+import quiverfs.base.errors
 from mountd.errors import LOCAL_ERRORS, WIRE_ERRORS
 from mountd.rpc.protocol import error_payload, exception_from_payload
-from quiverfs.errors import QuiverError, errno_for
+from quiverfs.base.errors import QuiverError, errno_for
 
 #: class → (errno a mount reports, exit code of a command): docs/operations.md, docs/mount.md
 #: and docs/control-protocol.md say the same.
@@ -59,7 +59,7 @@ EXPECTED = {
 _REBUILD = """
 import json, sys
 from mountd.rpc.protocol import exception_from_payload
-from quiverfs.errors import errno_for
+from quiverfs.base.errors import errno_for
 out = []
 for payload in json.load(sys.stdin):
     exc = exception_from_payload(payload)
@@ -70,7 +70,7 @@ print(json.dumps(out))
 
 
 def _make(cls: type[QuiverError]) -> QuiverError:
-    if issubclass(cls, quiverfs.errors.BackendError):
+    if issubclass(cls, quiverfs.base.errors.BackendError):
         return cls("remote said no", url="s3://bucket/prefix", key="a/b.jpg")
     return cls(f"{cls.__name__} happened")
 
@@ -78,7 +78,7 @@ def _make(cls: type[QuiverError]) -> QuiverError:
 def test_every_error_class_of_the_three_error_modules_is_registered_or_declared_local() -> None:
     defined = {
         name
-        for module in (quiverfs.errors, digests.errors, mountd.errors)
+        for module in (quiverfs.base.errors, digests.errors, mountd.errors)
         for name, obj in vars(module).items()
         if inspect.isclass(obj) and issubclass(obj, QuiverError) and obj.__module__ == module.__name__
     }
@@ -105,7 +105,7 @@ def test_a_fresh_process_rebuilds_every_registered_class_with_its_errno_and_exit
         assert got == name
         assert (code, exit_code) == EXPECTED[name], name
         assert message == payload["message"]  # verbatim, not re-formatted
-        if issubclass(WIRE_ERRORS[name], quiverfs.errors.BackendError):
+        if issubclass(WIRE_ERRORS[name], quiverfs.base.errors.BackendError):
             assert (url, key) == ("s3://bucket/prefix", "a/b.jpg")
 
 

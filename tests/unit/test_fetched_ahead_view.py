@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from quiverfs.mountd_views import print_fetched_ahead, print_mounts
+from quiverfs.cli.mountd_views import print_fetched_ahead, print_mounts
 
 MIB = 1 << 20
 

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from quiverfs import frontend_pyfuse3, fuse_wire
-from quiverfs.errors import UsageError
-from quiverfs.fuse_channel import FuseMountError, handshake
-from quiverfs.mount_cli import mount
+from quiverfs.base.errors import UsageError
+from quiverfs.cli.mount_cli import mount
+from quiverfs.fuse import frontend_pyfuse3
+from quiverfs.fuse.channel import FuseMountError, handshake
+from quiverfs.protocol import fuse_wire
 
 REPO = Path(__file__).resolve().parents[2]
 UNIQUE = 1
@@ -76,7 +77,7 @@ def test_pyfuse3_missing_is_one_usage_line(monkeypatch, tmp_path) -> None:
 
 def test_pyfuse3_missing_from_the_command_line(tmp_path) -> None:
     # A fresh interpreter in which `import pyfuse3` fails, as where the extra is not installed.
-    code = ("import sys; sys.modules['pyfuse3'] = None; from quiverfs.cli import main; "
+    code = ("import sys; sys.modules['pyfuse3'] = None; from quiverfs.cli.main import main; "
             "sys.argv = ['quiverfs', 'mount', '--frontend', 'pyfuse3', sys.argv[1], sys.argv[2]]; main()")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "d.qd"), str(tmp_path)],
                           capture_output=True, text=True, cwd=REPO, timeout=60,

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from quiverfs import mount
-from quiverfs.errors import UsageError, first_error
-from quiverfs.mount_cli import helper_main, parse_helper_args
+from quiverfs.base.errors import UsageError, first_error
+from quiverfs.cli.mount_cli import helper_main, parse_helper_args
+from quiverfs.mount import serve as mount
 
 
 def test_fstab_style_options() -> None:
@@ -53,7 +53,7 @@ def test_bad_command_lines(argv) -> None:
 
 @pytest.mark.parametrize("seconds", [-1.0, 86_401.0])
 def test_mountd_wait_out_of_range_is_one_line(seconds, tmp_path) -> None:
-    from quiverfs.mount_cli import mount as mount_api
+    from quiverfs.cli.mount_cli import mount as mount_api
 
     with pytest.raises(UsageError) as caught:
         mount_api(tmp_path / "d.qd", tmp_path, mountd_wait=seconds)
@@ -62,7 +62,7 @@ def test_mountd_wait_out_of_range_is_one_line(seconds, tmp_path) -> None:
 
 @pytest.mark.parametrize("readahead", [-1, 10_001])
 def test_readahead_out_of_range_is_one_line(readahead, tmp_path) -> None:
-    from quiverfs.mount_cli import mount as mount_api
+    from quiverfs.cli.mount_cli import mount as mount_api
 
     with pytest.raises(UsageError) as caught:
         mount_api(tmp_path / "d.qd", tmp_path, readahead=readahead)

@@ -1,6 +1,6 @@
 """The mount's request handling in process, without a kernel: raw FUSE requests go through a
-worker (quiverfs/fuse_worker.py) and, when it forwards them, through the main process's
-QuiverOperations (quiverfs/fs.py); replies are decoded with the kernel's struct layouts.
+worker (quiverfs/fuse/worker.py) and, when it forwards them, through the main process's
+QuiverOperations (quiverfs/filesystem/fs.py); replies are decoded with the kernel's struct layouts.
 Covered: tree, readdir paging, statfs, reads (hits inline, misses forwarded), counters, hit
 reports, errno mapping, EROFS and the zero-message opens, xattrs and the control channel.
 Store files are real files; the fetcher is a fake mountd."""
@@ -28,9 +28,7 @@ from digests.errors import DigestError
 from digests.write import NewFile, write_digest
 from mountd.errors import CacheFull, MountdUnavailable, PermissionDenied
 from mountd.store import layout
-from quiverfs import fs, tree, worker_messages
-from quiverfs import fuse_wire as w
-from quiverfs.errors import (
+from quiverfs.base.errors import (
     AccessDenied,
     CorruptObject,
     FsError,
@@ -38,10 +36,13 @@ from quiverfs.errors import (
     TemporaryFailure,
     errno_for,
 )
-from quiverfs.fs import QuiverOperations
-from quiverfs.fuse_worker import Worker
-from quiverfs.reads import SharedCounters
-from quiverfs.tree import Tree
+from quiverfs.filesystem import fs, tree
+from quiverfs.filesystem.fs import QuiverOperations
+from quiverfs.filesystem.reads import SharedCounters
+from quiverfs.filesystem.tree import Tree
+from quiverfs.fuse.worker import Worker
+from quiverfs.protocol import fuse_wire as w
+from quiverfs.protocol import worker_messages
 
 CONTENT = {
     "a.txt": b"alpha",
@@ -565,7 +566,7 @@ async def test_evicted_files_are_remembered_for_the_kernel(env: Env) -> None:
     assert env.ops.evicted(hashes) == []  # told once
 
 
-# -- kept store files and sizes (quiverfs/reads.py) -------------------------------------------------
+# -- kept store files and sizes (quiverfs/filesystem/reads.py) -------------------------------------------------
 
 X = bytes(range(250)) * 12  # 3,000 bytes
 Y = os.urandom(300 * 1024)
@@ -1006,7 +1007,7 @@ def test_recent_entries_stay_bounded(env: Env, monkeypatch) -> None:
 
 
 async def test_control_names_on_the_root_go_to_the_control_channel(env: Env) -> None:
-    from quiverfs import control
+    from quiverfs.protocol import control
 
     assert fs.CONTROL_PREFIX == control.CONTROL_PREFIX
     root = tree.ROOT_INODE

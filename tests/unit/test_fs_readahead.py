@@ -1,4 +1,4 @@
-"""Read-ahead in the mount's main process (quiverfs/fs.py), without a kernel: misses forwarded
+"""Read-ahead in the mount's main process (quiverfs/filesystem/fs.py), without a kernel: misses forwarded
 as raw READs and hit reports as a worker sends them feed the detector, with the files' sizes
 from the digest, and ``send_prefetches`` hands the files it names to the prefetcher, leaving
 out files already in the store and empty ones; ``user.quiver.stats`` shows the window and
@@ -17,11 +17,11 @@ import trio.testing
 from digests.digest import Digest, FileEntry
 from digests.write import NewFile, write_digest
 from mountd.store import layout
-from quiverfs import fuse_wire as w
-from quiverfs import worker_messages
-from quiverfs.fs import SIZES_AHEAD, QuiverOperations
-from quiverfs.readahead import START_BYTES, window_bytes
-from quiverfs.reads import SharedCounters
+from quiverfs.filesystem.fs import SIZES_AHEAD, QuiverOperations
+from quiverfs.filesystem.readahead import START_BYTES, window_bytes
+from quiverfs.filesystem.reads import SharedCounters
+from quiverfs.protocol import fuse_wire as w
+from quiverfs.protocol import worker_messages
 from tests.unit.test_fs_ops import FakeFetcher, b3, read_request
 
 #: 400 files in one directory (ids in name order), file 30 empty.

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from quiverfs import fuse_wire as w
+from quiverfs.protocol import fuse_wire as w
 
 ATTRS = w.Attributes(ino=42, mode=stat.S_IFREG | 0o444, size=1025, uid=1000, gid=100,
                      mtime_ns=1_700_000_000 * 10**9 + 123_456_789)
@@ -149,13 +149,13 @@ def test_every_opcode_has_its_name() -> None:
     assert w.opcode_name(4000) == "opcode 4000"
 
 
-# -- the one writer to /dev/fuse (quiverfs.fuse_channel.send) --------------------------------------
+# -- the one writer to /dev/fuse (quiverfs.fuse.channel.send) --------------------------------------
 
 
 def test_send_writes_a_reply_in_one_write(tmp_path) -> None:
     import os
 
-    from quiverfs.fuse_channel import send
+    from quiverfs.fuse.channel import send
 
     read_end, write_end = os.pipe()
     try:
@@ -179,7 +179,7 @@ def test_send_writes_a_reply_in_one_write(tmp_path) -> None:
 def test_send_knows_what_the_devices_errors_mean(monkeypatch, caplog, code, alive, logged) -> None:
     import os
 
-    from quiverfs import fuse_channel
+    from quiverfs.fuse import channel as fuse_channel
 
     def refuse(fd, data):  # the fault; a real /dev/fuse answers these only in odd states
         raise OSError(code, os.strerror(code))

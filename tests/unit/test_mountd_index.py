@@ -10,7 +10,7 @@ import pytest
 from mountd.store.index import WAL_BYTES, Index, IndexCorrupt
 from mountd.store.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
 from mountd.store.schema import SCHEMA
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 
 def h(i: int) -> bytes:

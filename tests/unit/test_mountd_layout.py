@@ -9,7 +9,7 @@ import pytest
 
 from mountd.store import layout
 from mountd.store.config import CacheConfig
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
 
 H = bytes(range(32))
 

@@ -23,7 +23,7 @@ from mountd.rpc.protocol import (
 from mountd.rpc.server import Server
 from mountd.stats.counters import Counters
 from mountd.store.config import CacheConfig
-from quiverfs.errors import BackendError, CorruptObject, NotFound, QuiverError
+from quiverfs.base.errors import BackendError, CorruptObject, NotFound, QuiverError
 
 HASH = bytes(range(32))
 LOC = {"url": "file:///data", "key": "a/b.jpg", "offset": 0, "length": 10}

@@ -1,4 +1,4 @@
-"""quiverfs.mountd_wait: what waits for an absent mountd, and for how long (trio's mock clock;
+"""quiverfs.mount.mountd_wait: what waits for an absent mountd, and for how long (trio's mock clock;
 the real restart is in tests/mount/test_fs_mountd_down.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from mountd.errors import CacheError, MountdUnavailable
-from quiverfs.mountd_wait import FIRST_RETRY, LONGEST_RETRY, MountdWait, PatientSessions
+from quiverfs.mount.mountd_wait import FIRST_RETRY, LONGEST_RETRY, MountdWait, PatientSessions
 
 
 class Flaky:

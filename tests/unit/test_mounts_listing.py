@@ -7,8 +7,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from quiverfs.mount_cli import mount_stats
-from quiverfs.mountd_views import print_mounts
+from quiverfs.cli.mount_cli import mount_stats
+from quiverfs.cli.mountd_views import print_mounts
 
 
 def test_a_mount_that_does_not_answer_shows_no_digest_rather_than_the_copy(tmp_path: Path) -> None:

@@ -16,17 +16,17 @@ import obstore.exceptions as obe
 import pytest
 from botocore.config import Config
 
-from quiverfs.backends import BackendOptions, RemoteSettings, obstore_reads, open_backend
-from quiverfs.backends.azure import AzureBackend, obstore_settings
-from quiverfs.backends.base import Backend
-from quiverfs.backends.obstore_reads import (
+from quiverfs.base.backends import BackendOptions, RemoteSettings, obstore_reads, open_backend
+from quiverfs.base.backends.azure import AzureBackend, obstore_settings
+from quiverfs.base.backends.base import Backend
+from quiverfs.base.backends.obstore_reads import (
     ObstoreReads,
     ObstoreUnavailable,
     exact_key,
     failure_of,
 )
-from quiverfs.backends.s3 import CREDENTIAL_TTL, S3Backend, obstore_addressing
-from quiverfs.errors import AccessDenied, NotFound, PermanentFailure, TemporaryFailure
+from quiverfs.base.backends.s3 import CREDENTIAL_TTL, S3Backend, obstore_addressing
+from quiverfs.base.errors import AccessDenied, NotFound, PermanentFailure, TemporaryFailure
 from quiverfs.testing.emulators import AZURITE_KEY, azurite_connection_string
 
 # -- which keys obstore reads ------------------------------------------------------------------

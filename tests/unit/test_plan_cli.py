@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from quiverfs import start_record
-from quiverfs.errors import UsageError
+from quiverfs.base.errors import UsageError
+from quiverfs.plan import start_record
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The read-ahead detector (quiverfs/readahead.py): which reads make a scan, exactly which file
+"""The read-ahead detector (quiverfs/filesystem/readahead.py): which reads make a scan, exactly which file
 ids it asks for, and how its window grows in files and bytes with what the reader reads. Pure:
 ids in, ids out; the files' sizes come from a function given here."""
 
@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from quiverfs.readahead import (
+from quiverfs.filesystem.readahead import (
     AHEAD,
     LAG,
     START_BYTES,

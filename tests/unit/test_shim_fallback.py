@@ -79,7 +79,7 @@ def test_rank_and_job_come_from_torch_distributed(paths, monkeypatch) -> None:
 
 class _OldMount:
     """A control channel from before batch reports carried files/misses: it refuses them with
-    EINVAL (unknown argument), as quiverfs.control.parse_name did then."""
+    EINVAL (unknown argument), as quiverfs.protocol.control.parse_name did then."""
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, dict]] = []

@@ -1,4 +1,4 @@
-"""A mount's private copy of its digest (quiverfs/snapshot.py), without mounting: the copy is
+"""A mount's private copy of its digest (quiverfs/filesystem/snapshot.py), without mounting: the copy is
 the file's bytes, locked while alive and removed after; what is not a regular file is refused
 at once; errors name the user's file; copies of dead mounts are cleaned up."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from digests.errors import DigestError
 from digests.write import NewFile, write_digest
-from quiverfs.errors import UsageError
-from quiverfs.snapshot import SNAPSHOT_DIR, Snapshot, remove_stale
+from quiverfs.base.errors import UsageError
+from quiverfs.filesystem.snapshot import SNAPSHOT_DIR, Snapshot, remove_stale
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from quiverfs.mountd_views import print_sources
+from quiverfs.cli.mountd_views import print_sources
 
 
 def test_sources_table_shows_requests_retries_failures_and_read_path():

@@ -1,4 +1,4 @@
-"""The staggering model (quiverfs/stagger.py): the state machine against the paper's closed
+"""The staggering model (quiverfs/plan/stagger.py): the state machine against the paper's closed
 form (HiPC'23 eqs. 1–3), its edge cases, and the binary search against the exhaustive sweep."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from quiverfs.errors import UsageError
-from quiverfs.stagger import (
+from quiverfs.base.errors import UsageError
+from quiverfs.plan.stagger import (
     CL,
     CR,
     DONE,

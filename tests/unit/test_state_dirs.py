@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from mountd.store import layout
-from quiverfs.errors import UsageError
-from quiverfs.mount import mount_state_dir
+from quiverfs.base.errors import UsageError
+from quiverfs.mount.serve import mount_state_dir
 from quiverfs.testing.users import LocalUsers, run_as, traversable_tmpdir
 
 REPO = Path(__file__).resolve().parents[2]

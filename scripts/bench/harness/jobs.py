@@ -115,7 +115,7 @@ class _BucketReader:
         import trio
 
         from mountd.store.limits import RemoteLimits
-        from quiverfs.backends import open_backend
+        from quiverfs.base.backends import open_backend
 
         ready = threading.Event()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.report import table
 from mountd.store.evictions import JOURNAL_ENTRIES
-from quiverfs.errors import QuiverError
+from quiverfs.base.errors import QuiverError
 from quiverfs.testing.soak import FaultWindow, RoleSample, Tally, Trend, attribute, floors
 
 #: Fill slots of mountd (``fill_concurrency``: max(32, --remote-concurrency 16)): each may

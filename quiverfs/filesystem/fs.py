@@ -1,0 +1,467 @@
+"""The mount's main process side of serving: misses, extended attributes, counters.
+
+The FUSE requests of a mount are read by worker processes (quiverfs/fuse/worker.py), which
+answer the hot path themselves: the tree (quiverfs/filesystem/tree.py) and every READ of a file already
+in the store. What needs mountd or state shared by the whole mount comes here, as the raw
+request, and is answered on the same ``/dev/fuse`` descriptor (docs/mount.md "Reads"):
+
+* **miss** -- a READ of a file whose store file does not exist: await the fetcher (mountd's
+  ``ensure``: fetch, verify, store), open the store file and read (through
+  quiverfs/filesystem/reads.py, the READ path the workers use too). Other requests keep being served
+  meanwhile, by the workers and by the other tasks here. A worker also forwards a READ whose
+  store file's size is not the entry's: it fails here like a failed fetch (logged once,
+  remembered for the kernel's retry).
+* **extended attributes** -- ``user.quiver.hash``/``user.quiver.cached`` on files,
+  ``user.quiver.dataset``/``user.quiver.stats`` on the root, and the control channel
+  (quiverfs/protocol/control.py), whose replay and paging state must be the mount's, not a worker's.
+* **read-ahead** -- every file read here and every hit the workers report goes to the scan
+  detector (quiverfs/filesystem/readahead.py); the files it names are sent to mountd as ``prefetch``
+  notifications by :meth:`QuiverOperations.send_prefetches`, off the read path. The one
+  place that knows every read, so the one place that can see a scan.
+
+Errors from anywhere below become an errno in one place, :func:`quiverfs.base.errors.errno_for`.
+
+Concurrency: every handler here runs in the trio thread of the mount's main process; code
+between two ``await``\\ s is atomic. The :class:`~digests.digest.Digest` must have been opened
+in that thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import trio
+
+from digests.digest import Digest, FileEntry
+from quiverfs.base.errors import CorruptObject, FsError, errno_for
+from quiverfs.filesystem.control_channel import ControlChannel, SessionClient
+from quiverfs.filesystem.readahead import ReadAhead, window_bytes
+from quiverfs.filesystem.reads import COUNTERS, ERRORS, SharedCounters, StoreReads
+from quiverfs.filesystem.tree import ROOT_INODE, Tree
+from quiverfs.protocol import fuse_wire as w
+from quiverfs.protocol.control import CONTROL_PREFIX  # names on the root that are control requests
+from quiverfs.protocol.worker_messages import HIT_RECORD
+
+log = logging.getLogger("quiverfs.fs")
+
+XATTR_HASH = b"user.quiver.hash"
+XATTR_CACHED = b"user.quiver.cached"
+XATTR_DATASET = b"user.quiver.dataset"
+XATTR_STATS = b"user.quiver.stats"
+
+#: ensure() + open() attempts for a miss whose store file is evicted before we open it.
+ENSURE_ATTEMPTS = 3
+
+FILE_XATTRS = (XATTR_HASH, XATTR_CACHED)
+ROOT_XATTRS = (XATTR_DATASET, XATTR_STATS)
+
+#: Store files the main process keeps open by inode (the READs of a large missed file).
+OPEN_FILES = 16
+
+#: Failed fetches, and files fetched for a READ past offset 0, remembered at most.
+REMEMBERED = 1024
+
+#: Files remembered as read from the mount, for dropping their pages from the kernel when
+#: mountd evicts them (~100 bytes each). More files than the kernel keeps pages of.
+SERVED_FILES = 1 << 20
+
+#: Seconds a failed fetch answers for its file without asking mountd again: when a READ
+#: fails, the kernel retries the same page at once, and that retry should neither ask
+#: mountd a second time nor count a second error.
+FAILURE_MEMORY = 0.5
+
+#: Most items in one ``prefetch`` notification (well under the protocol's MAX_ITEMS).
+PREFETCH_BATCH = 10_000
+
+#: Files read from the digest past those read-ahead asks the size of: a scan's window moves a
+#: file or two per file read, so a range query (~6 µs of its own, beside each row's) is made
+#: once per 64 files rather than per file (``add_hits`` in order, 100,000-file digest).
+SIZES_AHEAD = 64
+
+
+# -- what the main process needs from outside -------------------------------------------------
+
+
+class Fetcher(Protocol):
+    """Fills the store with a file's content and says where it is (mountd's ``ensure``)."""
+
+    async def ensure(self, entry: FileEntry) -> str:
+        """Path of the verified store file holding ``entry``'s content."""
+        ...
+
+
+class Prefetcher(Protocol):
+    """Asks for files to be filled in the background (mountd's ``prefetch``): read-ahead."""
+
+    async def cache_bytes(self) -> int | None:
+        """The size of the cache the files go to (None: unknown); never raises."""
+        ...
+
+    async def prefetch(self, entries: Sequence[FileEntry]) -> None:
+        """Queue fills of ``entries``; returns without waiting for them, and never raises
+        (read-ahead is advisory: nothing is lost if mountd is away)."""
+        ...
+
+
+@dataclass
+class MountCounters:
+    """The meaning of this mount's counters, shown as ``user.quiver.stats`` on the root.
+
+    ``opens``: store files opened to serve reads (a file's first READ in a serving process;
+    later reads of pages the kernel kept never reach the mount); ``hits``/``misses``: of
+    those, files found in the store / fetched through mountd first (empty files are
+    neither); ``reads``: READ requests served; ``bytes``: bytes those reads returned;
+    ``errors``: reads that failed with an I/O errno.
+    """
+
+    opens: int = 0
+    reads: int = 0
+    hits: int = 0
+    misses: int = 0
+    bytes: int = 0
+    errors: int = 0
+
+
+assert tuple(MountCounters.__dataclass_fields__) == COUNTERS, "counter layouts disagree"
+
+
+class QuiverOperations:
+    """What a mount's main process answers: misses and extended attributes of one digest.
+
+    ``fetcher`` is awaited on a miss; ``sessions`` (mountd's client, or None for a mount
+    without a session layer) serves the control channel; ``counters`` holds every serving process's counters
+    (slot 0 is ours); ``extra_stats`` (optional) adds fields to ``user.quiver.stats`` (the
+    mount adds its pid, mountpoint and mountd state). With a ``prefetcher`` and ``readahead``
+    > 0, scans in digest order are read ahead by up to that many files (and an eighth of the
+    cache), once :meth:`send_prefetches` runs and has learnt the cache's size
+    (quiverfs/filesystem/readahead.py). ``kept_bytes``: most bytes of store files this process keeps
+    open (its share of the mount's: :func:`quiverfs.filesystem.reads.kept_bytes`; None: the default).
+    """
+
+    def __init__(
+        self,
+        digest: Digest,
+        cache_dir: str | os.PathLike[str],
+        fetcher: Fetcher,
+        counters: SharedCounters,
+        *,
+        sessions: SessionClient | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        extra_stats: Callable[[], dict] | None = None,
+        prefetcher: Prefetcher | None = None,
+        readahead: int = 0,
+        kept_bytes: int | None = None,
+    ) -> None:
+        self.digest = digest
+        self.dataset_id = digest.dataset_id
+        self.cache_dir = os.fspath(cache_dir)
+        self.fetcher = fetcher
+        self.control = ControlChannel(sessions, self.dataset_id, digest)
+        self.tree = Tree(digest, cache_dir, uid=uid, gid=gid)
+        self.shared = counters
+        self.counters = counters.slot(0)
+        self._extra_stats = extra_stats
+        self.reads = StoreReads(self.tree, self.counters, max_files=OPEN_FILES,
+                                max_bytes=kept_bytes)
+        #: inode → set when the fetch in progress for it ends
+        self._fetching: dict[int, trio.Event] = {}
+        #: inodes fetched for a READ past offset 0, whose offset-0 READ counts the miss
+        self._miss_to_count: dict[int, None] = {}
+        #: inode → (when, errno) of a recent failed fetch (see FAILURE_MEMORY)
+        self._failed: dict[int, tuple[float, int]] = {}
+        self._pending_hashes: list[bytes] = []
+        self._pending_bytes = 0
+        #: hash → inodes read from the mount with that content (see mountd/store/evictions.py)
+        self._served: dict[bytes, tuple[int, ...]] = {}
+        #: the scan detector, made by send_prefetches (None: read-ahead off, or not yet)
+        self.readahead: ReadAhead | None = None
+        self._readahead_files = readahead
+        self._prefetcher = prefetcher
+        #: file ids the detector named, not yet sent to mountd (ascending runs)
+        self._to_prefetch: list[int] = []
+        self._prefetch_wanted = trio.Event()
+        #: files sent to mountd for read-ahead so far, and their bytes
+        self._prefetched = 0
+        self._prefetched_bytes = 0
+
+    def close(self) -> None:
+        """Release what the operations hold (not the digest: its owner closes it)."""
+        self.reads.close()
+
+    # -- hit reports -----------------------------------------------------------------------
+
+    def add_hits(self, message: bytes, *, report: bool = True) -> None:
+        """Queue a worker's hit report (``u64 bytes``, then a hash + inode record per file).
+
+        ``report=False``: files whose descriptor mountd handed over (it counted those hits
+        itself): remembered for eviction notices and read-ahead, not reported to mountd."""
+        (nbytes,) = struct.unpack_from("<Q", message)
+        if report:
+            self._pending_bytes += nbytes
+        readahead = self.readahead
+        for content_hash, inode in HIT_RECORD.iter_unpack(message[8:]):
+            if report:
+                self._pending_hashes.append(content_hash)
+            self._served_from(content_hash, inode)
+            if readahead is not None and readahead.sequential:
+                self._read_ahead(readahead.reported(inode))
+
+    def _served_from(self, content_hash: bytes, inode: int) -> None:
+        """Remember that the kernel may now keep ``inode``'s pages, read from ``content_hash``."""
+        served = self._served
+        inodes = served.get(content_hash)
+        if inodes is None:
+            served[content_hash] = (inode,)
+            if len(served) > SERVED_FILES:
+                del served[next(iter(served))]  # long ago: the kernel has most likely dropped it
+        elif inode not in inodes:
+            served[content_hash] = (*inodes, inode)
+
+    def evicted(self, hashes: list[bytes]) -> list[int]:
+        """The inodes served from ``hashes``, which mountd has just evicted (and forgets them).
+
+        Also closes the store files kept open here that left the store (these hashes, and
+        any other whose file is gone: mountd's report is the main process's sweep)."""
+        self.reads.forget(hashes)
+        self.reads.sweep()
+        served = self._served
+        return [inode for h in hashes for inode in served.pop(h, ())]
+
+    def take_hits(self) -> tuple[list[bytes], int]:
+        """The hashes opened from the store since the last call and their bytes; clears them."""
+        hashes, nbytes = self._pending_hashes, self._pending_bytes
+        self._pending_hashes, self._pending_bytes = [], 0
+        return hashes, nbytes
+
+    def stats(self) -> dict:
+        """``user.quiver.stats`` as a dict (docs/mount.md "Extended attributes")."""
+        readahead = self.readahead
+        files, nbytes = readahead.windows() if readahead is not None else (0, 0)
+        out: dict = {"dataset": self.dataset_id, **self.shared.totals(),
+                     "readahead": readahead.window if readahead is not None else 0,
+                     "readahead_cap_bytes": readahead.max_bytes if readahead is not None else 0,
+                     "readahead_window_files": files, "readahead_window_bytes": nbytes,
+                     "readahead_files": self._prefetched,
+                     "readahead_bytes": self._prefetched_bytes}
+        if self._extra_stats is not None:
+            out.update(self._extra_stats())
+        return out
+
+    # -- forwarded requests ----------------------------------------------------------------
+
+    async def answer(self, request: bytes) -> bytes | list[bytes]:
+        """The reply to a request a worker forwarded (a missed READ, an xattr request)."""
+        _, opcode, unique, nodeid = w.parse_header(request)
+        try:
+            if opcode == w.READ:
+                _, offset, size = w.READ_IN.unpack_from(request, w.HEADER_SIZE)
+                reader = w.IN_HEADER.unpack_from(request)[6]  # the reading process's pid
+                data = await self.read(nodeid, offset, size, reader)
+                return [w.OUT_HEADER.pack(w.OUT_HEADER.size + len(data), 0, unique), data]
+            if opcode == w.GETXATTR:
+                (asked,) = w.GETXATTR_IN.unpack_from(request, w.HEADER_SIZE)[:1]
+                name = w.cstring(request, w.HEADER_SIZE + w.GETXATTR_IN.size)
+                value = await self.getxattr(nodeid, name)
+            elif opcode == w.LISTXATTR:
+                (asked,) = w.GETXATTR_IN.unpack_from(request, w.HEADER_SIZE)[:1]
+                value = b"".join(name + b"\0" for name in self.listxattr(nodeid))
+            else:
+                return w.error(unique, errno.ENOSYS)
+        except Exception as exc:
+            if not isinstance(exc, FsError):
+                log.warning("FUSE %s of inode %d failed: %s", w.opcode_name(opcode), nodeid, exc)
+            return w.error(unique, errno_for(exc))
+        body = w.xattr_body(value, asked)
+        return w.error(unique, body) if isinstance(body, int) else w.reply(unique, body)
+
+    async def read(self, inode: int, offset: int, size: int, reader: int = 0) -> bytes:
+        """Bytes of ``inode`` at ``offset``, fetching the file through mountd if needed.
+
+        A worker forwards a READ when the store file did not exist; by now another request
+        may have fetched it (then it is a hit), or may be fetching it (then we wait for that
+        fetch instead of asking mountd again). A file's READ at offset 0 counts it as read
+        (see :class:`MountCounters`) and is shown to read-ahead, as read by process
+        ``reader`` (0: unknown), before any fetch: the files after it can be on their way
+        while this one is.
+        """
+        reads = self.reads
+        # A READ at offset 0 starts a read of the file: look in the store again (it may have
+        # been evicted since), so a kept descriptor only serves the READs that follow.
+        fd = reads.kept(inode) if offset else None
+        if fd is None:
+            entry = self.tree.file(inode)
+            if entry.size == 0:
+                return b""
+            if offset == 0 and self.readahead is not None:
+                self._read_ahead(self.readahead.observe(inode, reader))
+            fd, hit = await self._open(entry)
+            if offset == 0:
+                if inode in self._miss_to_count:
+                    del self._miss_to_count[inode]
+                    hit = False  # fetched for a later READ of this very read of the file
+                self._served_from(entry.hash, inode)
+                reads.first_read(hit)
+                # Reported to mountd like a worker's hits (the pyfuse3 front end's every hit),
+                # unless mountd handed the descriptor over: it counted that hit itself.
+                if hit and not reads.handed(inode):
+                    self._pending_hashes.append(entry.hash)
+                    self._pending_bytes += entry.size
+            elif not hit:
+                self._miss_to_count[inode] = None  # its READ at offset 0 is still to come
+                if len(self._miss_to_count) > REMEMBERED:
+                    del self._miss_to_count[next(iter(self._miss_to_count))]
+        # No await since _open returned: the descriptor is still open.
+        return reads.read(inode, fd, offset, size)
+
+    async def _open(self, entry: FileEntry) -> tuple[int, bool]:
+        """A descriptor of ``entry``'s store file, kept open for the READs that follow, and
+        whether the file was in the store already (a hit)."""
+        waited = False
+        while True:
+            failed = self._failed.get(entry.id)
+            if failed is not None and trio.current_time() - failed[0] < FAILURE_MEMORY:
+                raise FsError(failed[1])  # the kernel retrying the page we just failed
+            fetching = self._fetching.get(entry.id)
+            if fetching is None:
+                break
+            await fetching.wait()  # then: its failure above, or the store file below
+            waited = True
+        try:
+            return self.reads.open(entry), not waited
+        except FileNotFoundError:
+            pass
+        except CorruptObject as exc:
+            raise self._failure(entry, exc) from None
+        done = self._fetching[entry.id] = trio.Event()
+        try:
+            return await self._open_miss(entry), False
+        finally:
+            del self._fetching[entry.id]
+            done.set()
+
+    def _failure(self, entry: FileEntry, error: Exception) -> FsError:
+        """Count and log a failed read of ``entry``, and remember it for the kernel's retry."""
+        self.counters[ERRORS] += 1
+        log.warning("cannot read %s: %s", entry.path, error)
+        code = errno_for(error)
+        self._failed[entry.id] = (trio.current_time(), code)
+        if len(self._failed) > REMEMBERED:
+            del self._failed[next(iter(self._failed))]
+        return FsError(code)
+
+    async def _open_miss(self, entry: FileEntry) -> int:
+        """Ask mountd for ``entry``'s content, then open the store file it names.
+
+        mountd may evict the file between answering ``ensure`` and our ``open`` (another
+        job's chunk eviction or LRU pressure on a full cache); the store file is then simply
+        gone, so ask again, a bounded number of times, rather than fail the read.
+        """
+        error: Exception | None = None
+        for _ in range(ENSURE_ATTEMPTS):
+            try:
+                path = await self.fetcher.ensure(entry)
+                return self.reads.open(entry, path)  # checks the size, as a hit does
+            except FileNotFoundError as exc:
+                error = exc  # evicted before we opened it: ask again
+            except Exception as exc:
+                error = exc
+                break
+        raise self._failure(entry, error) from None
+
+    # -- read-ahead --------------------------------------------------------------------------
+
+    def _read_ahead(self, ids: list[int]) -> None:
+        """Queue the file ids the detector named for :meth:`send_prefetches`."""
+        if ids:
+            self._to_prefetch.extend(ids)
+            self._prefetch_wanted.set()
+
+    async def send_prefetches(self) -> None:
+        """Send the files read-ahead names to mountd, as they come (runs until cancelled).
+
+        What gathers while one notification is sent goes in the next, so a burst of reads
+        costs a few notifications, not one each. Files already in the store and empty files
+        are left out here, off the read path (one ``stat`` each): a scan over cached files
+        costs mountd nothing.
+        """
+        prefetcher, digest = self._prefetcher, self.digest
+        if prefetcher is None or self._readahead_files <= 0 or not digest.file_count:
+            return
+        # The window's cap in bytes depends on the cache's size, so read-ahead starts once
+        # that is known (reads before are not shown to it). File ids are inode numbers,
+        # dir_count + 1 .. dir_count + file_count.
+        cap = window_bytes(await prefetcher.cache_bytes())
+        self.readahead = ReadAhead(digest.dir_count + 1, digest.dir_count + digest.file_count,
+                                   self._sizes, self._readahead_files, cap)
+        while True:
+            await self._prefetch_wanted.wait()
+            self._prefetch_wanted = trio.Event()
+            ids, self._to_prefetch = self._to_prefetch, []
+            entries = [entry for entry in self._entries(ids)
+                       if entry.size and not os.path.exists(self.tree.store_path(entry.hash))]
+            for start in range(0, len(entries), PREFETCH_BATCH):
+                batch = entries[start:start + PREFETCH_BATCH]
+                self._prefetched += len(batch)
+                self._prefetched_bytes += sum(entry.size for entry in batch)
+                await prefetcher.prefetch(batch)
+
+    def _entries(self, ids: list[int]) -> list[FileEntry]:
+        """The file entries of ``ids``, one tree range per run of consecutive ids (read-ahead
+        asked the tree about their sizes just before, so these are usually remembered
+        entries, not queries; a damaged row is left out, and logged when it is read)."""
+        out: list[FileEntry] = []
+        i = 0
+        while i < len(ids):
+            j = i + 1
+            while j < len(ids) and ids[j] == ids[j - 1] + 1:
+                j += 1
+            out.extend(self.tree.files(ids[i], ids[j - 1]))
+            i = j
+        return out
+
+    def _sizes(self, first: int, last: int) -> list[int]:
+        """The sizes of the files ``first .. last`` for read-ahead (:data:`quiverfs.filesystem.readahead.Sizes`):
+        one range of the tree, whose entries the notification then finds remembered. A
+        damaged row counts as empty (it is never sent)."""
+        entries = self.tree.files(first, last, SIZES_AHEAD)
+        if len(entries) == last - first + 1:
+            return [entry.size for entry in entries]
+        sizes = {entry.id: entry.size for entry in entries}
+        return [sizes.get(file_id, 0) for file_id in range(first, last + 1)]
+
+    # -- extended attributes ---------------------------------------------------------------
+
+    def _xattr_names(self, inode: int) -> tuple[bytes, ...]:
+        entry = self.tree.entry(inode)
+        if entry.is_dir:
+            return ROOT_XATTRS if entry.id == ROOT_INODE else ()
+        return FILE_XATTRS
+
+    async def getxattr(self, inode: int, name: bytes) -> bytes:
+        if inode == ROOT_INODE and name.startswith(CONTROL_PREFIX):
+            # The control channel (quiverfs/protocol/control.py, docs/control-protocol.md): the name is
+            # the request, the value the response; it never lists its names.
+            return await self.control.getxattr(name)
+        if name not in self._xattr_names(inode):
+            raise FsError(errno.ENODATA)
+        if name == XATTR_HASH:
+            return self.tree.file(inode).hash.hex().encode()
+        if name == XATTR_CACHED:
+            entry = self.tree.file(inode)
+            if entry.size == 0:
+                return b"1"
+            return b"1" if os.path.exists(self.tree.store_path(entry.hash)) else b"0"
+        if name == XATTR_DATASET:
+            return self.dataset_id.encode()
+        return json.dumps(self.stats(), sort_keys=True).encode()  # XATTR_STATS
+
+    def listxattr(self, inode: int) -> list[bytes]:
+        return list(self._xattr_names(inode))
