@@ -14,7 +14,7 @@ Only :class:`~mountd.errors.MountdUnavailable` is waited for (no socket, the con
 refused, the connection lost): what mountd answered, errors included, is passed on at once.
 A request whose connection was lost while mountd worked on it is sent again: ``ensure`` is
 idempotent, and mountd's session state died with it, so a claim sent again is refused as
-unknown (``ENOENT``) and the shim opens its session again (quiverfs/torch.py).
+unknown (``ENOENT``) and the shim opens its session again (quiverfs/client/torch.py).
 """
 
 from __future__ import annotations

@@ -382,7 +382,7 @@ def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
 
     The paper's premise (§IV): jobs that share a seed visit the files in one order, so a later
     job reads what an earlier one cached. The shim's shared order and its off-mount fallback
-    (quiverfs/torch.py) and the calibration reader (quiverfs/plan/calibrate.py) all use this one
+    (quiverfs/client/torch.py) and the calibration reader (quiverfs/plan/calibrate.py) all use this one
     function, so they agree with each other.
     """
     order = list(range(count))

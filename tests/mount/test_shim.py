@@ -27,7 +27,7 @@ pytestmark = pytest.mark.mount
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed (pip install -e '.[torch]')")
 torch = pytest.importorskip("torch")
 
-from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
+from quiverfs.client.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
 
 FILES = 4 * 30
 
@@ -163,9 +163,9 @@ def test_a_second_job_reads_hits_after_the_first_epoch(mounted) -> None:
 
 
 def test_off_the_mount_it_is_a_shuffled_sampler(mounted, monkeypatch) -> None:
-    import quiverfs.torch
+    import quiverfs.client.torch
 
-    monkeypatch.setattr(quiverfs.torch, "_warned_off_mount", False)
+    monkeypatch.setattr(quiverfs.client.torch, "_warned_off_mount", False)
     _, source, _ = mounted
     dataset = Indexed(source / "train")
     with pytest.warns(RuntimeWarning, match="not on a quiverfs mount"):
