@@ -21,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from quiverfs.client.torch import QuiverBatchSampler
+from quiverfs.torch import QuiverBatchSampler
 
 #: Adam's step size (see :func:`main`).
 LEARNING_RATE = 3e-3

@@ -230,7 +230,7 @@ def main() -> None:
     from mountd.rpc.client import SyncClient
     from mountd.store import layout
     from quiverfs.client.direct import DirectReader
-    from quiverfs.client.torch import DirectDataset
+    from quiverfs.torch import DirectDataset
 
     dataset = make_dataset(DatasetSpec(files=args.files, file_size=FILE_SIZE, classes=10))
     config = MountdConfig(cache_size=4 * dataset.total_bytes)

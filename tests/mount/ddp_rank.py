@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torchvision
 
-from quiverfs.client.torch import QuiverBatchSampler
+from quiverfs.torch import QuiverBatchSampler
 
 
 class Indexed(torch.utils.data.Dataset):

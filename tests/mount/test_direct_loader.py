@@ -35,7 +35,7 @@ pytestmark = pytest.mark.mount
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed (pip install -e '.[torch]')")
 torch = pytest.importorskip("torch")
 
-from quiverfs.client.torch import DirectDataset, QuiverBatchSampler, direct_loader, direct_reader  # noqa: E402
+from quiverfs.torch import DirectDataset, QuiverBatchSampler, direct_loader, direct_reader  # noqa: E402
 
 IMAGES = 3 * 12
 COUNTED = 2 * 10

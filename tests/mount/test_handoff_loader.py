@@ -36,7 +36,7 @@ pytestmark = pytest.mark.mount
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed (pip install -e '.[torch]')")
 torch = pytest.importorskip("torch")
 
-from quiverfs.client.torch import DirectDataset  # noqa: E402
+from quiverfs.torch import DirectDataset  # noqa: E402
 
 FILES = 2 * 10
 

@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.mount, pytest.mark.usefixtures("fuse")]
 
 torch = pytest.importorskip("torch")
 
-from quiverfs.client.torch import DirectDataset  # noqa: E402
+from quiverfs.torch import DirectDataset  # noqa: E402
 
 if os.geteuid() != 0:
     pytest.skip("creates local users and changes uids: needs root", allow_module_level=True)

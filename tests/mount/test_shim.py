@@ -27,7 +27,7 @@ pytestmark = pytest.mark.mount
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed (pip install -e '.[torch]')")
 torch = pytest.importorskip("torch")
 
-from quiverfs.client.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
+from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
 
 FILES = 4 * 30
 

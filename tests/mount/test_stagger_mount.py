@@ -20,7 +20,7 @@ pytestmark = pytest.mark.mount
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
 
-from quiverfs.client.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
+from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
 
 FILES = 40
 SIZE = 4096

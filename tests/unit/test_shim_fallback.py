@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
 
 import quiverfs.client.torch as shim  # noqa: E402  (after the importorskip)
-from quiverfs.client.torch import QuiverBatchSampler  # noqa: E402
+from quiverfs.torch import QuiverBatchSampler  # noqa: E402
 
 
 @pytest.fixture

@@ -196,7 +196,7 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
     dataset = _make_dataset(spec, rels)
     sampler = None
     if spec.reader == "mount-shim":
-        from quiverfs.client.torch import QuiverBatchSampler
+        from quiverfs.torch import QuiverBatchSampler
 
         sampler = QuiverBatchSampler(dataset, spec.batch_size, paths=dataset.paths,
                                      job=spec.job or spec.name, rank=spec.rank,

@@ -259,7 +259,7 @@ def _quiverfs(spec: dict[str, Any]) -> Built:
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder
 
-    from quiverfs.client.torch import DirectDataset, QuiverBatchSampler
+    from quiverfs.torch import DirectDataset, QuiverBatchSampler
 
     folder = ImageFolder(spec["root"], transform=augment)
     kind = spec["contender"]
