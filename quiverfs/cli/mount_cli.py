@@ -1,6 +1,6 @@
 """``quiverfs mount``, ``quiverfs umount``, ``quiverfs mounts`` and the ``mount.fuse.quiverfs`` helper.
 
-A thin layer over :mod:`quiverfs.mount.serve`; :func:`register` adds the commands to the
+A thin layer over :mod:`quiverfs.mount`; :func:`register` adds the commands to the
 ``quiverfs`` app (quiverfs/cli/main.py calls it). :func:`mount_stats` gives the per-mount counters
 that ``quiverfs stats``/``mounts`` show next to mountd's.
 """
@@ -57,14 +57,8 @@ def mount(
     Detached (the default): returns once the mount serves, with the line to print. With
     ``foreground``: serves in this process and returns after the unmount.
     """
-    from quiverfs.mount.serve import (
-        FRONTENDS,
-        PYFUSE3,
-        MountOptions,
-        mount_detached,
-        run_foreground,
-        setup_logging,
-    )
+    from quiverfs.mount.serve import FRONTENDS, PYFUSE3, MountOptions
+    from quiverfs.mount.start import mount_detached, run_foreground, setup_logging
 
     _check_size(cache_size, cache_dir)
     if not 0 <= workers <= MAX_WORKERS:
@@ -209,7 +203,7 @@ def register(app: typer.Typer) -> None:
 
         Example: quiverfs umount /mnt/imagenet
         """
-        from quiverfs.mount.serve import unmount
+        from quiverfs.mount.mountpoint import unmount
 
         unmount(mountpoint, lazy=lazy)
         typer.echo(f"unmounted {os.path.abspath(mountpoint)}")

@@ -1,71 +1,53 @@
-"""A mount's life: start (in the foreground or detached), serve, and unmount.
-
-``quiverfs mount`` (docs/mount.md) comes in two shapes:
-
-* :func:`run_foreground` serves in this process until the filesystem is unmounted or the
-  process gets SIGTERM/SIGINT (then it unmounts itself). For systemd units and containers.
-* :func:`mount_detached` forks a detached child that serves (as ``--foreground`` would), waits
-  until the child says the mount answers (or failed), checks ``/proc/mounts`` and a ``stat``
-  of the root itself, and returns. A child that fails reports its one-line error through a
-  status pipe; the parent raises it.
+"""The serving process of a mount: the filesystem, the FUSE machinery and mountd, joined.
 
 The serving process owns, in order (teardown in reverse): a private copy of the digest
-(quiverfs/filesystem/snapshot.py: the user may change the file under the mount), opened and validated
-first, so a bad digest fails before anything is mounted; a mountd client (a mountd is started
-on demand when none answers), the registration of the dataset with mountd, the FUSE session,
-the worker pool (quiverfs/fuse/worker_pool.py: a worker that dies is replaced and its request
-answered), and a nursery with the hit reporter, the read-ahead sender and the signal watcher.
+(quiverfs/filesystem/snapshot.py: the user may change the file under the mount, taken by
+quiverfs/mount/start.py), opened and validated first, so a bad digest fails before anything is
+mounted; a mountd client (a mountd is started on demand when none answers), the registration
+of the dataset with mountd, the FUSE session, the worker pool (quiverfs/fuse/worker_pool.py: a
+worker that dies is replaced and its request answered), and a nursery with the hit reporter,
+the read-ahead sender and the signal watcher.
 
-One mount per mount point: the check that nothing is mounted there and the mount itself
-happen under an exclusive ``flock`` of the mount point directory (:func:`claim_mountpoint`),
-so of two ``quiverfs mount`` racing for one directory exactly one mounts; the other gets one
-line. A mount remembers which mount it made (its id in ``/proc/self/mountinfo``) and, when it
-fails or stops, unmounts that one only, never a mount someone else made at the same place.
-
-mountd going away does not stop the mount: hits need no mountd, misses and control
-requests wait up to ``--mountd-wait`` seconds for it to answer again (quiverfs/mount/mountd_wait.py)
-and fail with EIO after that, and the client reconnects (and registers again) on the next
-request. A mountd
-that this mount started on demand is started again on demand; one that was already running
-(a service) is left to its supervisor.
+mountd going away does not stop the mount: hits need no mountd, misses and control requests
+wait up to ``--mountd-wait`` seconds for it to answer again (quiverfs/mount/mountd_wait.py) and
+fail with EIO after that, and the client reconnects (and registers again) on the next request. A
+mountd that this mount started on demand is started again on demand; one that was already
+running (a service) is left to its supervisor.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import gc
-import hashlib
 import logging
 import os
-import select
-import shutil
 import signal
 import socket
 import struct
-import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import trio
 
-from mountd.store.layout import runtime_dir
-from quiverfs.base.errors import QuiverError, UsageError, first_error
+from quiverfs.base.errors import QuiverError
 from quiverfs.filesystem import reads
 from quiverfs.filesystem.readahead import WINDOW, WINDOW_BYTES
-from quiverfs.filesystem.snapshot import Snapshot
 from quiverfs.filesystem.supply import Supplier
 from quiverfs.fuse import channel as fuse_channel
 from quiverfs.fuse import worker as fuse_worker
 from quiverfs.fuse.worker_pool import MAX_RESTARTS, RESTART_WINDOW, WorkerPool
 from quiverfs.mount.mountd_wait import MOUNTD_WAIT, MountdWait, PatientSessions
+from quiverfs.mount.mountpoint import (
+    MountError,
+    MountIdentity,
+    claim_mountpoint,
+    mount_identity,
+    unmount_own,
+)
 from quiverfs.protocol import fuse_wire, worker_messages
 
 log = logging.getLogger("quiverfs.mount")
@@ -92,45 +74,9 @@ EVICTIONS_PAGE = 20_000
 #: Hashes per ``hits`` notification (well under the protocol's MAX_ITEMS).
 HITS_BATCH = 50_000
 
-#: Seconds :func:`mount_detached` waits for the child to serve.
-READY_TIMEOUT = 60.0
-
-#: File system type in /proc/mounts (``fuse.`` + the subtype).
-FSTYPE = "fuse.quiverfs"
-
-#: Log of detached mount processes, in the cache directory.
-LOG_FILE = "mount.log"
-
-
-def mount_state_dir(cache_dir: Path) -> Path:
-    """Where a mount keeps its digest snapshot and log: the cache directory when it is this
-    user's own (a personal mountd), else a private folder of this user's, because a mountd
-    shared by every user (docs/operations.md "Security") lets nobody else write there:
-    ``mounts-<cache dir hash>`` in :func:`mountd.store.layout.runtime_dir` (``$XDG_RUNTIME_DIR``,
-    ``~/.cache``, or a private folder under the temporary directory for an account without a
-    home). Raises :class:`UsageError` (one line) when it cannot be made."""
-    try:
-        if cache_dir.stat().st_uid == os.geteuid():
-            return cache_dir
-    except FileNotFoundError:
-        return cache_dir  # created by us, below
-    tag = hashlib.blake2b(os.fsencode(cache_dir.resolve()), digest_size=6).hexdigest()
-    state = runtime_dir() / f"mounts-{tag}"
-    try:
-        state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise UsageError(f"cannot create {state} for the mount's digest copy and log: "
-                         f"{os.strerror(exc.errno or errno.EIO)} (set XDG_RUNTIME_DIR to a "
-                         "directory of yours)") from None
-    return state
-
 #: Who can speak FUSE for a mount (docs/mount.md "Front ends"): our own protocol code with
 #: forked workers, or pyfuse3 in the main process (quiverfs/fuse/frontend_pyfuse3.py).
 NATIVE, PYFUSE3 = FRONTENDS = ("native", "pyfuse3")
-
-
-class MountError(QuiverError):
-    """The mount could not be started or stopped; ``str()`` says why in one line."""
 
 
 @dataclass(frozen=True)
@@ -161,151 +107,6 @@ class MountOptions:
             mountpoint=Path(os.path.realpath(os.path.expanduser(self.mountpoint))),
             cache_dir=cache_dir,
         )
-
-
-# -- /proc/mounts and FUSE availability ------------------------------------------------------
-
-
-def _unescape(field: str) -> str:
-    # /proc/mounts escapes space, tab, newline and backslash as \ooo octal.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1:i + 4].isdigit():
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-#: Which mount: its id in /proc/self/mountinfo and its device (``major:minor``). Ids are
-#: reused only after an unmount; the pair tells our mount from a later one at the same place.
-MountIdentity = tuple[int, str]
-
-
-def _topmost_mount(mountpoint: str | os.PathLike[str]) -> tuple[MountIdentity, str] | None:
-    """The topmost mount at ``mountpoint`` per ``/proc/self/mountinfo`` (last wins): its
-    identity and file system type, or None."""
-    target = os.path.abspath(os.fspath(mountpoint))
-    found = None
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            for line in f:
-                # id, parent id, major:minor, root, mount point, options, [optional fields],
-                # "-", fstype, source, super options
-                parts = line.rstrip("\n").split(" ")
-                if len(parts) >= 5 and _unescape(parts[4]) == target:
-                    fstype = parts[parts.index("-", 5) + 1]
-                    found = ((int(parts[0]), parts[2]), fstype)
-    except (OSError, ValueError, IndexError):
-        return None
-    return found
-
-
-def mounted_fstype(mountpoint: str | os.PathLike[str]) -> str | None:
-    """The file system type of the topmost mount at ``mountpoint``, or None."""
-    found = _topmost_mount(mountpoint)
-    return None if found is None else found[1]
-
-
-def mount_identity(mountpoint: str | os.PathLike[str]) -> MountIdentity | None:
-    """The identity of the topmost mount at ``mountpoint``, or None."""
-    found = _topmost_mount(mountpoint)
-    return None if found is None else found[0]
-
-
-def unmount_own(mountpoint: Path, mine: MountIdentity | None) -> None:
-    """Unmount ``mountpoint`` lazily if the mount there is still ``mine``; else touch nothing."""
-    if mine is not None and mount_identity(mountpoint) == mine:
-        fuse_channel.unmount(mountpoint, lazy=True)
-
-
-def fuse_unavailable() -> str | None:
-    """Why FUSE cannot be used here (a one-line reason), or None when it can."""
-    if not os.path.exists("/dev/fuse"):
-        return "/dev/fuse does not exist (load the fuse module, or give the container the device)"
-    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        return ("/dev/fuse is not readable and writable by this user (distributions make it "
-                "0666; a container may need: chmod 666 /dev/fuse)")
-    if shutil.which("fusermount3") is None:
-        return "fusermount3 is not installed (apt-get install fuse3)"
-    return None
-
-
-def check_cache_dir(cache_dir: Path) -> None:
-    """Raise :class:`UsageError` when ``cache_dir`` exists but is not a directory."""
-    if cache_dir.exists() and not cache_dir.is_dir():
-        raise UsageError(f"cache directory {cache_dir} is not a directory")
-
-
-def make_cache_dir(cache_dir: Path) -> None:
-    """Create ``cache_dir`` (private to its owner) if missing; :class:`UsageError` in one line
-    when it cannot be (a ``--cache-dir`` or ``$XDG_CACHE_HOME`` this user cannot write)."""
-    check_cache_dir(cache_dir)
-    try:
-        cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise UsageError(f"cannot create the cache directory {cache_dir}: "
-                         f"{os.strerror(exc.errno or errno.EIO)} (pass --cache-dir, or set "
-                         "XDG_CACHE_HOME, to a directory you can write)") from None
-
-
-def _already_mounted(mountpoint: Path) -> UsageError:
-    return UsageError(f"{mountpoint} is already a mount point (quiverfs umount {mountpoint} first)")
-
-
-def check_mountpoint(mountpoint: Path, nonempty: bool = False) -> None:
-    """Raise :class:`UsageError` unless ``mountpoint`` is an existing, unmounted directory,
-    and an empty one unless ``nonempty``.
-
-    Entries found are checked against ``/proc/mounts`` once more: a mount racing ours may
-    land between the first check and the listing, which then lists the new mount's root
-    (racing mounts, tests/mount/test_fs_mountpoint.py: the loser said "not empty")."""
-    if mounted_fstype(mountpoint) is not None:
-        raise _already_mounted(mountpoint)
-    if not mountpoint.is_dir():
-        what = "does not exist" if not mountpoint.exists() else "is not a directory"
-        raise UsageError(f"mount point {mountpoint} {what}")
-    if nonempty:
-        return
-    try:
-        with os.scandir(mountpoint) as entries:
-            occupied = next(entries, None) is not None
-    except OSError as exc:
-        raise UsageError(f"cannot read mount point {mountpoint}: {os.strerror(exc.errno or errno.EIO)}") from None
-    if occupied:
-        if mounted_fstype(mountpoint) is not None:
-            raise _already_mounted(mountpoint)
-        raise UsageError(f"mount point {mountpoint} is not empty (--nonempty mounts over its entries, hiding them)")
-
-
-@contextmanager
-def claim_mountpoint(mountpoint: Path, nonempty: bool = False) -> Iterator[None]:
-    """Hold ``mountpoint`` for our mount: check it and mount inside the ``with``.
-
-    The lock is an exclusive ``flock`` of the directory, taken without waiting: a second
-    mount racing for it gets :class:`UsageError` at once. One that comes after the mount
-    opens the mounted root instead (another inode: its lock succeeds), and the check under
-    the lock then finds the mount in ``/proc/mounts``. So at most one mount is ever made.
-    """
-    check_mountpoint(mountpoint, nonempty)  # the common refusals, before opening anything
-    try:
-        fd = os.open(mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise UsageError(f"cannot open mount point {mountpoint}: {os.strerror(exc.errno or errno.EIO)}") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(f"{mountpoint} is being mounted by another process") from None
-        check_mountpoint(mountpoint, nonempty)
-        yield
-    finally:
-        os.close(fd)
-
-
-# -- serving ---------------------------------------------------------------------------------
 
 
 def store_bytes(info: dict) -> int | None:
@@ -369,7 +170,7 @@ class MountdFetcher:
             log.debug("dropped read-ahead of %d files: %s", len(items), exc)
 
 
-class _Status:
+class Status:
     """The write end of a detached mount's status pipe: ``mounted ID DEV`` once the mount
     exists, then ``ready`` or ``error: MESSAGE``, then closed."""
 
@@ -470,7 +271,7 @@ async def _watch_signals(stop: Callable[[], None]) -> None:
             return
 
 
-async def _announce_ready(mountpoint: Path, status: _Status, dataset: str) -> None:
+async def _announce_ready(mountpoint: Path, status: Status, dataset: str) -> None:
     # A failed kernel handshake only shows at the first access: stat our own root (from a
     # thread, since this very thread serves the request).
     try:
@@ -483,13 +284,13 @@ async def _announce_ready(mountpoint: Path, status: _Status, dataset: str) -> No
     status.send("ready")
 
 
-async def serve(options: MountOptions, digest, status: _Status | None = None) -> None:
+async def serve(options: MountOptions, digest, status: Status | None = None) -> None:
     """Mount ``digest`` at ``options.mountpoint`` and serve until unmounted or signalled."""
     from mountd.rpc.async_client import open_client
     from mountd.rpc.client import probe
     from quiverfs.filesystem.fs import QuiverOperations
 
-    status = status or _Status(None)
+    status = status or Status(None)
     cache_dir = options.cache_dir
     assert cache_dir is not None, "use MountOptions.resolved()"
     mountpoint = options.mountpoint
@@ -591,7 +392,7 @@ async def serve(options: MountOptions, digest, status: _Status | None = None) ->
 
 
 async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_options: set[str],
-                         status: _Status) -> None:
+                         status: Status) -> None:
     """The pyfuse3 front end (quiverfs/fuse/frontend_pyfuse3.py): the same operations, served by
     libfuse in this process; the mount point claimed, hit reports, evictions, signals and
     readiness as below."""
@@ -676,252 +477,3 @@ def _stop_serving(mountpoint: Path, mine: MountIdentity | None, pool: WorkerPool
     """Unmount our mount (lazily: open files do not block it) and stop the workers."""
     unmount_own(mountpoint, mine)
     pool.stop()
-
-
-def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
-    """Validate, mount and serve in this process; returns after the unmount.
-
-    With ``status_fd`` (set by :func:`mount_detached`), writes ``ready`` or ``error: ...``
-    on it. Raises :class:`~quiverfs.base.errors.QuiverError` subclasses with one-line messages.
-    """
-    status = _Status(status_fd)
-    try:
-        options = options.resolved()
-        reason = fuse_unavailable()
-        if reason:
-            raise MountError(f"FUSE is not available: {reason}")
-        check_mountpoint(options.mountpoint, options.nonempty)
-        assert options.cache_dir is not None
-        make_cache_dir(options.cache_dir)
-        # Serve a private copy: the user's file may be changed or truncated under the mount.
-        snapshot = Snapshot.take(options.digest, mount_state_dir(options.cache_dir))
-        try:
-            digest = snapshot.open()
-            try:
-                trio.run(serve, options, digest, status)
-            except BaseExceptionGroup as group:
-                # Nurseries wrap what their tasks raise; a user wants the one error, not a group.
-                raise first_error(group) from None
-            finally:
-                digest.close()
-        finally:
-            snapshot.remove()
-    except QuiverError as exc:
-        status.send(f"error: {exc}")
-        raise
-    except BaseException as exc:
-        status.send(f"error: internal error: {type(exc).__name__}: {exc} (see the mount log)")
-        raise
-
-
-class _Child:
-    """The forked serving process, seen from the parent (a tiny ``Popen`` look-alike)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            time.sleep(0.01)
-        return self.returncode  # type: ignore[return-value]
-
-    def terminate(self) -> None:
-        with suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGTERM)
-
-    def kill(self) -> None:
-        with suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
-
-
-def setup_logging(debug: bool) -> None:
-    """Log lines to stderr (the terminal, the journal, or a detached mount's log file)."""
-    logging.basicConfig(
-        stream=sys.stderr, level=logging.DEBUG if debug else logging.INFO, force=True,
-        format="%(asctime)s quiverfs-mount[%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
-
-
-def _serve_in_child(options: MountOptions, status_fd: int, log_fd: int) -> None:
-    """The forked child: detach, log to the log file, serve, and never return."""
-    code = 70
-    try:
-        os.setsid()  # no signals from the terminal that ran `quiverfs mount`
-        os.chdir("/")
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        setup_logging(options.debug)
-        run_foreground(options, status_fd)
-        code = 0
-    except QuiverError as exc:
-        log.error("%s", exc)  # the parent prints it; the log keeps it too
-        code = exc.exit_code
-    except BaseException:
-        log.exception("the mount failed")
-    finally:
-        with suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
-
-
-def _stat_with_deadline(path: Path, timeout: float) -> OSError | None:
-    """``os.stat(path)`` in a daemon thread; the error, None when fine, TimeoutError when stuck."""
-    result: list[OSError | None] = []
-
-    def target() -> None:
-        try:
-            os.stat(path)
-            result.append(None)
-        except OSError as exc:
-            result.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return result[0] if result else TimeoutError(f"stat of {path} did not return in {timeout:g}s")
-
-
-def mount_detached(options: MountOptions, timeout: float = READY_TIMEOUT) -> int:
-    """Start a detached serving process for ``options`` and wait until it serves; its pid.
-
-    Raises :class:`MountError` (or the child's own error class, as a one-line message) when
-    the child fails, dies or is not ready within ``timeout`` seconds; a child that is still
-    alive then is stopped (and its mount removed).
-    """
-    options = options.resolved()
-    reason = fuse_unavailable()
-    if reason:
-        raise MountError(f"FUSE is not available: {reason}")
-    check_mountpoint(options.mountpoint, options.nonempty)
-    assert options.cache_dir is not None
-    make_cache_dir(options.cache_dir)
-    log_path = mount_state_dir(options.cache_dir) / LOG_FILE
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
-    read_fd, write_fd = os.pipe()
-    # Fork rather than spawn: this process has already imported everything the server needs,
-    # which saves a second interpreter start (a good part of the time to ready). No thread
-    # and no trio loop runs here yet, so forking is safe.
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        _serve_in_child(options, write_fd, log_fd)
-    os.close(write_fd)
-    os.close(log_fd)
-    proc = _Child(pid)
-    deadline = time.monotonic() + timeout
-    try:
-        line, mine = _read_status(read_fd, proc, deadline)
-    finally:
-        os.close(read_fd)
-    try:
-        if line.startswith("error: "):
-            error = MountError(line[len("error: "):])
-            with suppress(subprocess.TimeoutExpired):
-                # The child is on its way out: keep its exit status (4 = bad digest, ...).
-                status = proc.wait(5)
-                if status > 0:
-                    error.exit_code = status
-            raise error
-        if line != "ready":
-            status = proc.poll()
-            if status is not None:
-                raise MountError(f"the mount process exited with status {status} before it was ready (log: {log_path})")
-            raise MountError(f"the mount was not ready within {timeout:g}s (log: {log_path})")
-        # Trust but verify: the kernel lists the mount and its root answers.
-        if mounted_fstype(options.mountpoint) != FSTYPE:
-            raise MountError(f"{options.mountpoint} is not in /proc/mounts after the mount process said ready")
-        problem = _stat_with_deadline(options.mountpoint, max(1.0, deadline - time.monotonic()))
-        if problem is not None:
-            raise MountError(f"the mount at {options.mountpoint} does not answer: {problem}")
-    except BaseException:
-        _stop_child(proc, options.mountpoint, mine)
-        raise
-    return proc.pid
-
-
-def _read_status(fd: int, proc: _Child, deadline: float) -> tuple[str, MountIdentity | None]:
-    """The child's last word (``ready``, ``error: ...`` or "" when none came) and the mount
-    it said it made (None: it made none, or died before saying)."""
-    data = b""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([fd], [], [], 0.05)
-        if ready:
-            chunk = os.read(fd, 4096)
-            if not chunk:  # the child closed the pipe: it exited (or said all it had to say)
-                break
-            data += chunk
-            if data.endswith(b"\n") and not data.splitlines()[-1].startswith(b"mounted "):
-                break
-        elif proc.poll() is not None:
-            # Dead; drain anything that raced with its exit.
-            ready, _, _ = select.select([fd], [], [], 0)
-            if not ready:
-                break
-    mine, last = None, ""
-    for line in data.decode(errors="replace").splitlines():
-        words = line.split()
-        if len(words) == 3 and words[0] == "mounted" and words[1].isdigit():
-            mine = (int(words[1]), words[2])
-        elif line.strip():
-            last = line.strip()
-    return last, mine
-
-
-def _stop_child(proc: _Child, mountpoint: Path, mine: MountIdentity | None) -> None:
-    """Stop the child and remove its mount if it left one: never another process's."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-    unmount_own(mountpoint, mine)
-
-
-# -- unmounting -------------------------------------------------------------------------------
-
-
-def unmount(mountpoint: str | os.PathLike[str], *, lazy: bool = False) -> None:
-    """Unmount the quiverfs mount at ``mountpoint`` with ``fusermount3 -u``.
-
-    A mount whose process died ("Transport endpoint is not connected") is detached lazily
-    (``-z``); so is every mount with ``lazy=True``. Raises :class:`UsageError` when nothing
-    (or something other than quiverfs) is mounted there, :class:`MountError` when it is busy.
-    """
-    path = os.path.abspath(os.fspath(mountpoint))
-    fstype = mounted_fstype(path)
-    if fstype is None:
-        raise UsageError(f"{path} is not mounted")
-    if fstype != FSTYPE:
-        raise UsageError(f"{path} is a {fstype} mount, not quiverfs")
-    tool = shutil.which("fusermount3")
-    if tool is None:
-        raise MountError("fusermount3 is not installed (apt-get install fuse3)")
-    result = subprocess.run([tool, "-u", *(["-z"] if lazy else []), path],
-                            capture_output=True, text=True, check=False)
-    if result.returncode == 0:
-        return
-    message = (result.stderr or result.stdout).strip().splitlines()[-1:] or [f"status {result.returncode}"]
-    text = message[0]
-    if not lazy and "not connected" in text.lower():
-        # The serving process is gone; only a lazy unmount detaches such a mount.
-        unmount(path, lazy=True)
-        return
-    if "busy" in text.lower():
-        raise MountError(f"{path} is busy (files or directories open there): close them, or use --lazy")
-    raise MountError(f"cannot unmount {path}: {text}")

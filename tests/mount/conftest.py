@@ -196,7 +196,7 @@ def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
 
 
 def is_mounted(path: Path) -> bool:
-    from quiverfs.mount.serve import mounted_fstype
+    from quiverfs.mount.mountpoint import mounted_fstype
 
     return mounted_fstype(path) is not None
 

@@ -36,7 +36,7 @@ def world(fuse, module_tmp: Path):
 
 
 def _mounts_at(path: Path) -> int:
-    from quiverfs.mount.serve import _unescape
+    from quiverfs.mount.mountpoint import _unescape
 
     with open("/proc/self/mountinfo") as f:
         return sum(1 for line in f if _unescape(line.split(" ")[4]) == str(path))
@@ -57,7 +57,7 @@ RACER = """
 import sys, pathlib
 from quiverfs.cli.main import app
 from quiverfs.base.console import run_app
-import quiverfs.mount.serve, digests.digest, mountd.rpc.async_client
+import quiverfs.mount.start, digests.digest, mountd.rpc.async_client
 pathlib.Path(sys.argv[1]).touch()
 sys.stdin.readline()
 run_app(app, "quiverfs", sys.argv[2:])
@@ -67,7 +67,7 @@ run_app(app, "quiverfs", sys.argv[2:])
 HELPER_RACER = """
 import sys, pathlib
 from quiverfs.cli.mount_cli import helper_main
-import quiverfs.mount.serve, digests.digest, mountd.rpc.async_client
+import quiverfs.mount.start, digests.digest, mountd.rpc.async_client
 pathlib.Path(sys.argv[1]).touch()
 sys.stdin.readline()
 sys.exit(helper_main(sys.argv[2:]))

@@ -28,7 +28,7 @@ from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.client.direct import DirectReader
 from quiverfs.fuse import worker as fuse_worker
-from quiverfs.mount import serve as mount
+from quiverfs.mount import serve
 from quiverfs.testing.sample_data import generate_images, write_tree
 from quiverfs.testing.users import (
     LocalUser,
@@ -115,7 +115,7 @@ def settle() -> None:
     """Let the mount's hit reports reach mountd, if it sent any: a worker's flush, then the
     main process's report loop, twice over. (Checking that nothing is reported needs time
     to pass; there is nothing to poll for.)"""
-    time.sleep(fuse_worker.FLUSH_INTERVAL + 2 * mount.HITS_INTERVAL)
+    time.sleep(fuse_worker.FLUSH_INTERVAL + 2 * serve.HITS_INTERVAL)
 
 
 def test_another_user_reads_a_private_store_by_hand_off_only(world: dict) -> None:

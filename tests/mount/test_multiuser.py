@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import quiverfs.cli.mount_cli  # noqa: F401
-import quiverfs.mount.serve  # noqa: F401  (imported before forking children that run mounts)
+import quiverfs.mount.start  # noqa: F401  (imported before forking children that run mounts)
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.testing.users import (

@@ -8,7 +8,8 @@ import pytest
 
 from quiverfs.base.errors import UsageError, first_error
 from quiverfs.cli.mount_cli import helper_main, parse_helper_args
-from quiverfs.mount import serve as mount
+from quiverfs.mount import mountpoint as mountpoints
+from quiverfs.mount import serve, start
 
 
 def test_fstab_style_options() -> None:
@@ -77,24 +78,24 @@ def test_helper_exit_codes(capsys, tmp_path) -> None:
 
 
 def test_proc_mounts_unescaping(tmp_path, monkeypatch) -> None:
-    assert mount._unescape(r"/mnt/with\040space\011tab\134x") == "/mnt/with space\ttab\\x"
-    assert mount.mounted_fstype("/proc") == "proc"
-    assert mount.mounted_fstype(tmp_path) is None
+    assert mountpoints._unescape(r"/mnt/with\040space\011tab\134x") == "/mnt/with space\ttab\\x"
+    assert mountpoints.mounted_fstype("/proc") == "proc"
+    assert mountpoints.mounted_fstype(tmp_path) is None
 
 
 def test_mountpoint_checks(tmp_path) -> None:
     with pytest.raises(UsageError, match="does not exist"):
-        mount.check_mountpoint(tmp_path / "missing")
+        mountpoints.check_mountpoint(tmp_path / "missing")
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match="not a directory"):
-        mount.check_mountpoint(tmp_path / "file")
+        mountpoints.check_mountpoint(tmp_path / "file")
     with pytest.raises(UsageError, match="already a mount point"):
-        mount.check_mountpoint(Path("/proc"))
+        mountpoints.check_mountpoint(Path("/proc"))
     with pytest.raises(UsageError, match="is not empty"):
-        mount.check_mountpoint(tmp_path)
-    mount.check_mountpoint(tmp_path, nonempty=True)
+        mountpoints.check_mountpoint(tmp_path)
+    mountpoints.check_mountpoint(tmp_path, nonempty=True)
     (tmp_path / "empty").mkdir()
-    mount.check_mountpoint(tmp_path / "empty")
+    mountpoints.check_mountpoint(tmp_path / "empty")
 
 
 def test_a_mount_landing_during_the_checks_is_named_as_a_mount(tmp_path, monkeypatch) -> None:
@@ -102,34 +103,34 @@ def test_a_mount_landing_during_the_checks_is_named_as_a_mount(tmp_path, monkeyp
     # lists the new mount's root: the refusal names the mount, not "not empty".
     (tmp_path / "entry").write_text("x")
     answers = iter([None, "fuse.quiverfs"])
-    monkeypatch.setattr(mount, "mounted_fstype", lambda _path: next(answers))
+    monkeypatch.setattr(mountpoints, "mounted_fstype", lambda _path: next(answers))
     with pytest.raises(UsageError, match="already a mount point") as err:
-        mount.check_mountpoint(tmp_path)
+        mountpoints.check_mountpoint(tmp_path)
     assert "not empty" not in str(err.value)
 
 
 def test_mountpoint_claim_is_exclusive(tmp_path) -> None:
-    first = mount.claim_mountpoint(tmp_path)
+    first = mountpoints.claim_mountpoint(tmp_path)
     first.__enter__()
     try:
         with pytest.raises(UsageError, match="is being mounted by another process"):
-            mount.claim_mountpoint(tmp_path).__enter__()
+            mountpoints.claim_mountpoint(tmp_path).__enter__()
     finally:
         first.__exit__(None, None, None)
-    with mount.claim_mountpoint(tmp_path):  # released on the way out
+    with mountpoints.claim_mountpoint(tmp_path):  # released on the way out
         pass
 
 
 def test_mount_identity_and_unmount_own(tmp_path, monkeypatch) -> None:
-    proc_id = mount.mount_identity("/proc")
+    proc_id = mountpoints.mount_identity("/proc")
     assert proc_id is not None and proc_id[0] > 0 and ":" in proc_id[1]
-    assert mount.mount_identity(tmp_path) is None
+    assert mountpoints.mount_identity(tmp_path) is None
     calls = []
-    monkeypatch.setattr(mount.fuse_channel, "unmount", lambda path, lazy: calls.append(path))
-    mount.unmount_own(Path("/proc"), (proc_id[0] + 1, proc_id[1]))  # not ours: untouched
-    mount.unmount_own(Path("/proc"), None)
+    monkeypatch.setattr(mountpoints.fuse_channel, "unmount", lambda path, lazy: calls.append(path))
+    mountpoints.unmount_own(Path("/proc"), (proc_id[0] + 1, proc_id[1]))  # not ours: untouched
+    mountpoints.unmount_own(Path("/proc"), None)
     assert calls == []
-    mount.unmount_own(Path("/proc"), proc_id)
+    mountpoints.unmount_own(Path("/proc"), proc_id)
     assert calls == [Path("/proc")]
 
 
@@ -137,7 +138,7 @@ def test_status_lines_name_the_mount_made(tmp_path) -> None:
     import os
 
     read_fd, write_fd = os.pipe()
-    status = mount._Status(write_fd)
+    status = serve.Status(write_fd)
     status.mounted((123, "0:77"))
     status.send("error: something failed")
 
@@ -146,13 +147,13 @@ def test_status_lines_name_the_mount_made(tmp_path) -> None:
             return 1
 
     try:
-        assert mount._read_status(read_fd, Gone(), float("inf")) == ("error: something failed", (123, "0:77"))
+        assert start._read_status(read_fd, Gone(), float("inf")) == ("error: something failed", (123, "0:77"))
     finally:
         os.close(read_fd)
 
 
 def test_one_error_comes_out_of_nested_exception_groups() -> None:
-    inner = mount.MountError("the kernel did not accept the mount at /m")
+    inner = mountpoints.MountError("the kernel did not accept the mount at /m")
     group = BaseExceptionGroup("outer", [ExceptionGroup("inner", [RuntimeError("cancelled"), inner])])
     assert first_error(group) is inner
     plain = RuntimeError("a bug")
@@ -162,16 +163,16 @@ def test_one_error_comes_out_of_nested_exception_groups() -> None:
 def test_cache_dir_must_be_a_directory(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match="is not a directory"):
-        mount.check_cache_dir(tmp_path / "file")
-    mount.check_cache_dir(tmp_path / "not-yet")  # created later
+        start.check_cache_dir(tmp_path / "file")
+    start.check_cache_dir(tmp_path / "not-yet")  # created later
 
 
 def test_a_cache_dir_that_cannot_be_made_is_one_line(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(UsageError, match=r"cannot create the cache directory .*/file/cache: "
                                          r"Not a directory \(pass --cache-dir"):
-        mount.make_cache_dir(tmp_path / "file" / "cache")  # even root cannot: ENOTDIR
-    mount.make_cache_dir(tmp_path / "a" / "cache")
+        start.make_cache_dir(tmp_path / "file" / "cache")  # even root cannot: ENOTDIR
+    start.make_cache_dir(tmp_path / "a" / "cache")
     assert (tmp_path / "a" / "cache").is_dir()
     assert (tmp_path / "a" / "cache").stat().st_mode & 0o777 == 0o700
 
@@ -183,12 +184,12 @@ def test_the_helper_exits_1_when_a_racing_mount_takes_the_mount_point(tmp_path, 
     # the same refusal made before the fork (tests/mount/test_fs_mountpoint.py races for real).
     import os
 
-    reason = mount.fuse_unavailable()
+    reason = mountpoints.fuse_unavailable()
     if reason:
         pytest.skip(f"FUSE unavailable: {reason}")
     parent = os.getpid()
-    monkeypatch.setattr(mount, "mounted_fstype",
-                        lambda _path: None if os.getpid() == parent else mount.FSTYPE)
+    monkeypatch.setattr(mountpoints, "mounted_fstype",
+                        lambda _path: None if os.getpid() == parent else mountpoints.FSTYPE)
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
     code = helper_main([str(tmp_path / "d.qd"), str(mountpoint), "-o", f"cache_dir={tmp_path / 'cache'}"])
@@ -200,7 +201,7 @@ def test_the_helper_exits_1_when_a_racing_mount_takes_the_mount_point(tmp_path, 
 
 def test_the_helper_exits_32_when_the_mount_fails(tmp_path, capsys) -> None:
     # A digest that is no digest: the mount process refuses it (exit 4): a failed mount.
-    reason = mount.fuse_unavailable()
+    reason = mountpoints.fuse_unavailable()
     if reason:
         pytest.skip(f"FUSE unavailable: {reason}")
     (tmp_path / "d.qd").write_bytes(b"not a digest" * 100)
@@ -212,4 +213,4 @@ def test_the_helper_exits_32_when_the_mount_fails(tmp_path, capsys) -> None:
     lines = captured.err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("mount.fuse.quiverfs: error: ")
     assert str(tmp_path / "d.qd") in lines[0]
-    assert mount.mounted_fstype(mountpoint) is None
+    assert mountpoints.mounted_fstype(mountpoint) is None

@@ -21,7 +21,7 @@ import pytest
 
 from mountd.store import layout
 from quiverfs.base.errors import UsageError
-from quiverfs.mount.serve import mount_state_dir
+from quiverfs.mount.start import mount_state_dir
 from quiverfs.testing.users import LocalUsers, run_as, traversable_tmpdir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -175,7 +175,7 @@ class MountdConfig:
 
 
 def _is_mounted(path: Path) -> bool:
-    from quiverfs.mount.serve import mounted_fstype
+    from quiverfs.mount.mountpoint import mounted_fstype
 
     return mounted_fstype(path) is not None
 
