@@ -237,8 +237,8 @@ class ProcessFills:
     run starts: a child forked from a process without threads inherits no lock held by one);
     :meth:`serve` reads their answers; :meth:`close` stops them.
 
-    ``factory(url)`` opens a backend in a child (default: :func:`quiverfs.base.backends.open_backend`
-    with ``threads`` connections)."""
+    ``factory(url)`` opens a backend in a child (default:
+    :func:`quiverfs.base.backends.open_backend` with ``threads`` connections)."""
 
     def __init__(self, cache_dir: Path, processes: int, threads: int,
                  factory: Callable[[str], Backend]) -> None:

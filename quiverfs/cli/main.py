@@ -402,5 +402,5 @@ def main() -> None:
     run_app(app, "quiverfs")
 
 
-if __name__ == "__main__":  # ``python -m quiverfs.cli.main``; ``-m quiverfs.cli`` is cli/__main__.py
+if __name__ == "__main__":  # python -m quiverfs.cli.main (-m quiverfs.cli: cli/__main__.py)
     main()

@@ -1,9 +1,9 @@
 """``quiverfs plan stagger`` and ``quiverfs run``: plan when jobs sharing a dataset start, and act on it.
 
-A thin layer over :mod:`quiverfs.plan.stagger` (the model), :mod:`quiverfs.plan.calibrate` (measuring the
-profiles through a mount) and :mod:`quiverfs.plan.start_record` (when the first job started);
-:func:`register` adds the commands to the ``quiverfs`` app (quiverfs/cli/main.py calls it).
-docs/staggering.md is the user's guide.
+A thin layer over :mod:`quiverfs.plan.stagger` (the model), :mod:`quiverfs.plan.calibrate`
+(measuring the profiles through a mount) and :mod:`quiverfs.plan.start_record` (when the first
+job started); :func:`register` adds the commands to the ``quiverfs`` app (quiverfs/cli/main.py
+calls it). docs/staggering.md is the user's guide.
 """
 
 from __future__ import annotations

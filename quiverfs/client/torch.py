@@ -1,9 +1,9 @@
 """PyTorch shim: a batch sampler that reads what is cached first (substitutable reads).
 
-``QuiverBatchSampler`` replaces ``shuffle=True`` for a dataset whose files live on a quiverfs
-mount: every epoch it claims batches from mountd through the mount's control channel
-(:mod:`quiverfs.client.control_client`), so each file is read exactly once per epoch, cached files first,
-and the misses it claims are already being fetched when the DataLoader's workers open them::
+``QuiverBatchSampler`` replaces ``shuffle=True`` for a dataset whose files live on a quiverfs mount:
+every epoch it claims batches from mountd through the mount's control channel
+(:mod:`quiverfs.client.control_client`), so each file is read exactly once per epoch, cached files
+first, and the misses it claims are already being fetched when the DataLoader's workers open them::
 
     from torch.utils.data import DataLoader
     from torchvision.datasets import ImageFolder

@@ -1,10 +1,10 @@
 """The mount side of the control channel (docs/control-protocol.md).
 
-:class:`ControlChannel` is called by ``QuiverOperations.getxattr`` (quiverfs/filesystem/fs.py) for names
-starting with :data:`~quiverfs.protocol.control.CONTROL_PREFIX` on the root inode. It parses the name
-(:func:`quiverfs.protocol.control.parse_name`), forwards the request to mountd's session layer over the
-mount's async client, and returns the response bytes or raises ``FsError(errno)``. Everything
-runs in the mount's main process, in its trio thread.
+:class:`ControlChannel` is called by ``QuiverOperations.getxattr`` (quiverfs/filesystem/fs.py) for
+names starting with :data:`~quiverfs.protocol.control.CONTROL_PREFIX` on the root inode. It parses
+the name (:func:`quiverfs.protocol.control.parse_name`), forwards the request to mountd's session
+layer over the mount's async client, and returns the response bytes or raises ``FsError(errno)``.
+Everything runs in the mount's main process, in its trio thread.
 
 **Exactly once.** ``os.getxattr`` may issue ``getxattr(2)`` twice for one call (a 128-byte
 buffer first, then ``XATTR_SIZE_MAX`` after ``ERANGE``) and the kernel forwards each to the
@@ -98,7 +98,8 @@ class ControlChannel:
         return []
 
     async def getxattr(self, name: bytes) -> bytes:
-        """The response to the request ``name``; :class:`~quiverfs.base.errors.FsError` on failure."""
+        """The response to the request ``name``; :class:`~quiverfs.base.errors.FsError` on
+        failure."""
         outcome = await self.handle(name)
         if isinstance(outcome, int):
             raise FsError(outcome)

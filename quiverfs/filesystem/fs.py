@@ -1,9 +1,9 @@
 """The mount's main process side of serving: misses, extended attributes, counters.
 
-The FUSE requests of a mount are read by worker processes (quiverfs/fuse/worker.py), which
-answer the hot path themselves: the tree (quiverfs/filesystem/tree.py) and every READ of a file already
-in the store. What needs mountd or state shared by the whole mount comes here, as the raw
-request, and is answered on the same ``/dev/fuse`` descriptor (docs/mount.md "Reads"):
+The FUSE requests of a mount are read by worker processes (quiverfs/fuse/worker.py), which answer
+the hot path themselves: the tree (quiverfs/filesystem/tree.py) and every READ of a file already in
+the store. What needs mountd or state shared by the whole mount comes here, as the raw request, and
+is answered on the same ``/dev/fuse`` descriptor (docs/mount.md "Reads"):
 
 * **miss** -- a READ of a file whose store file does not exist: await the fetcher (mountd's
   ``ensure``: fetch, verify, store), open the store file and read (through
@@ -135,14 +135,14 @@ assert tuple(MountCounters.__dataclass_fields__) == COUNTERS, "counter layouts d
 class QuiverOperations:
     """What a mount's main process answers: misses and extended attributes of one digest.
 
-    ``fetcher`` is awaited on a miss; ``sessions`` (mountd's client, or None for a mount
-    without a session layer) serves the control channel; ``counters`` holds every serving process's counters
-    (slot 0 is ours); ``extra_stats`` (optional) adds fields to ``user.quiver.stats`` (the
-    mount adds its pid, mountpoint and mountd state). With a ``prefetcher`` and ``readahead``
-    > 0, scans in digest order are read ahead by up to that many files (and an eighth of the
-    cache), once :meth:`send_prefetches` runs and has learnt the cache's size
-    (quiverfs/filesystem/readahead.py). ``kept_bytes``: most bytes of store files this process keeps
-    open (its share of the mount's: :func:`quiverfs.filesystem.reads.kept_bytes`; None: the default).
+    ``fetcher`` is awaited on a miss; ``sessions`` (mountd's client, or None for a mount without a
+    session layer) serves the control channel; ``counters`` holds every serving process's counters
+    (slot 0 is ours); ``extra_stats`` (optional) adds fields to ``user.quiver.stats`` (the mount
+    adds its pid, mountpoint and mountd state). With a ``prefetcher`` and ``readahead`` > 0, scans
+    in digest order are read ahead by up to that many files (and an eighth of the cache), once
+    :meth:`send_prefetches` runs and has learnt the cache's size (quiverfs/filesystem/readahead.py).
+    ``kept_bytes``: most bytes of store files this process keeps open (its share of the mount's:
+    :func:`quiverfs.filesystem.reads.kept_bytes`; None: the default).
     """
 
     def __init__(
@@ -428,9 +428,9 @@ class QuiverOperations:
         return out
 
     def _sizes(self, first: int, last: int) -> list[int]:
-        """The sizes of the files ``first .. last`` for read-ahead (:data:`quiverfs.filesystem.readahead.Sizes`):
-        one range of the tree, whose entries the notification then finds remembered. A
-        damaged row counts as empty (it is never sent)."""
+        """The sizes of the files ``first .. last`` for read-ahead
+        (:data:`quiverfs.filesystem.readahead.Sizes`): one range of the tree, whose entries the
+        notification then finds remembered. A damaged row counts as empty (it is never sent)."""
         entries = self.tree.files(first, last, SIZES_AHEAD)
         if len(entries) == last - first + 1:
             return [entry.size for entry in entries]
@@ -447,8 +447,8 @@ class QuiverOperations:
 
     async def getxattr(self, inode: int, name: bytes) -> bytes:
         if inode == ROOT_INODE and name.startswith(CONTROL_PREFIX):
-            # The control channel (quiverfs/protocol/control.py, docs/control-protocol.md): the name is
-            # the request, the value the response; it never lists its names.
+            # The control channel (quiverfs/protocol/control.py, docs/control-protocol.md): the name
+            # is the request, the value the response; it never lists its names.
             return await self.control.getxattr(name)
         if name not in self._xattr_names(inode):
             raise FsError(errno.ENODATA)

@@ -1,7 +1,7 @@
 """The one READ path of a mount's serving processes: store descriptors, sizes and counters.
 
-Every process that serves a mount reads store files: a worker (quiverfs/fuse/worker.py) for
-hits, the main process (quiverfs/filesystem/fs.py) for misses. Both do it through a :class:`StoreReads`,
+Every process that serves a mount reads store files: a worker (quiverfs/fuse/worker.py) for hits,
+the main process (quiverfs/filesystem/fs.py) for misses. Both do it through a :class:`StoreReads`,
 so what a READ does to the disk and to the counters is written once:
 
 * **Sizes are checked.** A store file is named by its content hash, and the content fixes its
@@ -23,11 +23,11 @@ so what a READ does to the disk and to the counters is written once:
 * **A store closed to this process is read by hand-off.** With ``mountd --private-store``
   only mountd's user may open store files; another user's mount gets ``EACCES``. Then
   :meth:`StoreReads.open` asks mountd for the descriptor (the ``open`` operation, through one
-  :class:`~quiverfs.protocol.handoff.HandOff` per process, quiverfs/protocol/handoff.py) and goes on with it as
-  with a store file it opened (size check, kept). mountd counts a descriptor it hands over as
-  a hit of the dataset, so such a file is not reported to mountd again
-  (:meth:`StoreReads.handed`); the mount's own counters count it as any hit. What mountd does
-  not hand over (not cached) is a miss, fetched through mountd and then handed over.
+  :class:`~quiverfs.protocol.handoff.HandOff` per process, quiverfs/protocol/handoff.py) and goes on
+  with it as with a store file it opened (size check, kept). mountd counts a descriptor it hands
+  over as a hit of the dataset, so such a file is not reported to mountd again
+  (:meth:`StoreReads.handed`); the mount's own counters count it as any hit. What mountd does not
+  hand over (not cached) is a miss, fetched through mountd and then handed over.
 * **Counters** (:data:`COUNTERS`) live in shared memory, one slot per process (a single writer
   each), so the main process can sum them at any time (``user.quiver.stats``).
 """

@@ -1,14 +1,14 @@
 """The pyfuse3 front end: the same tree, misses and xattrs, served through libfuse.
 
 ``quiverfs mount --frontend pyfuse3`` (docs/mount.md "Front ends"). The native front end
-(quiverfs/fuse/worker.py) speaks the kernel protocol itself from several processes; this one
-lets libfuse do it, in the mount's main process, with every handler on the trio loop. It is
-the portable fallback -- for a kernel older than the native front end's minimum (FUSE 7.29,
-Linux 5.1) or an environment that refuses it -- and the reference the native protocol code
-is tested against (tests/mount/test_frontends_differential.py): every answer comes from the
-same objects, :class:`~quiverfs.filesystem.tree.Tree` for the tree and
-:class:`~quiverfs.filesystem.fs.QuiverOperations` for reads (hits and misses), extended attributes and
-the control channel, so the two front ends can only differ in how they speak FUSE.
+(quiverfs/fuse/worker.py) speaks the kernel protocol itself from several processes; this one lets
+libfuse do it, in the mount's main process, with every handler on the trio loop. It is the portable
+fallback -- for a kernel older than the native front end's minimum (FUSE 7.29, Linux 5.1) or an
+environment that refuses it -- and the reference the native protocol code is tested against
+(tests/mount/test_frontends_differential.py): every answer comes from the same objects,
+:class:`~quiverfs.filesystem.tree.Tree` for the tree and
+:class:`~quiverfs.filesystem.fs.QuiverOperations` for reads (hits and misses), extended attributes
+and the control channel, so the two front ends can only differ in how they speak FUSE.
 
 pyfuse3 is an optional dependency (the ``pyfuse3`` extra: it builds against libfuse3-dev);
 without it this module still imports, and :func:`require` says how to install it.

@@ -2,13 +2,14 @@
 
 A mount's process (quiverfs/mount/serve.py) answers the kernel's INIT and then forks a few workers
 that all read requests from the same connection, each through a descriptor of its own
-(quiverfs/fuse/worker_pool.py); the kernel hands each request to exactly one blocked reader. A worker answers everything that needs only the digest and the
-store, synchronously and inline: LOOKUP, GETATTR, READDIR(PLUS), STATFS and every READ of a
-file whose store file exists (one ``os.pread``, no RPC, no thread hop; the store files are
-read through quiverfs/filesystem/reads.py, the READ path it shares with the main process). The rest goes to the
-mount's main process over a ``SOCK_SEQPACKET`` socket, as the raw request, and the main
-process answers it on that worker's descriptor: READs of files not in the store (a miss: mountd's
-``ensure``), and the extended attributes (the control channel keeps its state there).
+(quiverfs/fuse/worker_pool.py); the kernel hands each request to exactly one blocked reader. A
+worker answers everything that needs only the digest and the store, synchronously and inline:
+LOOKUP, GETATTR, READDIR(PLUS), STATFS and every READ of a file whose store file exists (one
+``os.pread``, no RPC, no thread hop; the store files are read through quiverfs/filesystem/reads.py,
+the READ path it shares with the main process). The rest goes to the mount's main process over a
+``SOCK_SEQPACKET`` socket, as the raw request, and the main process answers it on that worker's
+descriptor: READs of files not in the store (a miss: mountd's ``ensure``), and the extended
+attributes (the control channel keeps its state there).
 
 Why several processes: one Python process serving FUSE tops out far below what the kernel can
 take (docs/mount.md "Why not libfuse"), and the tree holds no per-inode state, so any process
@@ -77,7 +78,8 @@ class Worker:
     """One serving process: reads requests from ``fuse_fd`` and answers or forwards them.
 
     ``kept_bytes``: most bytes of store files it keeps open (its share of the mount's,
-    quiverfs/filesystem/reads.py :func:`~quiverfs.filesystem.reads.kept_bytes`; None: the default)."""
+    quiverfs/filesystem/reads.py :func:`~quiverfs.filesystem.reads.kept_bytes`; None: the
+    default)."""
 
     def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview,
                  in_flight: memoryview | None = None, kept_bytes: int | None = None) -> None:

@@ -121,8 +121,8 @@ def store_bytes(info: dict) -> int | None:
 
 
 class MountdFetcher:
-    """The :class:`quiverfs.filesystem.fs.Fetcher` and :class:`quiverfs.filesystem.fs.Prefetcher` of a mount:
-    mountd's ``ensure`` and ``prefetch`` for one dataset."""
+    """The :class:`quiverfs.filesystem.fs.Fetcher` and :class:`quiverfs.filesystem.fs.Prefetcher` of
+    a mount: mountd's ``ensure`` and ``prefetch`` for one dataset."""
 
     def __init__(self, client, dataset: str, wait: MountdWait | None = None) -> None:
         self.client = client

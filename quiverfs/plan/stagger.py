@@ -380,10 +380,10 @@ def plan(profiles: Sequence[Profile], step: float = 0.1, top: float = 1.0,
 def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
     """Indices ``0..count-1`` in the order every job with this ``seed`` reads ``epoch``.
 
-    The paper's premise (§IV): jobs that share a seed visit the files in one order, so a later
-    job reads what an earlier one cached. The shim's shared order and its off-mount fallback
-    (quiverfs/client/torch.py) and the calibration reader (quiverfs/plan/calibrate.py) all use this one
-    function, so they agree with each other.
+    The paper's premise (§IV): jobs that share a seed visit the files in one order, so a later job
+    reads what an earlier one cached. The shim's shared order and its off-mount fallback
+    (quiverfs/client/torch.py) and the calibration reader (quiverfs/plan/calibrate.py) all use this
+    one function, so they agree with each other.
     """
     order = list(range(count))
     random.Random(f"{seed}:{epoch}").shuffle(order)

@@ -13,8 +13,8 @@ specified in docs/control-protocol.md. This module holds what both ends share, t
 
 The caller side, :class:`quiverfs.client.control_client.ControlClient`, builds names with a fresh
 nonce and follows paged responses; the mount side,
-:class:`quiverfs.filesystem.control_channel.ControlChannel`, parses each name, forwards the request to
-mountd and answers it exactly once.
+:class:`quiverfs.filesystem.control_channel.ControlChannel`, parses each name, forwards the request
+to mountd and answers it exactly once.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What a mount's FUSE workers send its main process, over their ``SOCK_SEQPACKET`` socket.
 
-One byte of kind, then the body. The workers (quiverfs/fuse/worker.py) write these; the
-mount's main process reads them (quiverfs/mount/serve.py) and hands the hit reports to the
-filesystem (:meth:`quiverfs.filesystem.fs.QuiverOperations.add_hits`). Both sides import it from here,
-below them both, so that the filesystem need not import the FUSE workers.
+One byte of kind, then the body. The workers (quiverfs/fuse/worker.py) write these; the mount's main
+process reads them (quiverfs/mount/serve.py) and hands the hit reports to the filesystem
+(:meth:`quiverfs.filesystem.fs.QuiverOperations.add_hits`). Both sides import it from here, below
+them both, so that the filesystem need not import the FUSE workers.
 """
 
 from __future__ import annotations

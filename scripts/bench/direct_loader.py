@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The direct loader (quiverfs/client/direct.py) against plain reads of the store files, side by side.
+"""The direct loader (quiverfs/client/direct.py) against plain reads of the store files, side by
+side.
 
 2,000 files of 110 KiB (``--files``) in ImageFolder-style class folders, one mountd, one
 mount (harness/world.py's ``World``). Each round measures, in one run:

@@ -6,8 +6,8 @@ The mount reads many files partially (so that no READ reaches a file's end, whic
 anyway): misses, kept open by the main process, then hits, kept open by the workers, while
 mountd evicts. Every store file any of the mount's processes still has open must be one that
 is still in the store, within a few timer periods. The files are small enough for each process
-to keep one (its share of 5 % of the cache: quiverfs/filesystem/reads.py); tests/mount/test_evicted_open.py
-checks that bound itself.
+to keep one (its share of 5 % of the cache: quiverfs/filesystem/reads.py);
+tests/mount/test_evicted_open.py checks that bound itself.
 """
 
 from __future__ import annotations

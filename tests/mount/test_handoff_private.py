@@ -1,12 +1,12 @@
 """A private store (``mountd --private-store --shared``, run by root) read by another user's
 loader through descriptor hand-off: a real throwaway user, its own real mount.
 
-The user may not open store files (``EACCES``), and neither may its mount. The direct loader
-notices the store is closed to it and asks mountd for the descriptors, one request per batch;
-the mount asks for each file it reads (quiverfs/filesystem/reads.py), and fetches through mountd what it
-was not handed over (not cached), then asks again. So every byte the user gets here came by
-hand-off, and mountd counts each cached file as one hit of the dataset and of the user's uid,
-once: the mount does not report the hits it was handed over.
+The user may not open store files (``EACCES``), and neither may its mount. The direct loader notices
+the store is closed to it and asks mountd for the descriptors, one request per batch; the mount asks
+for each file it reads (quiverfs/filesystem/reads.py), and fetches through mountd what it was not
+handed over (not cached), then asks again. So every byte the user gets here came by hand-off, and
+mountd counts each cached file as one hit of the dataset and of the user's uid, once: the mount does
+not report the hits it was handed over.
 """
 
 from __future__ import annotations

@@ -566,7 +566,7 @@ async def test_evicted_files_are_remembered_for_the_kernel(env: Env) -> None:
     assert env.ops.evicted(hashes) == []  # told once
 
 
-# -- kept store files and sizes (quiverfs/filesystem/reads.py) -------------------------------------------------
+# -- kept store files and sizes (quiverfs/filesystem/reads.py) ------------------------------------
 
 X = bytes(range(250)) * 12  # 3,000 bytes
 Y = os.urandom(300 * 1024)

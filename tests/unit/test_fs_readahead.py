@@ -1,8 +1,8 @@
-"""Read-ahead in the mount's main process (quiverfs/filesystem/fs.py), without a kernel: misses forwarded
-as raw READs and hit reports as a worker sends them feed the detector, with the files' sizes
-from the digest, and ``send_prefetches`` hands the files it names to the prefetcher, leaving
-out files already in the store and empty ones; ``user.quiver.stats`` shows the window and
-what was sent. The detector itself is tested in test_readahead.py."""
+"""Read-ahead in the mount's main process (quiverfs/filesystem/fs.py), without a kernel: misses
+forwarded as raw READs and hit reports as a worker sends them feed the detector, with the files'
+sizes from the digest, and ``send_prefetches`` hands the files it names to the prefetcher, leaving
+out files already in the store and empty ones; ``user.quiver.stats`` shows the window and what was
+sent. The detector itself is tested in test_readahead.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""The read-ahead detector (quiverfs/filesystem/readahead.py): which reads make a scan, exactly which file
-ids it asks for, and how its window grows in files and bytes with what the reader reads. Pure:
-ids in, ids out; the files' sizes come from a function given here."""
+"""The read-ahead detector (quiverfs/filesystem/readahead.py): which reads make a scan, exactly
+which file ids it asks for, and how its window grows in files and bytes with what the reader reads.
+Pure: ids in, ids out; the files' sizes come from a function given here."""
 
 from __future__ import annotations
 

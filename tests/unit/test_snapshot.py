@@ -1,6 +1,6 @@
-"""A mount's private copy of its digest (quiverfs/filesystem/snapshot.py), without mounting: the copy is
-the file's bytes, locked while alive and removed after; what is not a regular file is refused
-at once; errors name the user's file; copies of dead mounts are cleaned up."""
+"""A mount's private copy of its digest (quiverfs/filesystem/snapshot.py), without mounting: the
+copy is the file's bytes, locked while alive and removed after; what is not a regular file is
+refused at once; errors name the user's file; copies of dead mounts are cleaned up."""
 
 from __future__ import annotations
 

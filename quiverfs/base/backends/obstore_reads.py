@@ -1,5 +1,6 @@
 """Ranged reads through obstore (Python bindings of Rust's ``object_store``): the read path of
-:class:`~quiverfs.base.backends.s3.S3Backend` and :class:`~quiverfs.base.backends.azure.AzureBackend`.
+:class:`~quiverfs.base.backends.s3.S3Backend` and
+:class:`~quiverfs.base.backends.azure.AzureBackend`.
 
 Why: a cold pass is CPU-bound in mountd, and most of a fill's CPU is the client library's
 work per GET. For one 110 KiB ranged GET the backends spend 0.50-0.60 ms of the reading

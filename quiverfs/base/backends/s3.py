@@ -10,11 +10,11 @@ Ranged reads (``_read_range``, every fill of mountd) go through obstore's ``S3St
 (quiverfs/base/backends/obstore_reads.py), built on the first read from what the boto3 client uses:
 its endpoint, region and addressing style (:func:`obstore_addressing`), the backend's timeouts,
 boto3's CA bundle, and boto3's credentials (static keys as they are; refreshable ones, from SSO,
-roles, ``credential_process`` or instance metadata, through obstore's
-``Boto3CredentialProvider``, so obstore follows boto3's refreshes). Listing, ``HEAD`` and
-``PUT`` stay on boto3, and so do the reads obstore cannot do: keys it would not send as they are
-(:func:`~quiverfs.base.backends.obstore_reads.exact_key`), a backend without credentials, and a store
-whose answers obstore does not understand (a region redirect: boto3 follows it).
+roles, ``credential_process`` or instance metadata, through obstore's ``Boto3CredentialProvider``,
+so obstore follows boto3's refreshes). Listing, ``HEAD`` and ``PUT`` stay on boto3, and so do the
+reads obstore cannot do: keys it would not send as they are
+(:func:`~quiverfs.base.backends.obstore_reads.exact_key`), a backend without credentials, and a
+store whose answers obstore does not understand (a region redirect: boto3 follows it).
 
 Retries are the base class's alone: botocore's are switched off (``total_max_attempts=1``) and
 so are obstore's.
