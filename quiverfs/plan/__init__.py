@@ -1,2 +1,2 @@
 """Planning: the staggering model, its calibration through a mount, the start records jobs wait
-on. May import mountd and the base only; the CLI and the training side import it."""
+on. May import mountd, digests and the base only; the CLI and the training side import it."""
