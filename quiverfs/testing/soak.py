@@ -112,6 +112,11 @@ def alive(pid: int) -> bool:
         return False
 
 
+def fd_count(pid: int | str = "self") -> int:
+    """Descriptors process ``pid`` has open (``"self"``: this one)."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
 def fd_targets(pid: int) -> list[str]:
     """What each open descriptor of ``pid`` is (``readlink`` of ``/proc/PID/fd/N``: a path,
     ``socket:[…]``, ``pipe:[…]``, ``anon_inode:…``); empty once it is gone."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
 from quiverfs.testing.redis import RedisServer, redis_binary, run_redis
 
@@ -37,3 +38,12 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         pytest.fail("redis-server is missing: run scripts/setup.sh (apt-get install redis-server)")
     with run_redis(tmp_path / "redis") as server:
         yield server
+
+
+async def until(check: Callable[[], object], what: str = "", timeout: float = 10.0) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` seconds, saying ``what``."""
+    with trio.move_on_after(timeout):
+        while not check():
+            await trio.sleep(0.02)
+        return
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what or check}")

@@ -24,8 +24,8 @@ from quiverfs.base.backends.base import Location
 from quiverfs.testing.emulators import free_port
 from quiverfs.testing.mountd import make_dataset
 from quiverfs.testing.redis import RedisServer
-from tests.cluster.conftest import SECRET
-from tests.cluster.test_nodes import _cluster, _gets, _until
+from tests.cluster.conftest import SECRET, until
+from tests.cluster.test_nodes import SEEN, _cluster, _gets
 
 SIZE = 10_000
 
@@ -53,7 +53,7 @@ def _configs(root: Path, url: str, small: int) -> list[DaemonConfig]:
 async def _started(configs: list[DaemonConfig]) -> AsyncIterator[list[Running]]:
     async with trio.open_nursery() as nursery:
         nodes = [await nursery.start(partial(serve, c, handle_signals=False)) for c in configs]
-        await _until(lambda: all(len(_cluster(n).members) == len(nodes) for n in nodes))
+        await until(lambda: all(len(_cluster(n).members) == len(nodes) for n in nodes), timeout=SEEN)
         yield nodes
         nursery.cancel_scope.cancel()
 
@@ -92,9 +92,9 @@ async def test_a_node_evicts_files_others_own_before_its_own(
         assert snap["evicted_files"] == 20
         # The others' files are on their owners (pushed there in the background after each
         # fetch), all of them, byte-identical.
-        await _until(
-            lambda: sum(n.server.cluster.counters.pushes_received for n in nodes[1:]) == 30
-        )
+        await until(
+            lambda: sum(n.server.cluster.counters.pushes_received for n in nodes[1:]) == 30,
+            timeout=SEEN)
         for f in theirs:
             holder = nodes[ids.index(owner(f.hash, ids))].server.cache
             assert Path(holder.store_path(f.hash)).read_bytes() == f.data

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import trio
 
 from mountd.cluster.coordinator import Coordinator
 from mountd.cluster.counters import ClusterCounters
 from mountd.cluster.membership import Membership
 from quiverfs.testing.redis import RedisServer
+from tests.cluster.conftest import until
 
 #: Fast clocks so the tests take a moment: beat every 0.05 s, gone after 0.4 s of silence.
 BEAT, TTL = 0.05, 0.4
@@ -21,11 +20,6 @@ def _node(url: str, name: str, cluster: str = "t") -> Membership:
     return Membership(Coordinator(url, cluster), name, name, ClusterCounters(),
                       heartbeat=BEAT, node_ttl=TTL)
 
-
-async def _until(check: Callable[[], bool], what: str) -> None:
-    with trio.fail_after(SEEN):
-        while not check():
-            await trio.sleep(0.02)
 
 
 async def test_nodes_see_each_other_join_and_leave(redis_server: RedisServer) -> None:
@@ -42,11 +36,11 @@ async def test_nodes_see_each_other_join_and_leave(redis_server: RedisServer) ->
                 await b.run()
 
         nursery.start_soon(run_b)
-        await _until(lambda: a.members == {"a:1", "b:1"}, "b joins")
-        await _until(lambda: b.members == {"a:1", "b:1"}, "b sees a")
+        await until(lambda: a.members == {"a:1", "b:1"}, "b joins", timeout=SEEN)
+        await until(lambda: b.members == {"a:1", "b:1"}, "b sees a", timeout=SEEN)
         assert a.addresses["b:1"] == "b:1"
         b_scope.cancel()  # a clean stop deletes b's key
-        await _until(lambda: a.members == {"a:1"}, "b leaves")
+        await until(lambda: a.members == {"a:1"}, "b leaves", timeout=SEEN)
         assert other.members == {"x:1"}
         nursery.cancel_scope.cancel()
 
@@ -57,7 +51,7 @@ async def test_a_silent_node_expires(redis_server: RedisServer) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(a.run)
         assert a.members == {"a:1", "dead:1"}
-        await _until(lambda: a.members == {"a:1"}, "dead expires")
+        await until(lambda: a.members == {"a:1"}, "dead expires", timeout=SEEN)
         nursery.cancel_scope.cancel()
 
 
@@ -66,12 +60,12 @@ async def test_redis_killed_and_restarted_alone_then_rejoined(redis_server: Redi
     async with trio.open_nursery() as nursery:
         await nursery.start(a.run)
         await nursery.start(b.run)
-        await _until(lambda: a.members == {"a:1", "b:1"} == b.members, "both in")
+        await until(lambda: a.members == {"a:1", "b:1"} == b.members, "both in", timeout=SEEN)
         redis_server.kill()
-        await _until(lambda: not a.connected and not b.connected, "both alone")
+        await until(lambda: not a.connected and not b.connected, "both alone", timeout=SEEN)
         assert a.members == {"a:1"} and b.members == {"b:1"}
         assert a.counters.redis_errors >= 1
         redis_server.start()  # empty: every key is gone
-        await _until(lambda: a.connected and b.connected, "both back")
-        await _until(lambda: a.members == {"a:1", "b:1"} == b.members, "membership recovers")
+        await until(lambda: a.connected and b.connected, "both back", timeout=SEEN)
+        await until(lambda: a.members == {"a:1", "b:1"} == b.members, "membership recovers", timeout=SEEN)
         nursery.cancel_scope.cancel()

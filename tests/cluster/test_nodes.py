@@ -9,7 +9,7 @@ directory), peer hits, bytes right everywhere.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -26,7 +26,7 @@ from quiverfs.base.backends.base import Location
 from quiverfs.testing.emulators import free_port
 from quiverfs.testing.mountd import SampleFile, make_dataset
 from quiverfs.testing.redis import RedisServer
-from tests.cluster.conftest import SECRET
+from tests.cluster.conftest import SECRET, until
 from tests.cluster.test_peer import _impostor
 
 SEEN = 30.0
@@ -48,7 +48,7 @@ async def _nodes(root: Path, url: str, n: int = 3, others: int = 0,
         running = [await nursery.start(partial(serve, _config(root, i, url, **cluster),
                                                handle_signals=False))
                    for i in range(n)]
-        await _until(lambda: all(len(_cluster(r).members) == n + others for r in running))
+        await until(lambda: all(len(_cluster(r).members) == n + others for r in running), timeout=SEEN)
         yield running
         nursery.cancel_scope.cancel()
 
@@ -57,11 +57,6 @@ def _cluster(node: Running):
     assert node.server.cluster is not None
     return node.server.cluster.membership
 
-
-async def _until(check: Callable[[], bool]) -> None:
-    with trio.fail_after(SEEN):
-        while not check():
-            await trio.sleep(0.02)
 
 
 def _gets(nodes: list[Running]) -> int:
@@ -128,12 +123,12 @@ async def test_reads_go_on_while_redis_is_down_and_the_cluster_recovers(
     first, second = files[:20], files[20:]
     async with _nodes(tmp_path, redis_server.url) as nodes:
         redis_server.kill()
-        await _until(lambda: not any(_cluster(n).connected for n in nodes))
+        await until(lambda: not any(_cluster(n).connected for n in nodes), timeout=SEEN)
         await _read_all(nodes, url, first)  # alone: each node from the bucket, bytes right
         assert all(n.server.stats_snapshot()["cluster"]["connected"] is False for n in nodes)
         redis_server.start()
-        await _until(lambda: all(_cluster(n).connected and len(_cluster(n).members) == 3
-                                 for n in nodes))
+        await until(lambda: all(_cluster(n).connected and len(_cluster(n).members) == 3
+                                 for n in nodes), timeout=SEEN)
         before = _gets(nodes)
         await _read_all(nodes, url, second)
         assert _gets(nodes) - before == len(second)
@@ -153,12 +148,12 @@ async def test_a_stopped_node_costs_no_reader_an_error(
 
         for i in range(3):
             running.append(await nursery.start(node, i))
-        await _until(lambda: all(len(_cluster(r).members) == 3 for r in running))
+        await until(lambda: all(len(_cluster(r).members) == 3 for r in running), timeout=SEEN)
         await _read_all(running, url, files[:20])
         scopes[2].cancel()  # one node goes (its share of the hashes moves)
         live = running[:2]
         await _read_all(live, url, files)  # every byte right on the others
-        await _until(lambda: all(len(_cluster(r).members) == 2 for r in live))
+        await until(lambda: all(len(_cluster(r).members) == 2 for r in live), timeout=SEEN)
         nursery.cancel_scope.cancel()
 
 

@@ -7,14 +7,13 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import trio
-
 from mountd.cluster.placement import owners
 from mountd.daemon import Running
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.base.backends.base import Location
 from quiverfs.testing.mountd import SampleFile, make_dataset
 from quiverfs.testing.redis import RedisServer
+from tests.cluster.conftest import until
 from tests.cluster.test_nodes import _gets, _nodes
 
 UID = 4242  # a user other than mountd's: charged for what its leases bring in
@@ -25,11 +24,6 @@ def _owned_by(node: Running, files: Sequence[SampleFile]) -> list[SampleFile]:
     assert cluster is not None
     return [f for f in files if owners(f.hash, cluster.membership.members)[0] == cluster.node]
 
-
-async def _until(check) -> None:
-    with trio.fail_after(10):  # pushes run in the background
-        while not check():
-            await trio.sleep(0.02)
 
 
 async def test_leases_are_served_from_peers_and_supplied_bytes_are_shared(
@@ -43,7 +37,7 @@ async def test_leases_are_served_from_peers_and_supplied_bytes_are_shared(
             await ca.ensure(f.hash, f.size, Location(url, f.key, 0, f.size))
         b_owns = _owned_by(b, files)
         assert 0 < len(b_owns) < len(files)  # (placement of 16 random hashes over 2 nodes)
-        await _until(lambda: ka.pushes == len(b_owns))
+        await until(lambda: ka.pushes == len(b_owns))
         # A user on B, who would supply its own bytes: every lease is answered with a path,
         # B's own share from its store, the rest fetched from A now; nothing asked of it.
         for f in files:
@@ -69,7 +63,7 @@ async def test_leases_are_served_from_peers_and_supplied_bytes_are_shared(
             finally:
                 os.close(fd)
         a_owns = _owned_by(a, more)
-        await _until(lambda: kb.pushes == len(a_owns))
+        await until(lambda: kb.pushes == len(a_owns))
         hits_before = ka.peer_hits
         for f in more:
             path = await ca.lease(f.hash, f.size, "p", holder=object(), uid=UID + 1)

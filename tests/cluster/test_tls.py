@@ -21,7 +21,7 @@ from quiverfs.testing.emulators import free_port
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 from quiverfs.testing.redis import RedisServer
 from quiverfs.testing.tls import NodeCert, TestCA
-from tests.cluster.conftest import SECRET, mountd_once, secret_file
+from tests.cluster.conftest import SECRET, mountd_once, secret_file, until
 from tests.mountd.conftest import Source
 
 LIMITS = {"max_bytes": 16 << 20, "timeout": 5.0}
@@ -29,13 +29,6 @@ LIMITS = {"max_bytes": 16 << 20, "timeout": 5.0}
 SPOOL = tempfile.gettempdir()
 QUICK = {"max_bytes": 16 << 20, "timeout": 1.0}
 
-
-async def _until(check, what: str) -> None:
-    """Wait (at most 10 s) until ``check()``: the server counts after the client gave up."""
-    with trio.move_on_after(10):
-        while not check():
-            await trio.sleep(0.01)
-    assert check(), f"gave up waiting for {what}"
 
 
 def _tls(node: NodeCert) -> PeerTLS:
@@ -92,12 +85,12 @@ async def test_transfers_over_tls_are_encrypted_and_need_the_cluster_ca(tmp_path
         plain = PeerClient(SECRET, ClusterCounters(), **QUICK, spool=SPOOL)  # right secret, no TLS
         with pytest.raises(PeerError):  # both wait for the other's handshake: timed out
             await plain.get(f"127.0.0.1:{port}", obj.hash, obj.size)
-        await _until(lambda: counters.auth_failures == 1, "the server to refuse it")
+        await until(lambda: counters.auth_failures == 1, "the server to refuse it")
         stranger = PeerClient(SECRET, ClusterCounters(), **LIMITS, spool=SPOOL,
                               tls=_tls(rogue.issue("x")).client_context())
         with pytest.raises(PeerError):  # the server is not in its CA: refused at once
             await stranger.get(f"127.0.0.1:{port}", obj.hash, obj.size)
-        await _until(lambda: counters.auth_failures == 2, "the server to see it fail")
+        await until(lambda: counters.auth_failures == 2, "the server to see it fail")
         rogue_server = PeerServer(cache, SECRET, ClusterCounters(), **LIMITS,
                                   tls=_tls(rogue.issue("y")).server_context())
         rogue_port = await nursery.start(rogue_server.serve, "127.0.0.1", 0)

@@ -8,6 +8,8 @@ uses its own temporary cache directory, so a test mountd never meets another one
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -373,3 +375,23 @@ def file_hash(path: str | os.PathLike[str], chunk: int = 1 << 20) -> bytes:
 def module_tmp(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Path]:
     """A temporary directory for the module (its own cache directory lives in it)."""
     yield tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1])
+
+
+def drop_pages(path: Path) -> None:
+    """Make the kernel forget a mount file's cached pages, so that its next read reaches the
+    mount."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def mount_stats(mountpoint: Path) -> dict:
+    """The mount's ``user.quiver.stats``."""
+    return json.loads(os.getxattr(mountpoint, "user.quiver.stats"))
+
+
+def sha(data: bytes) -> str:
+    """A short name for bytes in assertion messages."""
+    return hashlib.sha256(data).hexdigest()

@@ -28,7 +28,14 @@ from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.client.direct import RECHECK_SECONDS, DirectReader, mount_info
 from quiverfs.testing.sample_data import generate_images, write_tree
-from tests.mount.conftest import REPO, MountdProcess, MountProcess, build_digest, wait_for
+from tests.mount.conftest import (
+    REPO,
+    MountdProcess,
+    MountProcess,
+    build_digest,
+    drop_pages,
+    wait_for,
+)
 
 pytestmark = pytest.mark.mount
 
@@ -83,7 +90,7 @@ def _dataset_counters(world: dict, name: str) -> dict:
 def _warm_through_mount(world: dict) -> None:
     """Read every file of ``images`` through its mount (a miss fetches it into the store)."""
     for rel in _files(world, "images"):
-        _drop_pages(world["mnt"]["images"] / rel)  # else pages the kernel kept answer
+        drop_pages(world["mnt"]["images"] / rel)  # else pages the kernel kept answer
         assert (world["mnt"]["images"] / rel).read_bytes() == (world["sources"]["images"] / rel).read_bytes()
 
 
@@ -98,15 +105,6 @@ def _evict(world: dict, name: str) -> int:
     with _mountd(world) as client:
         return client.evict(world["ids"][name])["files"]
 
-
-def _drop_pages(path: Path) -> None:
-    """Make the kernel forget a mount file's pages, so that its next read reaches the mount
-    (which would otherwise not see it: it keeps pages of evicted files for up to 0.5 s)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _tensors(dataset) -> list[tuple]:
@@ -248,7 +246,7 @@ def test_files_evicted_while_reading_come_through_the_mount(world) -> None:
     assert _evict(world, "images") == IMAGES
     # The first half read again (the shortcut of files read before), the second half new.
     for rel in rels:
-        _drop_pages(world["mnt"]["images"] / rel)
+        drop_pages(world["mnt"]["images"] / rel)
         assert reader.read(str(world["mnt"]["images"] / rel)) == (world["sources"]["images"] / rel).read_bytes()
     assert reader.counts() == {"store": half, "mount": IMAGES, "elsewhere": 0}
     # The mount fetched them again: read now, they are direct.
@@ -263,7 +261,7 @@ def test_files_never_cached_come_through_the_mount_then_from_the_store(world) ->
     rels = _files(world, "images")
     reader = DirectReader()
     for rel in rels:
-        _drop_pages(world["mnt"]["images"] / rel)
+        drop_pages(world["mnt"]["images"] / rel)
         assert reader.read(world["mnt"]["images"] / rel) == (world["sources"]["images"] / rel).read_bytes()
     assert reader.counts() == {"store": 0, "mount": IMAGES, "elsewhere": 0}
     for rel in rels:

@@ -6,7 +6,6 @@ this module checks what only a whole mount shows.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,7 +17,9 @@ from mountd.rpc.client import SyncClient
 from tests.mount.conftest import (
     MountProcess,
     dataset_served,
+    drop_pages,
     is_mounted,
+    mount_stats,
     quiverfs_cmd,
     wait_for,
 )
@@ -36,16 +37,6 @@ def world(fuse, module_tmp: Path):
         yield served
 
 
-def _stats(mnt: Path) -> dict:
-    return json.loads(os.getxattr(mnt, "user.quiver.stats"))
-
-
-def _drop_pages(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def _mountd_hits(cache: Path) -> int:
@@ -56,17 +47,17 @@ def _mountd_hits(cache: Path) -> int:
 def test_reads_are_counted_and_hits_reach_mountd(world) -> None:
     mnt = world["tmp"] / "mnt-counts"
     with MountProcess(world["digest"], mnt, world["cache"], "--frontend", "pyfuse3"):
-        stats = _stats(mnt)
+        stats = mount_stats(mnt)
         assert (stats["frontend"], stats["workers"]) == ("pyfuse3", 0)
         assert sorted(os.listdir(mnt)) == ["a.bin", "dir"]
         assert (mnt / "a.bin").read_bytes() == FILES["a.bin"]  # a miss, through mountd
-        after_miss = _stats(mnt)
+        after_miss = mount_stats(mnt)
         assert (after_miss["opens"], after_miss["misses"], after_miss["hits"]) == (1, 1, 0)
         assert after_miss["bytes"] == len(FILES["a.bin"]) and after_miss["errors"] == 0
         before = _mountd_hits(world["cache"])
-        _drop_pages(mnt / "a.bin")
+        drop_pages(mnt / "a.bin")
         assert (mnt / "a.bin").read_bytes() == FILES["a.bin"]  # from the store: a hit
-        after_hit = _stats(mnt)
+        after_hit = mount_stats(mnt)
         assert (after_hit["opens"], after_hit["misses"], after_hit["hits"]) == (2, 1, 1)
         # Reported to mountd within a second or so (HITS_INTERVAL), as a worker's hits are.
         wait_for(lambda: _mountd_hits(world["cache"]) == before + 1, "mountd to count the hit",
@@ -98,7 +89,7 @@ def test_detached_mount_and_umount(world) -> None:
         assert done.stdout.startswith("mounted dataset ") and done.stderr == ""
         pid = int(done.stdout.rsplit("(pid ", 1)[1].rstrip(")\n"))
         assert (mnt / "dir/b.txt").read_bytes() == b"bee\n"
-        assert _stats(mnt)["frontend"] == "pyfuse3"
+        assert mount_stats(mnt)["frontend"] == "pyfuse3"
         umount = subprocess.run(quiverfs_cmd("umount", str(mnt)), capture_output=True, text=True,
                                 cwd=REPO, timeout=60)
         assert umount.returncode == 0, umount.stderr

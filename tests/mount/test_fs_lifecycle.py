@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from quiverfs.testing.soak import alive
 from tests.mount.conftest import (
     REPO,
     MountProcess,
@@ -40,13 +41,6 @@ def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(quiverfs_cmd(*args), capture_output=True, text=True, cwd=REPO, timeout=timeout)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
 
 def test_detached_mount_and_umount(world, mountpoint) -> None:
     result = _run("mount", str(world["digest"]), str(mountpoint), "--cache-dir", str(world["cache"]))
@@ -60,7 +54,7 @@ def test_detached_mount_and_umount(world, mountpoint) -> None:
     result = _run("umount", str(mountpoint))
     assert result.returncode == 0, result.stderr
     assert not is_mounted(mountpoint)
-    wait_for(lambda: not _pid_alive(pid), "the mount process to exit after the unmount", timeout=15)
+    wait_for(lambda: not alive(pid), "the mount process to exit after the unmount", timeout=15)
     result = _run("umount", str(mountpoint))
     assert result.returncode == 2 and result.stderr.strip() == f"quiverfs: error: {mountpoint} is not mounted"
 

@@ -7,7 +7,6 @@ last ones on mounts of their own."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
 import threading
@@ -20,7 +19,14 @@ import pytest
 from mountd.rpc.client import SyncClient
 from quiverfs.client.control_client import ControlClient
 from quiverfs.filesystem.fs import FAILURE_MEMORY
-from tests.mount.conftest import MountdProcess, MountProcess, build_digest, wait_for, write_tree
+from tests.mount.conftest import (
+    MountdProcess,
+    MountProcess,
+    build_digest,
+    mount_stats,
+    wait_for,
+    write_tree,
+)
 
 pytestmark = pytest.mark.mount
 
@@ -58,16 +64,13 @@ def state(fuse, module_tmp: Path):
             mountd.stop()
 
 
-def _stats(mnt: Path) -> dict:
-    return json.loads(os.getxattr(mnt, "user.quiver.stats"))
-
 
 def test_1_hits_are_served_without_mountd(state) -> None:
     state["mountds"][0].kill()
     mnt = state["mnt"]
     for rel in WARM:
         assert (mnt / rel).read_bytes() == FILES[rel]
-    assert _stats(mnt)["hits"] == len(WARM)
+    assert mount_stats(mnt)["hits"] == len(WARM)
 
 
 def test_2_without_a_wait_misses_fail_with_eio_at_once_while_mountd_is_down(state) -> None:
@@ -79,7 +82,7 @@ def test_2_without_a_wait_misses_fail_with_eio_at_once_while_mountd_is_down(stat
         assert info.value.errno == errno.EIO, rel
     assert time.monotonic() - started < 5.0  # no wait: each miss fails at its first try
     assert state["mount"].died() is None
-    assert _stats(mnt)["errors"] == 5
+    assert mount_stats(mnt)["errors"] == 5
     assert os.getxattr(mnt / COLD[0], "user.quiver.cached") == b"0"
     # The tree itself needs no mountd.
     assert len(os.listdir(mnt / "part0")) == len([r for r in FILES if r.startswith("part0/")])
@@ -123,7 +126,7 @@ def test_a_miss_waits_for_a_restarted_mountd_and_reads_the_right_bytes(state) ->
         assert got.get("data") == FILES[LATE[0]], got.get("errno")
         assert got["seconds"] >= 1.5
         assert "error" not in opened and opened["value"]["job"] == "restart", opened
-        assert _stats(mnt)["errors"] == 0
+        assert mount_stats(mnt)["errors"] == 0
         log = mount.log.read_text()
         assert "mountd is not answering" in log and "mountd answers again after" in log
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from quiverfs.testing.soak import alive
 from tests.mount.conftest import (
     REPO,
     MountProcess,
@@ -41,13 +42,6 @@ def _mounts_at(path: Path) -> int:
     with open("/proc/self/mountinfo") as f:
         return sum(1 for line in f if _unescape(line.split(" ")[4]) == str(path))
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 #: ``quiverfs ARGS`` once a line arrives on stdin, with everything imported beforehand (it
@@ -115,7 +109,7 @@ def test_racing_mounts_one_wins(world, mountpoint) -> None:
                               cwd=REPO, timeout=60)
         assert done.returncode == 0, done.stderr
         assert _mounts_at(mountpoint) == 0
-        wait_for(lambda p=pid: not _pid_alive(p), "the winner to exit after the unmount", timeout=15)
+        wait_for(lambda p=pid: not alive(p), "the winner to exit after the unmount", timeout=15)
 
 
 def test_racing_fstab_helpers_one_wins_the_others_exit_1(world, mountpoint) -> None:
@@ -138,7 +132,7 @@ def test_racing_fstab_helpers_one_wins_the_others_exit_1(world, mountpoint) -> N
         done = subprocess.run(quiverfs_cmd("umount", str(mountpoint)), capture_output=True, text=True,
                               cwd=REPO, timeout=60)
         assert done.returncode == 0, done.stderr
-        wait_for(lambda p=pid: not _pid_alive(p), "the winner to exit after the unmount", timeout=15)
+        wait_for(lambda p=pid: not alive(p), "the winner to exit after the unmount", timeout=15)
 
 
 def test_a_refused_mount_leaves_the_live_one_alone(world, mountpoint) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import random
 import shutil
@@ -27,6 +26,7 @@ from tests.mount.conftest import (
     dataset_served,
     file_hash,
     force_unmount,
+    mount_stats,
     wait_for,
 )
 
@@ -82,9 +82,6 @@ def _workers(mount_pid: int) -> set[int]:
     return out
 
 
-def _stats(mountpoint: Path) -> dict:
-    return json.loads(os.getxattr(mountpoint, "user.quiver.stats"))
-
 
 def _check_subtree(mountpoint: Path, top: str) -> None:
     expected = sorted(k.split("/", 1)[1] for k in FILES if k.startswith(top + "/"))
@@ -126,7 +123,7 @@ def test_digest_truncated_then_overwritten_under_the_mount(world, digest) -> Non
         assert _uncached_read(mountpoint / "a/f03") == FILES["a/f03"]
 
         assert _workers(mount.proc.pid) == workers, "a worker died"
-        assert _stats(mountpoint)["errors"] == 0
+        assert mount_stats(mountpoint)["errors"] == 0
         assert "died" not in mount.log.read_text()
         force_unmount(mountpoint)
         assert mount.proc.wait(30) == 0
@@ -213,7 +210,7 @@ def test_a_worker_killed_while_holding_a_request_answers_it(world, digest) -> No
         wait_for(lambda: len(_workers(mount.proc.pid)) == 2 and stuck[0] not in _workers(mount.proc.pid),
                  "a replacement worker", timeout=15, alive=mount.died)
         _check_subtree(mountpoint, "c")  # the mount keeps serving, hits and misses
-        assert _stats(mountpoint)["errors"] >= 1
+        assert mount_stats(mountpoint)["errors"] >= 1
         lines = [ln for ln in mount.log.read_text().splitlines() if "died" in ln]
         assert len(lines) == 1, lines
         assert f"pid {stuck[0]}" in lines[0] and "killed by SIGKILL" in lines[0]

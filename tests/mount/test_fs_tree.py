@@ -18,6 +18,7 @@ from tests.mount.conftest import (
     MountdProcess,
     MountProcess,
     build_digest,
+    drop_pages,
     file_hash,
     quiverfs_cmd,
     write_tree,
@@ -164,14 +165,6 @@ def test_xattrs(tree) -> None:
         assert info.value.errno == errno.ENODATA
 
 
-def _drop_pages(path: Path) -> None:
-    """Make the kernel forget the file's cached pages, so the next read reaches the mount."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
 
 def test_hits_and_misses_are_counted(tree) -> None:
     """A file counts when the kernel reads it from the mount: not on open (opens never reach
@@ -186,7 +179,7 @@ def test_hits_and_misses_are_counted(tree) -> None:
     def delta(before: dict, after: dict) -> dict:
         return {k: after[k] - before[k] for k in ("opens", "hits", "misses", "errors")}
 
-    _drop_pages(path)  # earlier tests may have read it
+    drop_pages(path)  # earlier tests may have read it
     was_cached = os.getxattr(path, "user.quiver.cached") == b"1"
     before = stats()
     assert path.read_bytes() == data  # a hit or a miss, depending on the store
@@ -198,7 +191,7 @@ def test_hits_and_misses_are_counted(tree) -> None:
         os.close(fd)
     assert path.read_bytes() == data  # pages kept by the kernel (keep_cache): nothing new
     assert delta(first, stats()) == {"opens": 0, "hits": 0, "misses": 0, "errors": 0}
-    _drop_pages(path)
+    drop_pages(path)
     assert path.read_bytes() == data  # read from the store again: a hit
     assert delta(first, stats()) == {"opens": 1, "hits": 1, "misses": 0, "errors": 0}
 

@@ -29,6 +29,7 @@ from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.client.direct import DirectReader
 from quiverfs.testing.sample_data import generate_images, write_tree
+from quiverfs.testing.soak import fd_count
 from tests.mount.conftest import REPO, MountdProcess, MountProcess, build_digest
 
 pytestmark = pytest.mark.mount
@@ -106,9 +107,6 @@ def read_all(files) -> list[bytes]:
         for f in files:
             f.close()
 
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def test_a_batch_is_one_request_and_each_file_one_hit(world) -> None:

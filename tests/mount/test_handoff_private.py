@@ -12,7 +12,6 @@ not report the hits it was handed over.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ from tests.mount.conftest import (
     MountdProcess,
     UserMount,
     build_digest,
+    sha,
 )
 
 pytestmark = [pytest.mark.mount, pytest.mark.usefixtures("fuse")]
@@ -85,9 +85,6 @@ def world(dev_fuse_for_users: None, local_users: LocalUsers) -> Iterator[dict]:
         mountd.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def mountd_counters(cache: Path, dataset: str) -> dict:

@@ -40,6 +40,7 @@ from tests.mount.conftest import (
     UserMount,
     build_digest,
     is_mounted,
+    sha,
     write_tree,
 )
 
@@ -125,9 +126,6 @@ def digest_hashes(digest: Path) -> dict[str, bytes]:
     finally:
         d.close()
 
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def test_a_user_cannot_mount_a_digest_it_cannot_read(world: dict):

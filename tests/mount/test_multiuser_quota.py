@@ -37,6 +37,7 @@ from tests.mount.conftest import (
     MountdProcess,
     UserMount,
     build_digest,
+    sha,
     write_tree,
 )
 
@@ -127,9 +128,6 @@ class QuotaMount(UserMount):
 
         return run_as(self.user, read_all)
 
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def in_store(cache: Path, files: dict[str, bytes]) -> dict[str, bool]:

@@ -26,6 +26,7 @@ from mountd.rpc.async_client import open_client
 from mountd.rpc.client import SyncClient
 from mountd.store import layout
 from quiverfs.testing.mountd import SampleFile, location, make_dataset, running_mountd, wait_until
+from quiverfs.testing.soak import fd_count
 from quiverfs.testing.users import LocalUsers, run_as, traversable_tmpdir
 
 MISSING = [bytes([0xEE]) * 31 + bytes([i]) for i in range(4)]  # never cached
@@ -72,9 +73,6 @@ def close_opened(opened) -> None:
         if item is not None:
             os.close(item[0])
 
-
-def fd_count(pid: int | str = "self") -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def counters(client: SyncClient, dataset: str) -> tuple[dict, dict]:

@@ -17,12 +17,10 @@ import pytest
 from mountd.errors import ProtocolError
 from mountd.rpc import protocol
 from mountd.rpc.client import SyncClient
+from quiverfs.testing.soak import fd_count
 
 HASHES = [bytes([i]) * 32 for i in range(3)]
 
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture
