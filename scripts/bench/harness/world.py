@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from quiverfs.testing.mountd import log_tail, stop_process
+from quiverfs.testing.soak import children
 
 REPO = Path(__file__).resolve().parents[3]
 BENCH = REPO / ".bench"
@@ -217,22 +218,6 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def child_pids(pid: int) -> list[int]:
-    """The children of process ``pid`` (Linux: every thread's list)."""
-    out: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                out.extend(int(child) for child in f.read().split())
-        except OSError:
-            continue
-    return out
-
-
 def cpu_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """``after - before`` per role (a child that exited in between counts from zero: its
     CPU then moved to its parent's waited-for children, which /proc does not show)."""
@@ -381,7 +366,7 @@ class World:
                 continue
             out[role] = process_cpu(proc.pid)
             helpers = "fill processes" if role == "mountd" else "mount workers"
-            out[helpers] = sum(process_cpu(child) for child in child_pids(proc.pid))
+            out[helpers] = sum(process_cpu(child) for child in children(proc.pid))
         return out
 
     def mountd_log_lines(self, needle: str) -> list[str]:
