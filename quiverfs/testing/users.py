@@ -242,6 +242,19 @@ def traversable_tmpdir(prefix: str = "quiverfs-users-") -> Path:
 
 
 @contextmanager
+def fuse_for_every_user() -> Iterator[None]:
+    """/dev/fuse as every distribution's udev rules make it (0666), so that throwaway users
+    can mount (their workers open it to clone the connection); some containers give it 0600.
+    Its mode is restored afterwards."""
+    mode = os.stat("/dev/fuse").st_mode & 0o777
+    os.chmod("/dev/fuse", 0o666)
+    try:
+        yield
+    finally:
+        os.chmod("/dev/fuse", mode)
+
+
+@contextmanager
 def interpreter_reachable(*paths: Path) -> Iterator[None]:
     """Let every user traverse the folders above this interpreter and ``paths`` (``o+x``,
     never ``o+r``) for the duration, so children of other users can run the CLI: the

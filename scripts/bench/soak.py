@@ -95,13 +95,12 @@ from harness.soak_world import (  # noqa: E402
     Job,
     Mount,
     Mountd,
-    dev_fuse_for_users,
     make_file_dataset,
     make_s3_dataset,
     tmpfs,
     user_allow_other,
 )
-from harness.world import BENCH, force_unmount, stop_mountd_of  # noqa: E402
+from harness.world import BENCH, force_unmount, sigterm_as_interrupt, stop_mountd_of  # noqa: E402
 
 from mountd.store.evictions import JOURNAL_ENTRIES  # noqa: E402
 from quiverfs.base.errors import QuiverError  # noqa: E402
@@ -114,6 +113,12 @@ from quiverfs.testing.soak import (  # noqa: E402
     alive,
     cache_bytes,
     sample_role,
+)
+from quiverfs.testing.users import (  # noqa: E402
+    LocalUsers,
+    fuse_for_every_user,
+    interpreter_reachable,
+    unavailable_reason,
 )
 
 WORK = BENCH / "soak"
@@ -208,7 +213,6 @@ class Soak(SoakReport):
         mountd, the two mounts, the jobs' specs; each undone by ``stack``."""
         from quiverfs.testing.emulators import run_moto
         from quiverfs.testing.faultproxy import FaultProxy
-        from quiverfs.testing.users import LocalUsers, interpreter_reachable
 
         args, run = self.args, self.run_dir
         user = home = None
@@ -216,7 +220,7 @@ class Soak(SoakReport):
             users = self.stack.enter_context(LocalUsers())
             user = users.user(USER)
             self.stack.enter_context(interpreter_reachable(REPO))
-            self.stack.enter_context(dev_fuse_for_users())
+            self.stack.enter_context(fuse_for_every_user())
             self.stack.enter_context(user_allow_other())
             home = run / "home"
             home.mkdir()
@@ -487,12 +491,8 @@ def main() -> None:
         parser.error("need --minutes > 0, --files >= 100 and --fault-every >= 5")
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
         raise SystemExit("needs root and /dev/fuse")
-    if not args.no_second_user:
-        from quiverfs.testing.users import unavailable_reason
-
-        if (reason := unavailable_reason()) is not None:
-            raise SystemExit(f"a second local user cannot be made ({reason}): use --no-second-user")
-    from harness.world import sigterm_as_interrupt
+    if not args.no_second_user and (reason := unavailable_reason()) is not None:
+        raise SystemExit(f"a second local user cannot be made ({reason}): use --no-second-user")
 
     sigterm_as_interrupt()
     plan = Plan.of(args)

@@ -25,7 +25,7 @@ import pytest
 import trio
 
 from quiverfs.testing.mountd import log_tail, stop_process
-from quiverfs.testing.users import LocalUser, spawn_as, stop
+from quiverfs.testing.users import LocalUser, fuse_for_every_user, spawn_as, stop
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,15 +54,9 @@ def fuse() -> None:
 
 @pytest.fixture(scope="module")
 def dev_fuse_for_users() -> Iterator[None]:
-    """/dev/fuse as every distribution's udev rules make it (0666), so that throwaway users
-    can mount (their workers open it to clone the connection); some containers give it 0600.
-    Its mode is restored afterwards."""
-    mode = os.stat("/dev/fuse").st_mode & 0o777
-    os.chmod("/dev/fuse", 0o666)
-    try:
+    """/dev/fuse open to every user for the module (quiverfs.testing.users)."""
+    with fuse_for_every_user():
         yield
-    finally:
-        os.chmod("/dev/fuse", mode)
 
 
 def quiverfs_cmd(*args: str) -> list[str]:

@@ -75,13 +75,16 @@ async def test_request_rate_on_virtual_clock(autojump_clock: trio.testing.MockCl
     assert len(window) == pytest.approx(100, abs=2)
 
 
-async def test_concurrency_limit_holds(autojump_clock: trio.testing.MockClock):
+@pytest.mark.parametrize("source", ["", "s3://only"])
+async def test_concurrency_limit_holds(autojump_clock: trio.testing.MockClock, source: str):
+    """A source alone gets exactly ``concurrency`` requests in flight (the spare slots are
+    for other sources: SourceSlots)."""
     limits = RemoteLimits(bandwidth=None, requests=None, concurrency=3)
     active = peak = 0
 
     async def one() -> None:
         nonlocal active, peak
-        async with limits.request(1):
+        async with limits.request(1, source):
             active += 1
             peak = max(peak, active)
             await trio.sleep(1)
@@ -210,21 +213,3 @@ async def test_one_source_holds_its_share_and_the_spare_slots_are_the_others():
     assert held.count("s3://a") == 6 and held.count("file:///b") == 3
     assert slots.held("s3://a") == 0 and slots._sources == {}  # idle sources are forgotten
     assert slots.total.borrowed_tokens == 0
-
-
-async def test_a_source_alone_gets_exactly_its_share(autojump_clock: trio.testing.MockClock):
-    limits = RemoteLimits(bandwidth=None, requests=None, concurrency=3)
-    active = peak = 0
-
-    async def one() -> None:
-        nonlocal active, peak
-        async with limits.request(1, "s3://only"):
-            active += 1
-            peak = max(peak, active)
-            await trio.sleep(1)
-            active -= 1
-
-    async with trio.open_nursery() as nursery:
-        for _ in range(10):
-            nursery.start_soon(one)
-    assert peak == 3

@@ -23,7 +23,7 @@ from pathlib import Path
 import trio
 
 from harness.soak_job import SoakJobSpec
-from harness.world import force_unmount, quiverfs_cmd, wait_for
+from harness.world import force_unmount, mount_answers, quiverfs_cmd, wait_for
 from quiverfs.testing.mountd import log_tail, stop_process
 from quiverfs.testing.soak import DigestTable, Tally, alive, children
 
@@ -56,16 +56,6 @@ def user_allow_other() -> Iterator[None]:
         else:
             path.write_text(text)
 
-
-@contextlib.contextmanager
-def dev_fuse_for_users() -> Iterator[None]:
-    """/dev/fuse 0666 (as udev makes it; some containers give 0600) for the run."""
-    mode = os.stat("/dev/fuse").st_mode & 0o777
-    os.chmod("/dev/fuse", 0o666)
-    try:
-        yield
-    finally:
-        os.chmod("/dev/fuse", mode)
 
 
 @contextlib.contextmanager
@@ -258,12 +248,7 @@ class Mount:
                  f"the mount of {self.dataset.tag} exited with {proc.returncode}:\n{log_tail(self.log)}")
 
     def _ready(self) -> bool:
-        if not os.path.ismount(self.mountpoint):
-            return False
-        try:  # the kernel handshake only shows at first access (MEASURED.md)
-            return bool(os.listdir(self.mountpoint))
-        except OSError:
-            return False
+        return mount_answers(self.mountpoint)
 
     def stop(self) -> int | None:
         """Unmount and stop the process; its exit status (None: it was not running)."""

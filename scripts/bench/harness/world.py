@@ -208,6 +208,17 @@ def stop_mountd_of(cache_dir: Path) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def mount_answers(mountpoint: Path) -> bool:
+    """Whether a mount serves at ``mountpoint`` and lists its root (the kernel's handshake
+    only shows at the first access: MEASURED.md)."""
+    if not os.path.ismount(mountpoint):
+        return False
+    try:
+        return bool(os.listdir(mountpoint))
+    except OSError:
+        return False
+
+
 def process_cpu(pid: int) -> float:
     """User plus system CPU seconds of process ``pid`` (all its threads); 0 once it is gone."""
     try:
@@ -304,12 +315,7 @@ class World:
                  alive=lambda: self._died(self.mount, "the mount", self.mount_log))
 
     def _mount_ready(self) -> bool:
-        if not os.path.ismount(self.mountpoint):
-            return False
-        try:  # the kernel handshake only shows at first access (MEASURED.md)
-            return bool(os.listdir(self.mountpoint))
-        except OSError:
-            return False
+        return mount_answers(self.mountpoint)
 
     @staticmethod
     def _died(proc: subprocess.Popen | None, what: str, log: Path) -> str | None:
