@@ -29,6 +29,10 @@ finished chunk, even one written just before a crash and never recorded). Crash 
 ``OUT.pack-source`` and its partial (hashing; a rerun resumes the build); ``OUT.pack-partial``
 without ``OUT`` (a rerun writes the missing chunks); ``OUT`` complete with the partial still
 there (a rerun writes no chunk and rewrites ``OUT`` from the plan).
+
+Why one module of ~720 lines: the plan, the tar layout it fixes and the resumable writer
+that follows it are one contract (offsets in the plan are the bytes the writer emits); split
+apart, each half would have to restate the other's rules.
 """
 
 from __future__ import annotations
