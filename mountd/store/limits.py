@@ -158,8 +158,9 @@ class SourceSlots:
 
     def _give_back(self, source: str, limiter: trio.CapacityLimiter) -> None:
         limiter.release()
-        stats = limiter.statistics()
-        if not stats.borrowed_tokens and not stats.tasks_waiting:
+        # A release hands its token straight to the next waiter, so none borrowed means
+        # none waiting (and ``statistics()`` would copy the borrowers on every fill).
+        if not limiter.borrowed_tokens:
             del self._sources[source]
 
     def slot(self, source: str) -> _Slot:

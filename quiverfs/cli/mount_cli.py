@@ -8,6 +8,7 @@ that ``quiverfs stats``/``mounts`` show next to mountd's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -299,12 +300,13 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
             result[key] = int(value)
         elif key == "mountd_wait":
             try:
-                result[key] = float(value) if eq else -1.0
+                seconds = float(value)
             except ValueError:
-                result[key] = -1.0
-            if not 0 <= result[key] <= MAX_MOUNTD_WAIT:
+                seconds = math.nan  # fails the range check below
+            if not eq or not 0 <= seconds <= MAX_MOUNTD_WAIT:
                 raise UsageError(f"option mountd_wait needs seconds from 0 to {MAX_MOUNTD_WAIT:g} "
                                  f"(mountd_wait=60), not {opt!r}")
+            result[key] = seconds
         elif key in ("allow_other", "nonempty", "foreground", "debug") and not eq:
             result[key] = True
         elif key in IGNORED_OPTIONS or key.startswith("x-") or key == "comment":

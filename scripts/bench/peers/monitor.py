@@ -18,6 +18,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from quiverfs.testing.soak import children
+
 INTERVAL = 0.5
 PSS_EVERY = 4
 DISK_EVERY = 4
@@ -31,16 +33,7 @@ def descendants(pid: int) -> list[int]:
     while todo:
         p = todo.pop()
         out.append(p)
-        try:
-            tasks = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                continue
+        todo.extend(children(p))
     return out
 
 
