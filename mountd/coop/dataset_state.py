@@ -12,7 +12,7 @@ mountd's trio thread; a method call is atomic.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Protocol
 
 from mountd.coop.brand import FillRates, unit_of
@@ -76,6 +76,7 @@ class DatasetState:
         packing: Packing | None = None,
         reserve: bool = True,
         protect_room: Callable[[], int] | None = None,
+        protect_pending: Callable[[Hashable], int] | None = None,
         mean_size: int = 1,
     ) -> None:
         self.name = name
@@ -95,6 +96,9 @@ class DatasetState:
         #: Bytes the cache may still protect (None: no bound), and the mean file size that
         #: turns them into files.
         self.protect_room = protect_room
+        #: Files fetched ahead for a job's epoch and not read yet (its owner is
+        #: ``(name, job, epoch)``, as the service protects claims' misses); None: unknown.
+        self.protect_pending = protect_pending
         self.mean_size = max(1, mean_size)
         #: (job, epoch) of the pools closed since :meth:`take_closed`.
         self.closed: list[tuple[str, int]] = []
@@ -289,6 +293,13 @@ class DatasetState:
         if self.protect_room is None:
             return None
         return self.protect_room() // self.mean_size
+
+    def pending(self, job: str, epoch: int) -> int | None:
+        """Files claimed as misses by ``job`` in ``epoch`` that its readers have not read yet
+        (fetched and protected, or waiting for room); None when the cache does not say."""
+        if self.protect_pending is None:
+            return None
+        return self.protect_pending((self.name, job, epoch))
 
     def add_reservations(self, ids: Iterable[int]) -> None:
         """A pool reserved ``ids`` (brought by its claim): one more pool holds each."""

@@ -154,7 +154,9 @@ class CoopService:
         self.cluster = cluster
         self.registry = registry or SessionRegistry()
         if self.registry.protect_room is None:
-            self.registry.protect_room = cache.holds.room
+            self.registry.protect_room = cache.protect_room
+        if self.registry.protect_pending is None:
+            self.registry.protect_pending = cache.protect_pending
         self.mode = Mode(mode) if mode is not None else None
         self.registry.benefit_aware = self.mode is None
         config = cache.config
@@ -459,9 +461,10 @@ class CoopService:
         self.wake()
         return info_json(info)
 
-    def claim(self, dataset: str, job: str, rank: int, n: int, epoch: int | None) -> dict[str, Any]:
+    def claim(self, dataset: str, job: str, rank: int, n: int, epoch: int | None,
+              batch: int | None = None) -> dict[str, Any]:
         """``claim``: the registry's claim; its misses start filling now."""
-        claim = self.registry.claim(dataset, job, rank, n, epoch=epoch)
+        claim = self.registry.claim(dataset, job, rank, n, epoch=epoch, batch=batch)
         if claim.fetch and dataset in self.mountd_fills:
             view = self.views[dataset]
             self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,
@@ -469,7 +472,7 @@ class CoopService:
         self.wake()
         return {
             "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),
-            "chunk": claim.chunk, "remaining": claim.remaining,
+            "chunk": claim.chunk, "remaining": claim.remaining, "wait": claim.wait,
         }
 
     def sessions(self) -> list[dict[str, Any]]:

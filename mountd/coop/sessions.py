@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from mountd.coop.benefit import (
@@ -120,6 +120,7 @@ class SessionRegistry:
         max_jobs: int = 256,
         idle_timeout: float | None = 3600.0,
         protect_room: Callable[[], int] | None = None,
+        protect_pending: Callable[[Hashable], int] | None = None,
     ) -> None:
         if chunk_slots not in (2, 3):
             raise ValueError("chunk_slots must be 2 or 3")
@@ -138,6 +139,10 @@ class SessionRegistry:
         #: Bytes the cache's protection share has left (mountd/store/holds.py), None: no
         #: bound; packed claims bring only as many members as fit (set by the service).
         self.protect_room = protect_room
+        #: Files fetched ahead for an owner ``(dataset, job, epoch)`` and not read yet (the
+        #: cache's :meth:`~mountd.store.protection.Protection.protect_pending`; set by the
+        #: service), None: unknown: claims then bound misses by the room alone.
+        self.protect_pending = protect_pending
         self._datasets: dict[str, DatasetState] = {}
         self._modes: dict[str, Mode] = {}
         self._jobs: dict[tuple[str, str], Job] = {}
@@ -229,6 +234,7 @@ class SessionRegistry:
             # lru is the comparison baseline: the cache's own policy alone decides.
             reserve=chosen is not Mode.LRU,
             protect_room=self.protect_room,
+            protect_pending=self.protect_pending,
             mean_size=sum(sizes) // len(sizes),
         )
         cached_ids = check_ids(state, cached)
@@ -551,15 +557,20 @@ class SessionRegistry:
         return self._info(entry, session)
 
     def claim(
-        self, dataset: str, job: str, rank: int, n: int, *, epoch: int | None = None
+        self, dataset: str, job: str, rank: int, n: int, *, epoch: int | None = None,
+        batch: int | None = None,
     ) -> Claim:
         """Up to ``n`` files for ``rank``: cached unread ones first, then misses to fetch now.
 
         ``epoch`` None means the rank's current epoch; a later one moves the rank there first.
-        An empty claim (``end_of_epoch``) means the rank's part of the epoch is given out.
+        An empty claim means the rank's part of the epoch is given out (``end_of_epoch``),
+        unless it says ``wait`` (``batch``, the rank's batch size, given: the cache has no
+        room for more misses yet; :meth:`mountd.coop.claims.EpochPool.claim`).
         """
         entry, session = self._session(dataset, job, rank)
         check_int("n", n, 1, self.max_claim)
+        if batch is not None:
+            check_int("batch", batch, 1, self.max_claim)
         target = session.epoch if epoch is None else check_int("epoch", epoch, 0, MAX_EPOCH)
         entry.check_epoch(session.epoch, target)
         entry.move(session, target, self._datasets[dataset])
@@ -578,7 +589,7 @@ class SessionRegistry:
                          "from its cold start", dataset, job, timings.t_miss)
                 self._allocate_due = True
         if claim is None:
-            claim = pool.claim(rank, n, session.rng, session.lookahead, now)
+            claim = pool.claim(rank, n, session.rng, session.lookahead, now, batch)
         timings.on_claim(len(claim.hits), len(claim.fetch))
         return claim
 

@@ -401,11 +401,14 @@ class AsyncClient:
         })
 
     async def claim(self, dataset: str, job: str, rank: int, n: int, *,
-                    epoch: int | None = None) -> dict[str, Any]:
-        """Up to ``n`` compact ids: ``{"epoch", "hits", "fetch", "chunk", "remaining"}``."""
+                    epoch: int | None = None, batch: int | None = None) -> dict[str, Any]:
+        """Up to ``n`` compact ids: ``{"epoch", "hits", "fetch", "chunk", "remaining",
+        "wait"}``; ``batch``: the rank's batch size (empty claims may then say ``wait``)."""
         args: dict[str, Any] = {"dataset": dataset, "job": job, "rank": rank, "n": n}
         if epoch is not None:
             args["epoch"] = epoch
+        if batch is not None:
+            args["batch"] = batch
         return await self.call("claim", args)
 
     async def next_epoch(self, dataset: str, job: str, rank: int, epoch: int | None = None) -> dict[str, Any]:

@@ -187,6 +187,11 @@ class Holds:
         protection = self._protected.get(content_hash)
         return protection is not None and protection.deadline > trio.current_time()
 
+    def owned(self, owner: Hashable) -> int:
+        """How many files ``owner`` protects now (expired ones included until
+        :meth:`expire` runs)."""
+        return len(self._by_owner.get(owner, ()))
+
     def consumed(self, hashes: Iterable[bytes]) -> int:
         """These files were read: their protections end. Returns how many ended."""
         return self.forget(hashes, "read")

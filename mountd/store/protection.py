@@ -14,7 +14,7 @@ of the cache is listed on the class.
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
 import trio
@@ -28,6 +28,45 @@ from mountd.store.index import Index
 from mountd.store.limits import Turns
 from quiverfs.base.backends.base import Location
 from quiverfs.base.errors import QuiverError
+
+#: A prefetch waiting for protection room: (size, location, dataset, owner, trio time queued).
+WaitingFetch = tuple[int, Location, str | None, Hashable, float]
+
+
+class _Waiting:
+    """Prefetches waiting for protection room (:meth:`Protection.fetch_now`), oldest first,
+    with their bytes and their count per owner: the claims ask how much room is left once
+    these start (:meth:`Protection.protect_room`) and how many files a job has coming
+    (:meth:`Protection.protect_pending`), so they must not walk the queue."""
+
+    def __init__(self) -> None:
+        self._items: OrderedDict[bytes, WaitingFetch] = OrderedDict()
+        self.bytes = 0
+        self.by_owner: Counter[Hashable] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, content_hash: object) -> bool:
+        return content_hash in self._items
+
+    def add(self, content_hash: bytes, item: WaitingFetch) -> None:
+        self._items[content_hash] = item
+        self.bytes += item[0]
+        self.by_owner[item[3]] += 1
+
+    def pop(self, content_hash: bytes) -> None:
+        size, _, _, owner, _ = self._items.pop(content_hash)
+        self.bytes -= size
+        self.by_owner[owner] -= 1
+        if not self.by_owner[owner]:
+            del self.by_owner[owner]
+
+    def oldest(self) -> tuple[bytes, WaitingFetch]:
+        return next(iter(self._items.items()))
+
+    def owned_by(self, owner: Hashable) -> list[bytes]:
+        return [h for h, item in self._items.items() if item[3] == owner]
 
 
 class Protection:
@@ -56,10 +95,8 @@ class Protection:
         #: hash -> size, and their bytes: the protection cap counts them as pinned already.
         self._expected_pins: dict[bytes, int] = {}
         self._expected_bytes = 0
-        #: Prefetches waiting for protection room (:meth:`fetch_now`), oldest first:
-        #: hash -> (size, location, dataset, owner, trio time queued).
-        self._waiting: OrderedDict[bytes, tuple[int, Location, str | None, Hashable, float]] = \
-            OrderedDict()
+        #: Prefetches waiting for protection room (:meth:`fetch_now`), oldest first.
+        self._waiting = _Waiting()
         #: Set and replaced whenever protections end (waiting prefetches may start).
         self._protect_changed = trio.Event()
         self._prefetch_send, self._prefetch_recv = trio.open_memory_channel(config.prefetch_queue)
@@ -152,7 +189,7 @@ class Protection:
             if protect:
                 if self._waiting or not holds.fits(size):
                     if hash not in self._waiting and len(self._waiting) < self.config.prefetch_queue:
-                        self._waiting[hash] = (size, location, dataset, owner, now)
+                        self._waiting.add(hash, (size, location, dataset, owner, now))
                     continue
                 holds.protect(hash, size, owner)
             # Two tasks for one hash (a second claim before this one's task ran) still make
@@ -162,11 +199,23 @@ class Protection:
             started.add(hash)
         return len(started)
 
+    def protect_room(self) -> int:
+        """Bytes protections may still take once the waiting prefetches have started: what
+        a claim may add without its misses waiting (and then being read on demand, which
+        ends other jobs' protections)."""
+        return max(0, self.holds.room() - self._waiting.bytes)
+
+    def protect_pending(self, owner: Hashable) -> int:
+        """Files fetched ahead for ``owner`` and not read yet: protected now, or waiting for
+        room (a job's claimed misses its readers have still to read)."""
+        return self.holds.owned(owner) + self._waiting.by_owner.get(owner, 0)
+
     def release_protection(self, owner: Hashable) -> int:
         """``owner`` (a job's epoch pool) is gone: its protections end unless another owner
         still holds them, and its waiting prefetches are dropped. Returns protections ended."""
-        for hash in [h for h, item in self._waiting.items() if item[3] == owner and owner is not None]:
-            del self._waiting[hash]
+        if owner is not None:
+            for hash in self._waiting.owned_by(owner):
+                self._waiting.pop(hash)
         ended = self.holds.release(owner)
         if ended:
             self._notify_protect()
@@ -186,17 +235,17 @@ class Protection:
         now = trio.current_time()
         started = 0
         while self._waiting:
-            hash, (size, location, dataset, owner, queued) = next(iter(self._waiting.items()))
+            hash, (size, location, dataset, owner, queued) = self._waiting.oldest()
             if index.size_of(hash) is not None or now - queued > self.holds.protect_seconds:
-                del self._waiting[hash]  # read on demand meanwhile, or waited too long
+                self._waiting.pop(hash)  # read on demand meanwhile, or waited too long
                 continue
             if hash in self._flights:
-                del self._waiting[hash]
+                self._waiting.pop(hash)
                 self.holds.protect(hash, size, owner)
                 continue
             if not self.holds.fits(size):
                 break
-            del self._waiting[hash]
+            self._waiting.pop(hash)
             self.holds.protect(hash, size, owner)
             self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
                                      self._turns.ticket())

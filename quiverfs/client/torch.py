@@ -76,6 +76,20 @@ def _dataset_paths(dataset: Any, paths: Sequence[str | os.PathLike[str]] | None)
 #: Most id ranges sent as a job's scope: it travels in an xattr name of at most 255 bytes.
 MAX_SCOPE_RANGES = 6
 
+#: Seconds a sampler first waits before claiming again when mountd said ``wait`` (no room to
+#: protect more misses until the job's readers read theirs); doubled while it keeps saying
+#: so, up to :data:`CLAIM_PAUSE_MAX`.
+CLAIM_PAUSE = 0.002
+CLAIM_PAUSE_MAX = 0.05
+
+
+class _Wait:
+    """The type of :data:`WAIT`."""
+
+
+#: What :meth:`QuiverBatchSampler._claim` returns for a claim that says ``wait``.
+WAIT = _Wait()
+
 
 def _scope_of(mapping: array) -> str | None:
     """The compact ids this dataset maps to, as ``start-stop`` ranges for the session's
@@ -196,6 +210,12 @@ class QuiverBatchSampler(Sampler[list[int]]):
         #: False once the mount refused a batch report's files/misses (a mount older than
         #: them: EINVAL); later reports carry the time alone
         self._send_reads = True
+        #: False once the mount refused a claim's batch size (a mount or mountd older than
+        #: it: EINVAL); later claims go without it (and never say ``wait``)
+        self._send_batch = True
+        #: Claims mountd answered with ``wait`` so far (no room to protect more misses until
+        #: this job's readers read theirs): a cache too small for the loaders' look-ahead
+        self.claim_waits = 0
         self.order = order
         self.hold_until = hold_until
         self.job = job or _shared_job_id()
@@ -328,12 +348,24 @@ class QuiverBatchSampler(Sampler[list[int]]):
         recent: list[int] = []
         produced = 0
         end = False
+        pause = CLAIM_PAUSE
         while True:
             while not end and len(buffer) < low:
                 claimed = self._claim(epoch)
                 if claimed is None:
                     end = True
                     continue
+                if claimed is WAIT:
+                    self.claim_waits += 1
+                    # No room for more misses until this job's readers read what they have
+                    # (mountd/coop/claims.py): yield a batch if there is one, else let the
+                    # DataLoader's workers read for a moment.
+                    if len(buffer) >= self.batch_size:
+                        break
+                    time.sleep(pause)
+                    pause = min(2 * pause, CLAIM_PAUSE_MAX)
+                    continue
+                pause = CLAIM_PAUSE
                 for cids, miss in ((claimed[0], False), (claimed[1], True)):
                     buffer.extend((i, miss) for i in (self._cid_to_index[c] for c in cids) if i >= 0)
             if not buffer or (len(buffer) < self.batch_size and self.drop_last):
@@ -356,14 +388,17 @@ class QuiverBatchSampler(Sampler[list[int]]):
             yield [rng.choice(recent) for _ in range(self.batch_size)], None
             produced += 1
 
-    def _claim(self, epoch: int) -> tuple[list[int], list[int]] | None:
-        """The next claim's compact ids, ``(hits, fetch)``; None at the end of the epoch."""
+    def _claim(self, epoch: int) -> tuple[list[int], list[int]] | _Wait | None:
+        """The next claim's compact ids, ``(hits, fetch)``; :data:`WAIT` when mountd has no
+        room for more misses yet; None at the end of the epoch."""
         assert self.control is not None
         for _attempt in range(3):
+            args: dict[str, Any] = {"job": self.job, "rank": self.rank, "n": self.fetch_size,
+                                    "epoch": epoch}
+            if self._send_batch:
+                args["batch"] = self.batch_size
             try:
-                answer = self.control.request(
-                    "claim", job=self.job, rank=self.rank, n=self.fetch_size, epoch=epoch
-                )
+                answer = self.control.request("claim", **args)
             except OSError as exc:
                 if exc.errno == errno.ENOENT:  # reaped, or mountd restarted: open again
                     self.session = self._open(self.control, epoch)
@@ -371,9 +406,12 @@ class QuiverBatchSampler(Sampler[list[int]]):
                 if exc.errno == errno.ESTALE:  # this epoch is over for the job
                     self._stale_epoch = epoch
                     return None
+                if exc.errno == errno.EINVAL and self._send_batch:
+                    self._send_batch = False  # an older mount or mountd: claim without it
+                    continue
                 raise
             if not answer["hits"] and not answer["fetch"]:
-                return None
+                return WAIT if answer.get("wait") else None
             return answer["hits"], answer["fetch"]
         raise OSError(errno.ENOENT, "the session keeps disappearing; is mountd restarting?")
 

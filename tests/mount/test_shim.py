@@ -249,3 +249,47 @@ def test_batch_reports_say_what_the_batch_read(mounted) -> None:
 def mounted_cache(mnt: Path) -> Path:
     """The cache directory of the module's mount (beside the mount point)."""
     return mnt.parent / "cache"
+
+
+@pytest.fixture(scope="module")
+def small_cache_mount(fuse, module_tmp: Path):
+    """A cold mount of 4 x 30 images whose mountd cache holds about a tenth of them, so that
+    claims soon find no room to protect more misses."""
+    source = module_tmp / "small"
+    files = list(generate_images(n_classes=4, per_class=30, size=32))
+    assert write_tree(source, iter(files)) == FILES
+    cache_size = str(sum(len(data) for _, data in files) // 10)
+    with serving(source, module_tmp, "small", cache_size, "--dataset-mode", "lru") as mountpoint:
+        yield mountpoint, dict(files)
+
+
+def test_claims_wait_for_room_and_every_file_still_comes_once(small_cache_mount) -> None:
+    """With no room to protect more misses, mountd answers a claim that has no hits with
+    ``wait`` once the job's claimed and unread misses make a batch per rank; the sampler then
+    yields what it holds or waits, and the DataLoader still reads every file exactly once per
+    epoch, with the right bytes. Before, each such claim got one more miss, and the sampler
+    claimed miss after miss into a cache that had no room for them."""
+    mnt, files = small_cache_mount
+
+    class Raw(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.samples = [(str(mnt / rel), 0) for rel in sorted(files)]
+
+        def __len__(self) -> int:
+            return len(self.samples)
+
+        def __getitem__(self, i: int):
+            with open(self.samples[i][0], "rb") as f:
+                return i, f.read() == files[os.path.relpath(self.samples[i][0], mnt)]
+
+    dataset = Raw()
+    sampler = QuiverBatchSampler(dataset, batch_size=8, job="small", seed=3, report=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
+                                         collate_fn=lambda items: items)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        read = [item for batch in loader for item in batch]
+        assert Counter(i for i, _ in read) == Counter(range(FILES)), f"epoch {epoch}"
+        assert all(same for _, same in read), f"epoch {epoch}: wrong bytes"
+    assert sampler.claim_waits > 0
+    sampler.close()

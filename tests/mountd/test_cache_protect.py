@@ -145,13 +145,18 @@ async def test_new_prefetches_wait_while_protection_is_full_then_start_as_reads_
         assert not cache.contains(objs[2].hash) and not cache.contains(objs[3].hash)
         assert cache.usage()["protection"]["waiting"] == 2
         assert cache.counters.snapshot()["total"]["evicted_files"] == 0
+        # What claims see: the waiting ones take the room first, and count as the owner's.
+        assert cache.holds.room() == 0 and cache.protect_room() == 0
+        assert cache.protect_pending("job") == 4 and cache.protect_pending("other") == 0
         cache.record_hits("ds", [objs[0].hash], K)  # one read: one more may start
         await landed(cache, objs[:3])
         await trio.sleep(0.1)
         assert not cache.contains(objs[3].hash)
+        assert cache.protect_pending("job") == 3
         cache.record_hits("ds", [objs[1].hash], K)
         await landed(cache, objs)
         assert cache.usage()["protection"]["waiting"] == 0
+        assert cache.protect_pending("job") == 2
         assert [stored(tmp_path, o) for o in objs] == [o.data for o in objs]
         # the mounts' prefetch queue pauses the same way
         queued = source.many(3, K, "q")

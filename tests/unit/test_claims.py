@@ -453,3 +453,38 @@ def test_misses_are_claimed_only_as_far_as_the_cache_can_protect_them():
     room[0] = 10**9
     rest = drain(registry, "job", 0, 20, epoch=0)
     assert sorted(first.ids + second.ids + tuple(rest)) == list(range(50))
+
+
+def test_a_sampler_that_says_its_batch_waits_instead_of_claiming_miss_after_miss():
+    """With no room to protect misses, "one miss to go on" let a sampler claim miss after
+    miss in a loop (it wants a buffer of fetch_size / 2): 188 misses in 0.6 s for one job, a
+    cascade of demand fills ending other jobs' protections, epochs 4x slower. A sampler that
+    says its batch gets enough for every rank's batch counting what the job has claimed and
+    not read yet (pending), then ``wait`` (not the end of the epoch) until its readers read."""
+    pending = {("ds", "job", 0): 0}
+    registry = SessionRegistry(clock=FakeClock(), protect_room=lambda: 0,
+                               protect_pending=lambda owner: pending.get(owner, 0))
+    registry.add_dataset("ds", [1000] * 100, mode="full", cached=range(5))
+    for rank in (0, 1):
+        registry.open_session("ds", "job", rank=rank, world_size=2, seed=1)
+    first = registry.claim("ds", "job", 0, 20, epoch=0, batch=8)
+    assert len(first.hits) == 5 and first.fetch == () and not first.wait  # hits: no misses
+    second = registry.claim("ds", "job", 0, 20, epoch=0, batch=8)
+    assert second.hits == () and len(second.fetch) == 16  # a batch for each of 2 ranks
+    pending[("ds", "job", 0)] = 16
+    third = registry.claim("ds", "job", 1, 20, epoch=0, batch=8)
+    assert third.ids == () and third.wait and not third.end_of_epoch
+    assert third.remaining == 100 - 5 - 16
+    pending[("ds", "job", 0)] = 10  # its readers read 6 of them
+    fourth = registry.claim("ds", "job", 1, 20, epoch=0, batch=8)
+    assert len(fourth.fetch) == 6 and not fourth.wait
+    older = registry.claim("ds", "job", 1, 20, epoch=0)  # no batch: an older sampler
+    assert len(older.fetch) == 1 and not older.wait
+    pending[("ds", "job", 0)] = 0
+    given = first.ids + second.ids + fourth.ids + older.ids
+    rest = []
+    for rank in (0, 1, 0, 1) * 40:
+        claim = registry.claim("ds", "job", rank, 20, epoch=0, batch=8)
+        assert not claim.wait
+        rest.extend(claim.ids)
+    assert sorted(given + tuple(rest)) == list(range(100))  # exactly once
