@@ -229,6 +229,10 @@ class _Child:
     #: the latest running totals of its backends, as it sent them: url -> (totals, read path)
     counters: dict[str, tuple[tuple, str | None]] = field(default_factory=dict)
     dead: bool = False
+    #: Whether a reader task still answers its jobs (:meth:`ProcessFills._read`): once it
+    #: has stopped (mountd closing), a job sent is failed at once instead of waiting for
+    #: an answer nobody would deliver.
+    answered: bool = True
 
 
 class ProcessFills:
@@ -334,6 +338,10 @@ class ProcessFills:
         finally:
             if owned >= 0:
                 os.close(owned)  # the child has its own copy now (or never will)
+        if not child.answered or child.dead:
+            # Its reader stopped (mountd is closing) after this job was sent: nobody would
+            # wake this task, and cancelling it is refused below (shutdown hung on it).
+            return failed_outcome(job, CacheError("mountd stopped before the fill ended"))
         task = trio.lowlevel.current_task()
         child.jobs[job_id] = (task, job)
 
@@ -402,6 +410,7 @@ class ProcessFills:
                     while child.jobs and not await self._receive(child, buffer):
                         pass
                 self._fail_jobs(child, CacheError("mountd stopped before the fill ended"))
+                child.answered = False
             raise
 
     async def _receive(self, child: _Child, buffer: bytearray) -> bool:

@@ -21,7 +21,10 @@ import trio
 
 from mountd.errors import CacheError
 from mountd.store.cache import Cache
+from mountd.store.fillpool import ProcessFills
+from mountd.store.fillwork import FillJob, Target
 from mountd.store.supplied import SuppliedBytes
+from quiverfs.base.backends import BackendOptions, open_backend
 from quiverfs.base.backends.base import Location
 from quiverfs.base.errors import CorruptObject
 from tests.mountd.conftest import Source, config, pooled, store_files, tmp_files, wait_until
@@ -161,3 +164,28 @@ async def test_a_dead_fill_process_fails_its_fills_and_is_replaced(tmp_path: Pat
         # And the first one fills again, from scratch.
         path = await cache.ensure(slow.hash, slow.size, slow.location)
         assert Path(path).read_bytes() == slow.data
+
+
+async def test_a_job_sent_after_the_readers_stopped_fails_at_once(tmp_path: Path, source: Source):
+    """mountd closing: the fill pool's readers stop (each fails the jobs it was still
+    waiting for), while a fill that had already taken its slot sends its job. Nobody would
+    answer that job, and its task refuses cancellation (a fill in hand is never abandoned),
+    so shutdown waited for it for ever: the in-process mountd of tests/mountd/test_coop.py
+    hung at exit in about 1 run of 10. Such a job now fails at once."""
+    obj = source.add("late", os.urandom(10_000))
+    fills = ProcessFills(tmp_path / "c", 1, 1,
+                         partial(open_backend, options=BackendOptions(concurrency=1)))
+    (tmp_path / "c").mkdir()
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(fills.serve)
+                scope.cancel()  # as the cache's nursery is when mountd closes
+        job = FillJob(Target.of(obj.hash, obj.size, obj.location))
+        with trio.fail_after(10):
+            outcome = await fills.run(job)
+        [error] = outcome.results
+        assert isinstance(error, CacheError) and "stopped" in str(error)
+    finally:
+        fills.close()
+    assert not list((tmp_path / "c").rglob("*" + obj.hash.hex()))
