@@ -233,8 +233,8 @@ class EpochPool:
             return want
         if has_hits:
             return room
-        pending = self.dataset.pending(self.job, self.epoch) if batch is not None else None
-        if batch is None or pending is None:
+        pending = None if batch is None else self.dataset.pending(self.job, self.epoch)
+        if pending is None:
             return max(room, 1)
         return min(want, max(room, batch * self.world_size - pending))
 

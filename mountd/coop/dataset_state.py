@@ -21,7 +21,14 @@ from mountd.coop.draws import INVERT, Needs
 from mountd.coop.packing import Packing
 from mountd.coop.plans import ChunkPlan, Moves
 
-__all__ = ["DatasetState", "Reader"]
+__all__ = ["DatasetState", "Reader", "protection_owner"]
+
+
+def protection_owner(dataset: str, job: str, epoch: int) -> tuple[str, str, int]:
+    """The key under which the cache protects what a job's epoch pool claimed
+    (mountd/store/holds.py owners): set by the service's fetches, released when the pool
+    closes, counted for the pool's claims (:meth:`DatasetState.pending`)."""
+    return (dataset, job, epoch)
 
 
 class Reader(Protocol):
@@ -299,7 +306,7 @@ class DatasetState:
         (fetched and protected, or waiting for room); None when the cache does not say."""
         if self.protect_pending is None:
             return None
-        return self.protect_pending((self.name, job, epoch))
+        return self.protect_pending(protection_owner(self.name, job, epoch))
 
     def add_reservations(self, ids: Iterable[int]) -> None:
         """A pool reserved ``ids`` (brought by its claim): one more pool holds each."""

@@ -67,7 +67,7 @@ import trio
 from mountd.cluster.service import Cluster
 from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDemand, counted_benefits
 from mountd.coop.chunks import ChunkReady, Evict, Preload
-from mountd.coop.dataset_state import DatasetState
+from mountd.coop.dataset_state import DatasetState, protection_owner
 from mountd.coop.datasets import DatasetView, load_view
 from mountd.coop.jobs import SessionInfo
 from mountd.coop.plans import Mode
@@ -468,7 +468,7 @@ class CoopService:
         if claim.fetch and dataset in self.mountd_fills:
             view = self.views[dataset]
             self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,
-                                 owner=(dataset, job, claim.epoch))
+                                 owner=protection_owner(dataset, job, claim.epoch))
         self.wake()
         return {
             "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),

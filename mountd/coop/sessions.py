@@ -39,7 +39,7 @@ from mountd.coop.benefit import (
 )
 from mountd.coop.chunks import DEFAULT_GRACE, Action, Evict
 from mountd.coop.claims import Claim, EpochPool
-from mountd.coop.dataset_state import DatasetState
+from mountd.coop.dataset_state import DatasetState, protection_owner
 from mountd.coop.jobs import Job, Session, SessionInfo, session_rng
 from mountd.coop.packing import Packing
 from mountd.coop.plans import MIN_FRACTION, Mode
@@ -441,7 +441,8 @@ class SessionRegistry:
         (sessions closed, the epoch moved on, the job was reaped as idle): the caller
         releases what the cache protects for them (the owner keys of
         :meth:`mountd.store.cache.Cache.fetch_now`)."""
-        return [(dataset, job, epoch) for job, epoch in self._dataset(dataset).take_closed()]
+        return [protection_owner(dataset, job, epoch)
+                for job, epoch in self._dataset(dataset).take_closed()]
 
     def next_deadline(self) -> float | None:
         """The earliest clock (``self.clock``) at which a chunk's grace ends, if any: the
