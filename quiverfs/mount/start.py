@@ -94,6 +94,20 @@ def make_cache_dir(cache_dir: Path) -> None:
                          "XDG_CACHE_HOME, to a directory you can write)") from None
 
 
+def preflight(options: MountOptions) -> MountOptions:
+    """``options`` resolved, once FUSE is there, the mount point can take a mount and the
+    cache directory exists: what a foreground and a detached mount check before anything
+    starts, each failure a one-line :class:`~quiverfs.base.errors.QuiverError`."""
+    options = options.resolved()
+    reason = fuse_unavailable()
+    if reason:
+        raise MountError(f"FUSE is not available: {reason}")
+    check_mountpoint(options.mountpoint, options.nonempty)
+    assert options.cache_dir is not None
+    make_cache_dir(options.cache_dir)
+    return options
+
+
 def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
     """Validate, mount and serve in this process; returns after the unmount.
 
@@ -102,13 +116,8 @@ def run_foreground(options: MountOptions, status_fd: int | None = None) -> None:
     """
     status = Status(status_fd)
     try:
-        options = options.resolved()
-        reason = fuse_unavailable()
-        if reason:
-            raise MountError(f"FUSE is not available: {reason}")
-        check_mountpoint(options.mountpoint, options.nonempty)
+        options = preflight(options)
         assert options.cache_dir is not None
-        make_cache_dir(options.cache_dir)
         # Serve a private copy: the user's file may be changed or truncated under the mount.
         snapshot = Snapshot.take(options.digest, mount_state_dir(options.cache_dir))
         try:
@@ -218,13 +227,8 @@ def mount_detached(options: MountOptions, timeout: float = READY_TIMEOUT) -> int
     the child fails, dies or is not ready within ``timeout`` seconds; a child that is still
     alive then is stopped (and its mount removed).
     """
-    options = options.resolved()
-    reason = fuse_unavailable()
-    if reason:
-        raise MountError(f"FUSE is not available: {reason}")
-    check_mountpoint(options.mountpoint, options.nonempty)
+    options = preflight(options)
     assert options.cache_dir is not None
-    make_cache_dir(options.cache_dir)
     log_path = mount_state_dir(options.cache_dir) / LOG_FILE
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     read_fd, write_fd = os.pipe()
