@@ -89,8 +89,12 @@ class Turns:
 
     def __init__(self) -> None:
         self._issued = 0
-        self._waiting: list[int] = []  # a heap of the tickets at the limits
-        self._changed = trio.Event()
+        #: A heap of the tickets at the limits; a ticket that left stays in it until it
+        #: reaches the top (:meth:`_first`), so leaving costs no re-heapify.
+        self._heap: list[int] = []
+        self._waiting: set[int] = set()  # the tickets at the limits that have not left
+        #: The tickets that found another first, each with the event that wakes it.
+        self._wakers: dict[int, trio.Event] = {}
 
     def ticket(self) -> int:
         """The next ticket, in the order of the calls."""
@@ -99,22 +103,38 @@ class Turns:
 
     async def arrive(self, ticket: int) -> None:
         """Wait at the limits until ``ticket`` is the lowest of the tickets waiting there."""
-        heapq.heappush(self._waiting, ticket)
+        heapq.heappush(self._heap, ticket)
+        self._waiting.add(ticket)
         try:
             await trio.lowlevel.checkpoint()  # the rest of this batch of tasks arrives
-            while self._waiting[0] != ticket:
-                await self._changed.wait()
+            while self._first() != ticket:
+                woken = self._wakers[ticket] = trio.Event()
+                await woken.wait()
         except BaseException:
             self.leave(ticket)
             raise
 
     def leave(self, ticket: int) -> None:
-        """``ticket`` holds its limits, or gave up; the next may go. Safe to call again."""
-        if ticket in self._waiting:
-            self._waiting.remove(ticket)
-            heapq.heapify(self._waiting)
-            self._changed.set()
-            self._changed = trio.Event()
+        """``ticket`` holds its limits, or gave up; the next may go. Safe to call again.
+
+        Only the ticket that is first now is woken: waking every waiter on every leave
+        (one shared event, as before) made each fill of a claim's fetches wake all the
+        fetches behind it, and a cold epoch through the shim spent ~0.9 ms of mountd's CPU
+        a fill, a fifth of it here (docs/benchmark-history.md, issue 34)."""
+        if ticket not in self._waiting:
+            return
+        self._waiting.discard(ticket)
+        self._wakers.pop(ticket, None)
+        first = self._first()
+        if first is not None and first in self._wakers:
+            self._wakers.pop(first).set()
+
+    def _first(self) -> int | None:
+        """The lowest ticket still waiting (None: none), dropping those that left."""
+        heap = self._heap
+        while heap and heap[0] not in self._waiting:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
 
 
 def spare_slots(per_source: int) -> int:

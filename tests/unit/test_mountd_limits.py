@@ -164,6 +164,46 @@ async def test_turns_let_tasks_through_in_ticket_order_whatever_order_they_run_i
     assert passed == tickets
 
 
+async def test_each_leave_wakes_only_the_next_ticket(monkeypatch):
+    """A claim's fetches wait for their turn together: a leave must wake the one ticket that
+    is first now, not every waiter (that cost each fill of a cold epoch through the shim a
+    wake-up of every fetch behind it: quadratic in the claim)."""
+    waits = 0
+    real_event = trio.Event
+
+    class CountingEvent:
+        def __init__(self) -> None:
+            self._event = real_event()
+
+        def set(self) -> None:
+            self._event.set()
+
+        def is_set(self) -> bool:
+            return self._event.is_set()
+
+        async def wait(self) -> None:
+            nonlocal waits
+            waits += 1
+            await self._event.wait()
+
+    monkeypatch.setattr(trio, "Event", CountingEvent)
+    turns = Turns()
+    tickets = [turns.ticket() for _ in range(40)]
+    passed: list[int] = []
+
+    async def one(ticket: int) -> None:
+        await turns.arrive(ticket)
+        passed.append(ticket)
+        await trio.sleep(0)
+        turns.leave(ticket)
+
+    async with trio.open_nursery() as nursery:
+        for ticket in reversed(tickets):
+            nursery.start_soon(one, ticket)
+    assert passed == tickets
+    assert waits == len(tickets) - 1  # each but the first waited once, and was woken once
+
+
 async def test_a_ticket_that_never_arrives_holds_nobody_up():
     """A fill that joined another's, or waits elsewhere, never arrives: the later ones go."""
     turns = Turns()
