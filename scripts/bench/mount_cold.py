@@ -76,6 +76,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import trio  # noqa: E402
+from harness.cachefs import dedicated_cache_fs  # noqa: E402
 from harness.readers import S3Target  # noqa: E402
 from harness.readers import read_pass as readers_pass  # noqa: E402
 from harness.world import (  # noqa: E402
@@ -89,8 +90,8 @@ from harness.world import (  # noqa: E402
 
 WORK = REPO / ".bench" / "mount_cold"
 WORLD = WORK / "world"  # harness World "world": mountd.log and mount.log of the last pass, mnt/
-#: Where the cold passes' caches live: a filesystem of their own (see dedicated_cache_fs), as
-#: docs/operations.md advises, unless --cache-on-root.
+#: Where the cold passes' caches live: a filesystem of their own (harness/cachefs.py says why),
+#: as docs/operations.md advises, unless --cache-on-root.
 CACHE_FS = WORK / "cachefs"
 CACHE_FS_IMAGE = WORK / "cachefs.img"
 CACHE_ROOT = CACHE_FS
@@ -329,43 +330,6 @@ def latency_of(fill: dict | None) -> float | None:
     return None
 
 
-@contextlib.contextmanager
-def dedicated_cache_fs(enabled: bool) -> Iterator[None]:
-    """The caches on an ext4 filesystem of their own: a loop device over a sparse image file
-    on the machine's disk, made fresh for this run and unmounted after it.
-
-    Why: the cache's fills are file creations and writes, and what they cost depends on the
-    filesystem far more than on quiverfs. On this VM the root ext4 (the one the source and
-    the repository live on) charges ~0.2 ms of CPU to create a file and ~0.6 ms to create and
-    write 110 KiB; a fresh ext4 on the same disk ~0.04 ms and ~0.12 ms (MEASURED.md). A cache
-    shares nothing with other programs on its own filesystem, which is also what its
-    ``syncfs`` checkpoints want (docs/operations.md).
-    """
-    global CACHE_ROOT
-    if not enabled:
-        CACHE_ROOT = WORK
-        yield
-        return
-    force_unmount(CACHE_FS)
-    CACHE_FS.mkdir(parents=True, exist_ok=True)
-    CACHE_FS_IMAGE.unlink(missing_ok=True)
-    with open(CACHE_FS_IMAGE, "wb") as image:
-        image.truncate(4 << 30)  # sparse: blocks are allocated as the caches fill
-    try:
-        subprocess.run(["mkfs.ext4", "-q", "-F", str(CACHE_FS_IMAGE)], check=True, capture_output=True)
-        subprocess.run(["mount", "-o", "loop", str(CACHE_FS_IMAGE), str(CACHE_FS)], check=True,
-                       capture_output=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        detail = (getattr(exc, "stderr", b"") or b"").decode().strip() or str(exc)
-        raise SystemExit(f"cannot make the cache filesystem ({detail}); use --cache-on-root") from None
-    CACHE_ROOT = CACHE_FS
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", str(CACHE_FS)], check=False, capture_output=True)
-        CACHE_FS_IMAGE.unlink(missing_ok=True)
-
-
 # -- reporting -------------------------------------------------------------------------------------
 
 
@@ -601,6 +565,7 @@ def run_sections(args: argparse.Namespace, source: Path, dataset: Dataset, reada
 
 
 def main() -> None:
+    global CACHE_ROOT
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--files", type=int, default=None, help="files in the dataset (default 2000; --quick 400)")
     parser.add_argument("--readers", type=int, default=8, help="reader processes (and boto3 readers)")
@@ -632,7 +597,9 @@ def main() -> None:
     progress("caches on " + ("the repository's filesystem" if args.cache_on_root else
                               f"a fresh ext4 of their own ({CACHE_FS})"))
     try:
-        with dedicated_cache_fs(not args.cache_on_root):
+        with dedicated_cache_fs(CACHE_FS, CACHE_FS_IMAGE, not args.cache_on_root,
+                                fallback=WORK) as cache_root:
+            CACHE_ROOT = cache_root
             run_sections(args, source, dataset, readahead)
     except KeyboardInterrupt:
         sweep()  # the interrupt may have cut a teardown short

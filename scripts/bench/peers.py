@@ -30,13 +30,15 @@ PASS/FAIL lines. Rates are the best of ``--rounds`` rounds (the machine is share
 The contenders come from the ``peers`` extra; a contender whose package is missing is left out
 with one line saying how to install it. ``--contenders`` and ``--scenarios`` pick a subset.
 
-    .venv/bin/python scripts/bench/peers.py --quick             # ~45 minutes on 2 cores
+    .venv/bin/python scripts/bench/peers.py --quick             # ~13 minutes on 2 quiet cores
     .venv/bin/python scripts/bench/peers.py                     # 20,000 files: hours
     .venv/bin/python scripts/bench/peers.py --quick --scenarios a --contenders qfs-shim,litdata
 
 Needs root and FUSE for the quiverfs rows, nginx with its echo module for the bucket
 (``apt-get install -y nginx-light libnginx-mod-http-echo``; without it, ``--no-nginx`` uses
-the slower Python server alone). Everything lives under .bench/peers/ (git-ignored).
+the slower Python server alone). Everything lives under .bench/peers/ (git-ignored); every
+contender's cache on a fresh ext4 the run mounts there (harness/cachefs.py says why;
+``--cache-on-root`` keeps them on the repository's filesystem).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
+from harness.cachefs import dedicated_cache_fs  # noqa: E402
 from harness.report import parameters, table  # noqa: E402
 from harness.world import Dataset as WorldDataset  # noqa: E402
 from harness.world import DatasetSpec, MountdConfig, World, sigterm_as_interrupt  # noqa: E402
@@ -99,6 +102,8 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.root = WORK / "bucket-root"
+        #: Where every contender's cache lives (main() mounts a filesystem of their own).
+        self.caches = WORK / "caches"
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith("AWS_") and k not in ("S3_ENDPOINT_URL",)}
         self.env["LITDATA_DISABLE_VERSION_CHECK"] = "1"  # a PyPI request at every dataset
@@ -194,7 +199,7 @@ class Bench:
     def _round(self, source: Source, data, scenario: str, c, jobs: int, cache_bytes: int | None,
                row: Row) -> None:
         work = WORK / "runs" / f"{scenario}-{c.name}"
-        caches = WORK / "caches" / c.name
+        caches = self.caches / c.name
         shutil.rmtree(caches, ignore_errors=True)
         caches.mkdir(parents=True)
         specs = []
@@ -369,6 +374,9 @@ def main() -> None:
     parser.add_argument("--convert-workers", type=int, default=4, help="litdata optimize's num_workers")
     parser.add_argument("--no-nginx", action="store_true", help="serve the bucket with the Python server alone")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the tables as markdown here")
+    parser.add_argument("--cache-on-root", action="store_true",
+                        help="keep every contender's cache on the repository's filesystem instead of a "
+                             "fresh ext4 of their own (slow to create files on this VM)")
     args = parser.parse_args()
     files = args.files or (2_000 if args.quick else 20_000)
     classes = args.classes or max(2, min(100, files // 100))
@@ -390,7 +398,11 @@ def main() -> None:
     data = make_images(ImageSpec(files=files, classes=classes), bench.root / BUCKET, PREFIX, progress=say)
     bench.clear_conversions()
     started = time.time()
-    with Source(bench.root, WORK / "source", latency_ms=args.latency_ms, nginx=not args.no_nginx) as source:
+    say("caches on " + ("the repository's filesystem" if args.cache_on_root else
+                        f"a fresh ext4 of their own ({WORK / 'caches'})"))
+    with dedicated_cache_fs(WORK / "caches", WORK / "caches.img", not args.cache_on_root,
+                            fallback=WORK / "caches") as bench.caches, \
+            Source(bench.root, WORK / "source", latency_ms=args.latency_ms, nginx=not args.no_nginx) as source:
         paths = [f"/{BUCKET}/{k}" for k in data.keys]
         say("probing the bucket server")
         bench.capacity = probe(source.raw_endpoint, paths, connections=8) if source.raw_endpoint else None
@@ -422,6 +434,7 @@ def report(args, bench: Bench, data, scenarios: list[str], delayed, elapsed: flo
                                    f"{dataset // len(sizes) // 1000}/{sizes[-len(sizes) // 20] // 1000}",
         "batch": args.batch_size, "workers": args.workers, "compute_s": args.compute, "epochs": args.epochs,
         "jobs_c": args.jobs, "cache_b": f"{args.cache_fraction:.0%}", "latency_ms": args.latency_ms,
+        "caches_on": "root fs" if args.cache_on_root else "own ext4",
         "rounds": args.rounds, "cpus": os.cpu_count(), "python": platform.python_version(),
         "elapsed_s": round(elapsed)}))
     out.append("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
