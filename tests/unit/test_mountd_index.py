@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mountd.store.index import WAL_BYTES, Index, IndexCorrupt
+from mountd.store.index import FIRST_LRU_PAGE, WAL_BYTES, Index, IndexCorrupt
 from mountd.store.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
 from mountd.store.schema import SCHEMA
 from quiverfs.base.errors import UsageError
@@ -170,6 +170,27 @@ def test_lru_pages_through_equal_stamps(index: Index):
     index.adopt([(h(i), 1, 42) for i in range(600)])  # all adopted with the same mtime
     lru = LRUPolicy(index)
     assert len(list(lru.victims())) == 600
+
+
+def test_lru_reads_a_small_page_first_and_larger_ones_as_the_search_goes_on(index: Index):
+    """One eviction per fill needs one victim: the first page is small, later ones grow to
+    the policy's page, and every row still comes once, oldest first."""
+    index.adopt([(h(i), 1, i) for i in range(600)])
+    asked: list[int] = []
+    real_lru = index.lru
+
+    def counting_lru(limit: int, after=(-1, b"")):
+        asked.append(limit)
+        return real_lru(limit, after)
+
+    index.lru = counting_lru  # type: ignore[method-assign]
+    victims = LRUPolicy(index).victims()
+    assert next(victims) == (h(0), 1)
+    assert asked == [FIRST_LRU_PAGE]
+    rest = list(victims)
+    assert [v for v, _ in rest] == [h(i) for i in range(1, 600)]
+    assert asked[:4] == [FIRST_LRU_PAGE, 4 * FIRST_LRU_PAGE, 16 * FIRST_LRU_PAGE, LRUPolicy.page]
+    assert max(asked) == LRUPolicy.page
 
 
 def test_refs_exclusive_and_dangling(index: Index):
