@@ -105,6 +105,10 @@ RESTART_WINDOW = 60.0
 class Fills(Protocol):
     """Runs the data movement of fills (see the module docstring)."""
 
+    #: Whether the fills read through the cache's own backends (mountd's threads), so that
+    #: the cache should open them ahead of the first fill; fill processes open their own.
+    uses_cache_backends: bool
+
     async def run(self, job: Job, fd: int | None = None) -> Outcome:
         """Run ``job`` (``fd``: the descriptor a ``"fd"`` job reads, still owned by the
         caller) and return its outcome; never raises for what the job met (that is in the
@@ -144,6 +148,8 @@ class Fills(Protocol):
 class ThreadFills:
     """:class:`Fills` in mountd's worker threads, with the cache's own backends (its
     ``backend(url)`` opener, which the cache counts for ``stats``)."""
+
+    uses_cache_backends = True
 
     def __init__(self, cache_dir: Path, backend: Callable[[str], Awaitable[Backend]],
                  io_threads: int) -> None:
@@ -243,6 +249,10 @@ class ProcessFills:
 
     ``factory(url)`` opens a backend in a child (default:
     :func:`quiverfs.base.backends.open_backend` with ``threads`` connections)."""
+
+    #: Each fill process opens its own backends (:meth:`warm`); the cache's are needed only
+    #: for the rare ``stat`` of an object larger than the cache, and open when it comes.
+    uses_cache_backends = False
 
     def __init__(self, cache_dir: Path, processes: int, threads: int,
                  factory: Callable[[str], Backend]) -> None:

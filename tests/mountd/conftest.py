@@ -115,15 +115,18 @@ async def running(
 
 
 @asynccontextmanager
-async def pooled(cfg: CacheConfig, processes: int = 2) -> AsyncIterator[tuple[Cache, ProcessFills]]:
+async def pooled(cfg: CacheConfig, processes: int = 2,
+                 factory: Callable[[str], Backend] | None = None,
+                 ) -> AsyncIterator[tuple[Cache, ProcessFills]]:
     """An open cache whose fills run in ``processes`` forked fill processes, as mountd's do
-    (mountd/store/fillpool.py); closed, and its fill processes stopped, on exit."""
+    (mountd/store/fillpool.py); closed, and its fill processes stopped, on exit. ``factory``
+    opens the cache's own backends (the fill processes open real ones)."""
     assert cfg.fill_concurrency is not None
     threads = ProcessFills.threads_for(processes, cfg.fill_concurrency)
     fills = ProcessFills(cfg.cache_dir, processes, threads,
                          partial(open_backend, options=BackendOptions(concurrency=threads)))
     try:
-        cache = Cache(cfg, fills=fills)
+        cache = Cache(cfg, factory, fills=fills)
         await cache.open()
         try:
             async with trio.open_nursery() as nursery:

@@ -13,7 +13,7 @@ from mountd.rpc import protocol
 from mountd.rpc.server import Server
 from quiverfs.base.backends import Backend
 from quiverfs.base.errors import QuiverError, TemporaryFailure
-from tests.mountd.conftest import Backends, Source, config, running, wait_until
+from tests.mountd.conftest import Backends, Source, config, pooled, running, wait_until
 
 
 class GatedBackends(Backends):
@@ -93,6 +93,22 @@ async def test_warming_opens_the_backend_before_any_miss(tmp_path: Path, source:
         assert factory.gets() == 0
         await cache.ensure(obj.hash, obj.size, obj.location, "ds")
         assert factory.calls == 2 and factory.gets() == 1
+
+
+async def test_with_fill_processes_warming_leaves_the_caches_own_backend_unopened(
+        tmp_path: Path, source: Source):
+    """Fill processes open their own backends; the cache's would cost mountd's main process
+    an SDK's import and client (~1 s of CPU for S3) that no fill uses."""
+    obj = source.add("p", os.urandom(20_000))
+    factory = Backends()
+    async with pooled(config(tmp_path / "c"), factory=factory) as (cache, _):
+        cache.warm_backends([obj.location.url])
+        path = await cache.ensure(obj.hash, obj.size, obj.location, "ds")
+        assert Path(path).read_bytes() == obj.data
+        await trio.sleep(0.1)  # a warm-up started in the background has had its turn
+        assert factory.made == []
+        [(url, row)] = cache.backend_counters().items()  # the fill process's GET, counted
+        assert url == obj.location.url and row["bytes_read"] == obj.size
 
 
 async def test_register_warms_the_dataset_sources(tmp_path: Path, source: Source):
