@@ -231,7 +231,13 @@ class Bench:
                 monitor.watch("daemons", [world.mountd.pid, world.mount.pid])
             mark = source.mark()
             monitor.start()
-            results = run_jobs(specs, work, self.env, timeout, on_start=lambda pids: monitor.watch("jobs", pids))
+            # mosaicml-streaming's datasets pick a shared-memory name in set-up by looking for a
+            # free one and then creating it: three jobs set up at once can pick the same one,
+            # and all but one fail ("File exists: '/000025_locals'", 2026-11-29). Their set-up
+            # runs one after another; their epochs still start together.
+            results = run_jobs(specs, work, self.env, timeout,
+                               on_start=lambda pids: monitor.watch("jobs", pids),
+                               one_by_one=c.name == "mosaic")
             peaks = monitor.stop()
             records = source.requests(mark)
         finally:

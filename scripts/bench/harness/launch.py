@@ -25,12 +25,15 @@ class JobFailed(RuntimeError):
 def run_together(jobs: Sequence[tuple[str, Path]], script: Path, workdir: Path, *, timeout: float,
                  cwd: Path, env: Mapping[str, str] | None = None,
                  on_start: Callable[[list[int]], None] | None = None,
-                 options: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+                 options: Mapping[str, Mapping[str, Any]] | None = None,
+                 one_by_one: bool = False) -> list[dict[str, Any]]:
     """Run ``python SCRIPT SPEC_FILE`` for each ``(name, spec_file)``, started together; their
     JSON results, in order. ``on_start`` gets the job pids once they run (for a monitor).
     ``options``: more ``subprocess.Popen`` arguments for job NAME (``user=``, ``group=``,
     ``extra_groups=`` and its own ``env=`` to run it as another local user;
-    ``start_new_session=``), over the ones above.
+    ``start_new_session=``), over the ones above. ``one_by_one``: each job's set-up runs
+    only once the one before it is ready (for a library whose set-up races with itself in
+    other processes); the timed part still starts together.
 
     Stderr of job NAME is in ``workdir/NAME.log``, its result in ``workdir/NAME.result.json``.
     Every job process is killed if anything fails, on Ctrl-C, and at ``timeout`` seconds."""
@@ -46,6 +49,7 @@ def run_together(jobs: Sequence[tuple[str, Path]], script: Path, workdir: Path, 
     timer = threading.Timer(timeout, expire)
     timer.daemon = True
     try:
+        timer.start()  # before the first job: a set-up that hangs is killed too
         for name, spec_file in jobs:
             log = workdir / f"{name}.log"
             popen: dict[str, Any] = {"cwd": cwd, "env": None if env is None else dict(env)}
@@ -55,11 +59,11 @@ def run_together(jobs: Sequence[tuple[str, Path]], script: Path, workdir: Path, 
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                         text=True, **popen)
             procs.append((name, proc, log))
-        timer.start()
-        for name, proc, log in procs:
-            line = proc.stdout.readline().strip()
-            if line != "ready":
-                raise JobFailed(f"job {name} did not start ({line!r}):\n{tail(log)}")
+            if one_by_one:
+                _wait_ready(name, proc, log)
+        if not one_by_one:
+            for name, proc, log in procs:
+                _wait_ready(name, proc, log)
         for _, proc, _ in procs:  # start them together
             proc.stdin.write("go\n")
             proc.stdin.flush()
@@ -82,6 +86,13 @@ def run_together(jobs: Sequence[tuple[str, Path]], script: Path, workdir: Path, 
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def _wait_ready(name: str, proc: subprocess.Popen, log: Path) -> None:
+    """Wait for job ``name`` to say it has set up."""
+    line = proc.stdout.readline().strip()
+    if line != "ready":
+        raise JobFailed(f"job {name} did not start ({line!r}):\n{tail(log)}")
 
 
 def wait_for_go() -> None:

@@ -69,9 +69,11 @@ def _main(path: str) -> None:
 
 
 def run_jobs(specs: list[dict[str, Any]], workdir: Path, env: dict[str, str], timeout: float,
-             on_start: Callable[[list[int]], None] | None = None) -> list[dict[str, Any]]:
+             on_start: Callable[[list[int]], None] | None = None,
+             one_by_one: bool = False) -> list[dict[str, Any]]:
     """Start one process per spec, together; their results in order. ``on_start`` gets the
-    job pids once they run (for the monitor). Stderr of job NAME is in ``workdir/NAME.log``."""
+    job pids once they run (for the monitor). ``one_by_one``: set up one job after another
+    (harness/launch.py). Stderr of job NAME is in ``workdir/NAME.log``."""
     workdir.mkdir(parents=True, exist_ok=True)
     jobs = []
     for spec in specs:
@@ -79,7 +81,7 @@ def run_jobs(specs: list[dict[str, Any]], workdir: Path, env: dict[str, str], ti
         spec_file.write_text(json.dumps(spec))
         jobs.append((spec["name"], spec_file))
     return run_together(jobs, HERE / "job.py", workdir, timeout=timeout, cwd=HERE.parents[2],
-                        env=env, on_start=on_start)
+                        env=env, on_start=on_start, one_by_one=one_by_one)
 
 
 if __name__ == "__main__":
