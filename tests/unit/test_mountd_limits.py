@@ -147,9 +147,9 @@ def test_no_latency_by_default():
     assert limits.latency == 0.0 and limits.delayed == 0
 
 
-async def test_turns_let_tasks_through_in_ticket_order_whatever_order_they_run_in():
-    turns = Turns()
-    tickets = [turns.ticket() for _ in range(6)]
+async def _through_turns(turns: Turns, tickets: list[int]) -> list[int]:
+    """One task per ticket, started last first, each arriving, then leaving a scheduler
+    round later; the tickets in the order they got through."""
     passed: list[int] = []
 
     async def one(ticket: int) -> None:
@@ -161,7 +161,13 @@ async def test_turns_let_tasks_through_in_ticket_order_whatever_order_they_run_i
     async with trio.open_nursery() as nursery:
         for ticket in reversed(tickets):  # started last first
             nursery.start_soon(one, ticket)
-    assert passed == tickets
+    return passed
+
+
+async def test_turns_let_tasks_through_in_ticket_order_whatever_order_they_run_in():
+    turns = Turns()
+    tickets = [turns.ticket() for _ in range(6)]
+    assert await _through_turns(turns, tickets) == tickets
 
 
 async def test_each_leave_wakes_only_the_next_ticket(monkeypatch):
@@ -189,18 +195,7 @@ async def test_each_leave_wakes_only_the_next_ticket(monkeypatch):
     monkeypatch.setattr(trio, "Event", CountingEvent)
     turns = Turns()
     tickets = [turns.ticket() for _ in range(40)]
-    passed: list[int] = []
-
-    async def one(ticket: int) -> None:
-        await turns.arrive(ticket)
-        passed.append(ticket)
-        await trio.sleep(0)
-        turns.leave(ticket)
-
-    async with trio.open_nursery() as nursery:
-        for ticket in reversed(tickets):
-            nursery.start_soon(one, ticket)
-    assert passed == tickets
+    assert await _through_turns(turns, tickets) == tickets
     assert waits == len(tickets) - 1  # each but the first waited once, and was woken once
 
 
