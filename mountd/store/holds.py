@@ -1,8 +1,8 @@
 """What policy eviction must pass over: files just answered, and files fetched ahead (protection).
 
 Both live here, in memory only, and both are exceptions to the eviction policy's order, never
-to co-ordinated chunk eviction (which removes exactly a chunk every job finished), an admin's
-``evict``, or a full disk. A pin (the index's ``pinned`` column, owned by the session layer's
+to an admin's ``evict`` or a full disk. Co-ordinated chunk eviction (a chunk every job was
+given) passes over protected files but cuts their protection short (:meth:`Holds.shorten`). A pin (the index's ``pinned`` column, owned by the session layer's
 chunks) is a different thing: it is durable, and nothing but an unpin ends it.
 
 **Answer holds.** ``ensure``, ``ensure_supplied`` and ``lease`` answer with a store path; the
@@ -27,7 +27,8 @@ LRU evicts exactly those first once the cache is a little smaller than what is f
 * the file is **read** (:meth:`Holds.consumed`: a hit report, a descriptor hand-off, an
   answer; reads are not attributed to jobs, so anyone's read ends it),
 * its last owner **releases** it (:meth:`Holds.release`: the job's epoch pool closed), or
-* :attr:`Holds.protect_seconds` **pass** (a job that died, a file nobody reads).
+* :attr:`Holds.protect_seconds` **pass** (a job that died, a file nobody reads), or the
+  shorter time its chunk's eviction left it (:meth:`Holds.shorten`).
 
 Protected bytes are bounded by :attr:`Holds.protect_bytes` (``--protect-share`` of the room
 that pinned files leave, a loading chunk's files counted from its start: the cache sets it
@@ -46,6 +47,7 @@ what ended unread, the figures ``quiverfs stats`` prints as "fetched ahead".
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
 
 import trio
@@ -97,6 +99,9 @@ class Holds:
         #: hash -> its protection, oldest first
         self._protected: dict[bytes, _Protection] = {}
         self._by_owner: dict[Hashable, set[bytes]] = {}
+        #: (deadline, hash) of protections cut short (:meth:`shorten`), oldest first: they
+        #: end before their place in ``_protected`` says, so :meth:`expire` looks here too
+        self._shortened: deque[tuple[float, bytes]] = deque()
         self.protected_bytes = 0
         #: Protections started, and ended by reason (:data:`ENDINGS`), in files and in bytes:
         #: ``started == sum(ended) + protected now`` (files and bytes alike), so what was
@@ -146,6 +151,12 @@ class Holds:
             if protected[first].deadline > now:
                 break
             self._end(first, "timeout")
+        shortened = self._shortened
+        while shortened and shortened[0][0] <= now:
+            _, content_hash = shortened.popleft()
+            protection = protected.get(content_hash)
+            if protection is not None and protection.deadline <= now:  # else renewed since
+                self._end(content_hash, "timeout")
 
     def deadline(self, content_hash: bytes | None) -> float | None:
         """When the hold of ``content_hash`` ends (trio time), None when it is not held."""
@@ -186,6 +197,21 @@ class Holds:
         """Whether ``content_hash`` is protected now."""
         protection = self._protected.get(content_hash)
         return protection is not None and protection.deadline > trio.current_time()
+
+    def shorten(self, hashes: Iterable[bytes], seconds: float) -> int:
+        """Let the protections of ``hashes`` last at most ``seconds`` more (their chunk was
+        evicted: a job reads what it was given within its DataLoader's window, and a read the
+        kernel's page cache answered for another job never reaches us, so such a protection
+        would otherwise hold its share until its pool closes). Returns how many were cut."""
+        until = trio.current_time() + seconds
+        cut = 0
+        for content_hash in hashes:
+            protection = self._protected.get(content_hash)
+            if protection is not None and protection.deadline > until:
+                protection.deadline = until
+                self._shortened.append((until, content_hash))
+                cut += 1
+        return cut
 
     def owned(self, owner: Hashable) -> int:
         """How many files ``owner`` protects now (expired ones included until
@@ -228,10 +254,12 @@ class Holds:
         return iter([(h, p.size) for h, p in self._protected.items()])
 
     def next_protection_deadline(self) -> float | None:
-        """When the oldest protection ends by time (trio time), None when there is none."""
-        for protection in self._protected.values():
-            return protection.deadline
-        return None
+        """When the next protection ends by time (trio time), None when there is none."""
+        first = next(iter(self._protected.values()), None)
+        ends = [] if first is None else [first.deadline]
+        if self._shortened:
+            ends.append(self._shortened[0][0])
+        return min(ends, default=None)
 
     def protected_count(self) -> int:
         """How many files are protected now."""

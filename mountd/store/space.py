@@ -57,6 +57,12 @@ DISK_WAIT = 5.0
 #: and they close it within milliseconds; docs/mount.md "Kept descriptors").
 DISK_SETTLE = 0.25
 
+#: Seconds a file still protected when its chunk is evicted stays protected at most (it was
+#: given to a job whose DataLoader has not read it yet: a few seconds of reading at most, and
+#: a read that the kernel's page cache answered for another job is never reported, so the
+#: protection must not last until its pool closes).
+KEPT_PAST_CHUNK_SECONDS = 5.0
+
 #: Seconds between two looks at the disk's free space while a fill waits for room.
 DISK_POLL = 0.005
 
@@ -406,22 +412,38 @@ class Space:
         returns ``(files, bytes)`` removed.
 
         Skipped: hashes not indexed, pinned ones (unpin first), ones being filled right now,
-        and those for which ``keep(hash)`` is true (the caller's "still held by another
-        resident chunk or dataset"). Listeners hear ``removed`` for what went.
+        protected ones (fetched ahead for a job that has not read them yet: kept until read,
+        released or :data:`KEPT_PAST_CHUNK_SECONDS` from now, then left to the policy like
+        any file), and those for which ``keep(hash)`` is true (the caller's "still held by
+        another resident chunk or dataset"). Listeners hear ``removed`` for what went.
+
+        Why protected files stay: a chunk is evicted once its jobs were *given* all of it
+        and its grace passed, but a DataLoader reads up to ``workers x prefetch_factor``
+        batches behind its sampler. With 4 workers of 64-image batches that is ~2 s of
+        reading; the 1 s grace removed 130-380 given files a run before they were read, and
+        each was fetched again on demand (``peers.py`` (b), 2026-11-29).
         """
         index = self._require_open()
         victims: list[tuple[bytes, int]] = []
         seen: set[bytes] = set()
+        protected = self.holds.protected
+        kept: list[bytes] = []
         for hash in hashes:
             hash = layout.check_hash(hash)
             if hash in seen or hash in self._flights:
                 continue
             seen.add(hash)
+            if protected(hash):
+                kept.append(hash)
+                continue
             if keep is not None and keep(hash):
                 continue
             size = index.size_of(hash)
             if size is not None:
                 victims.append((hash, size))
+        if kept:
+            self.holds.shorten(kept, KEPT_PAST_CHUNK_SECONDS)
+            self._notify_protect()  # the admitter wakes at the new deadlines
         if not victims:
             return 0, 0
         pinned = index.pinned_of([h for h, _ in victims])

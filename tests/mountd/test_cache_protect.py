@@ -54,6 +54,33 @@ def test_protections_end_by_read_owner_time_and_stay_within_their_bytes() -> Non
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
+def test_a_protection_cut_short_ends_at_its_new_deadline_and_a_renewal_undoes_the_cut() -> None:
+    """A chunk's eviction keeps its protected files for a few seconds more (Holds.shorten):
+    they end then, ahead of older protections, and free their bytes; one protected again
+    meanwhile keeps its new full term."""
+
+    async def main() -> None:
+        holds = Holds(max_bytes=100, protect_bytes=100, protect_seconds=30.0)
+        old, cut, renewed, later = (bytes([n]) * 32 for n in b"ocrl")
+        holds.protect(old, 10)
+        await trio.sleep(1)
+        for content_hash in (cut, renewed, later):
+            holds.protect(content_hash, 10)
+        assert holds.shorten([cut, renewed, bytes(32)], 5.0) == 2  # unprotected: not cut
+        assert holds.shorten([cut], 10.0) == 0  # never lengthened
+        assert holds.next_protection_deadline() == trio.current_time() + 5.0
+        await trio.sleep(2)
+        holds.protect(renewed, 10)  # given again: a full term from now
+        await trio.sleep(3.5)
+        assert not holds.protected(cut) and holds.protected(renewed) and holds.protected(old)
+        assert holds.protected_count() == 3 and holds.protected_bytes == 30
+        assert holds.ended["timeout"] == 1
+        await trio.sleep(30)
+        assert holds.protected_count() == 0 and holds.ended["timeout"] == 4
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
 def test_protections_count_their_bytes_started_and_ended_by_reason() -> None:
     """What ``quiverfs stats`` shows as fetched ahead, read, unread now and dropped unread."""
 

@@ -295,6 +295,12 @@ async def test_fills_reach_every_dataset_sharing_the_content(tmp_path: Path) -> 
         assert cache.evict_hashes([h]) == (0, 0)  # pinned: kept
         cache.unpin([h])
         assert cache.evict_hashes([h], keep=lambda _: True) == (0, 0)  # held elsewhere: kept
+        # Fetched ahead for a job that has not read it: kept until read (a chunk's grace
+        # ends before a DataLoader with deep prefetch reads the last files it was given).
+        cache.holds.protect(h, s, "job")
+        assert cache.evict_hashes([h]) == (0, 0) and env.in_store(3)
+        assert cache.holds.next_protection_deadline() <= trio.current_time() + 5.0  # cut short
+        cache.record_hits(None, [h], s)  # read: no longer protected
         assert cache.evict_hashes([h, h]) == (1, s)
         assert not env.in_store(3)
         assert not env.server.coop.registry.dataset(env.dataset).is_cached(3)
