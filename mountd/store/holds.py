@@ -2,8 +2,9 @@
 
 Both live here, in memory only, and both are exceptions to the eviction policy's order, never
 to an admin's ``evict`` or a full disk. Co-ordinated chunk eviction (a chunk every job was
-given) passes over protected files but cuts their protection short (:meth:`Holds.shorten`). A pin (the index's ``pinned`` column, owned by the session layer's
-chunks) is a different thing: it is durable, and nothing but an unpin ends it.
+given) passes over protected files but cuts their protection short (:meth:`Holds.shorten`).
+A pin (the index's ``pinned`` column, owned by the session layer's chunks) is a different
+thing: it is durable, and nothing but an unpin ends it.
 
 **Answer holds.** ``ensure``, ``ensure_supplied`` and ``lease`` answer with a store path; the
 client (a mount, a loader) opens it one round trip later. Once open, the file is safe: on
