@@ -13,7 +13,7 @@ Printed, best of ``--rounds`` rounds measured side by side in one run:
 
 * files/s of the loose digest (one ranged GET a file) and of the packed one (one GET per
   chunk span: a miss fetches the wanted members of its chunk, mountd/store/span.py);
-* their ratio (target >= 5x), and for each pass mountd's GETs, bytes received and chunk
+* their ratio (targets: >= 5x, issue 14; >= 8x, issue 34), and for each pass mountd's GETs, bytes received and chunk
   fills (from ``stats``);
 * with ``--sweep``: the packed rate for chunks of 1, 4, 16, 64 and 256 files.
 
@@ -58,7 +58,8 @@ WORK = REPO / ".bench" / "packed_reads"
 BUCKET = "packed-reads"
 BARRIER_TIMEOUT = 60.0
 PASS_TIMEOUT = 600.0
-TARGET = 5.0
+#: packed / loose: issue 14's target, and issue 34's once fills cost less.
+TARGETS = (5.0, 8.0)
 
 
 def progress(message: str) -> None:
@@ -171,8 +172,9 @@ def main() -> None:
               f"{fills:>5,}{members}")
     packed = rows[f"packed-{args.per_chunk}"]
     ratio = packed.best / loose.best
-    print(f"\npacked (chunks of {args.per_chunk}) / loose = {ratio:.2f} "
-          f"({'meets' if ratio >= TARGET else 'misses'} the target of >= {TARGET:g}x)")
+    verdicts = ", ".join(f"{'meets' if ratio >= target else 'misses'} >= {target:g}x"
+                         for target in TARGETS)
+    print(f"\npacked (chunks of {args.per_chunk}) / loose = {ratio:.2f} ({verdicts})")
     print("rounds: " + "; ".join(f"{row.name}: " + ", ".join(f"{x:,.0f}" for x in row.rates)
                                   for row in rows.values()))
     print(f"{time.monotonic() - started:.0f} s, load before {load[0]:.1f}, cpus {os.cpu_count()}")
