@@ -594,11 +594,9 @@ def main() -> None:
     shutil.rmtree(WORLD, ignore_errors=True)  # the logs hold this invocation only
     source, dataset = prepare_source(args.files)
     readahead = readahead_supported()
-    progress("caches on " + ("the repository's filesystem" if args.cache_on_root else
-                              f"a fresh ext4 of their own ({CACHE_FS})"))
     try:
         with dedicated_cache_fs(CACHE_FS, CACHE_FS_IMAGE, not args.cache_on_root,
-                                fallback=WORK) as cache_root:
+                                fallback=WORK, say=progress) as cache_root:
             CACHE_ROOT = cache_root
             run_sections(args, source, dataset, readahead)
     except KeyboardInterrupt:

@@ -404,10 +404,8 @@ def main() -> None:
     data = make_images(ImageSpec(files=files, classes=classes), bench.root / BUCKET, PREFIX, progress=say)
     bench.clear_conversions()
     started = time.time()
-    say("caches on " + ("the repository's filesystem" if args.cache_on_root else
-                        f"a fresh ext4 of their own ({WORK / 'caches'})"))
-    with dedicated_cache_fs(WORK / "caches", WORK / "caches.img", not args.cache_on_root,
-                            fallback=WORK / "caches") as bench.caches, \
+    with dedicated_cache_fs(bench.caches, WORK / "caches.img", not args.cache_on_root,
+                            fallback=bench.caches, say=say) as bench.caches, \
             Source(bench.root, WORK / "source", latency_ms=args.latency_ms, nginx=not args.no_nginx) as source:
         paths = [f"/{BUCKET}/{k}" for k in data.keys]
         say("probing the bucket server")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.world import force_unmount
@@ -27,11 +27,16 @@ IMAGE_BYTES = 8 << 30
 
 @contextlib.contextmanager
 def dedicated_cache_fs(mountpoint: Path, image: Path, enabled: bool = True,
-                       *, fallback: Path | None = None) -> Iterator[Path]:
+                       *, fallback: Path | None = None,
+                       say: Callable[[str], None] | None = None) -> Iterator[Path]:
     """Yield the folder to keep caches in: ``mountpoint`` with a fresh ext4 (over the sparse
     file ``image``) mounted on it, unmounted and deleted on the way out; or, when not
     ``enabled``, ``fallback`` (default: ``mountpoint``'s parent) on the repository's
-    filesystem. Exits with a one-line message when the filesystem cannot be made."""
+    filesystem. ``say`` is told which (a progress line). Exits with a one-line message when
+    the filesystem cannot be made."""
+    if say is not None:
+        say("caches on " + (f"a fresh ext4 of their own ({mountpoint})" if enabled else
+                            "the repository's filesystem"))
     if not enabled:
         yield fallback or mountpoint.parent
         return
