@@ -180,7 +180,8 @@ class DatasetState:
         it made the new epoch's first chunks out of the files the old one had left, the
         last files of one epoch became the first of the next (measured: positions moved
         from the last fifth of an epoch to the first fifth of the next). It still counts
-        for ``by_some``, and it draws its own chunks when it asks.
+        for ``by_some``; it draws no chunks of its own once its job has a later epoch
+        (:meth:`mountd.coop.claims.EpochPool._chunk_after`).
 
         ``requester`` is the holder the manager draws for
         (:meth:`~mountd.coop.chunks.ChunkManager.plan_next`): one of the live pools (an

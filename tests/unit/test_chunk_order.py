@@ -157,17 +157,61 @@ def test_the_statistics_can_fail():
 @pytest.mark.parametrize(("jobs", "world", "rate"),
                          [(2, 2, 12), (4, 1, 12), (2, 2, 3), (1, 2, 1), (2, 2, 1)])
 def test_chunked_order_is_random_across_epochs(jobs, world, rate):
-    """``rate`` 1: the readers run far ahead of the loads (as a job without compute does)."""
+    """``rate`` 1: the readers run far ahead of the loads (as a job without compute does).
+
+    Four seeds, judged together: one seed passed by luck before (at seed 7 every case
+    passed, while over seeds 1-4 half the epoch pairs of the cases with two ranks had
+    ``|r| >= 0.15`` and their mean r was -0.15 to -0.17: a rank finishing an epoch drew
+    chunks of the files it had left, which the job's next epoch read first). Bounds, for
+    600 files (one pair's r has a standard error of ~0.04): the mean r of all pairs within
+    0.06 (what is left is +0.02 to +0.05, the share of the resident chunks a new epoch
+    defers: EpochPool._start), at most 15% of pairs at ``|r| >= 0.15``, and each run's
+    decile test neither clustered (p > 1e-4) nor too regular (p < 0.9999)."""
     n = 600
-    order, fetched, registry = run_epochs(n=n, jobs=jobs, world=world, epochs=10, batch=8,
-                                          rate=rate)
-    assert registry.dataset("ds").plan.chunks >= 10
-    ps, r = check_order(order, n)
-    assert min(ps) > 0.01 and max(ps) < 0.999, ps  # neither clustered nor too regular
-    assert abs(sum(r) / len(r)) < 0.1, r
-    assert max(abs(x) for x in r) < 0.15, r
-    # The remote: about one dataset per epoch, whatever the number of jobs.
-    assert fetched / n / 10 <= 1.2, fetched / n / 10
+    ps: list[float] = []
+    r: list[float] = []
+    for seed in range(1, 5):
+        order, fetched, registry = run_epochs(n=n, jobs=jobs, world=world, epochs=10, batch=8,
+                                              rate=rate, seed=seed)
+        assert registry.dataset("ds").plan.chunks >= 10
+        run_ps, run_r = check_order(order, n)
+        ps += run_ps
+        r += run_r
+        # The remote: about one dataset per epoch, whatever the number of jobs.
+        assert fetched / n / 10 <= 1.2, (seed, fetched / n / 10)
+    assert min(ps) > 1e-4 and max(ps) < 0.9999, ps  # neither clustered nor too regular
+    assert abs(sum(r) / len(r)) < 0.06, r
+    assert sum(abs(x) >= 0.15 for x in r) <= 0.15 * len(r), r
+
+
+def test_a_rank_finishing_an_epoch_its_job_has_left_draws_no_chunk():
+    """Once one rank of a job reads the next epoch, the other finishes the last one with the
+    files left, in random order, without drawing a chunk of them (the next epoch would read
+    such a chunk first: see the test above); every file still goes exactly once."""
+    n = 600
+    registry = SessionRegistry(clock=lambda: 0.0, chunk_grace=0.0)
+    sizes = [1000] * n
+    registry.add_dataset("ds", sizes, budget=int(sum(sizes) // 5 * 0.8), seed=7)
+    for rank in (0, 1):
+        registry.open_session("ds", "job", rank=rank, world_size=2, seed=1)
+    got: list[int] = []
+    while registry.pool("ds", "job", 0).rank_remaining(0):
+        got += registry.claim("ds", "job", 0, 8, epoch=0).ids
+    for _ in range(10):
+        got += registry.claim("ds", "job", 1, 8, epoch=0).ids
+    registry.next_epoch("ds", "job", 0, 1)
+    registry.claim("ds", "job", 0, 8, epoch=1)
+    manager = registry.dataset("ds").manager
+    drawn = manager.generations
+    left = n - len(got)
+    assert left > 150
+    late: list[int] = []
+    while registry.pool("ds", "job", 0).rank_remaining(1):
+        claim = registry.claim("ds", "job", 1, 8, epoch=0)
+        assert claim.ids and not claim.wait
+        late += claim.ids
+    assert manager.generations == drawn  # no chunk drawn for the old epoch
+    assert sorted(got + late) == list(range(n))
 
 
 def test_packed_chunked_order_is_random_across_epochs():
