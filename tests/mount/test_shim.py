@@ -101,6 +101,7 @@ def test_every_file_once_per_epoch_through_a_dataloader(mounted, workers: int) -
         assert Counter(seen) == Counter(range(FILES)), f"epoch {epoch}"
         orders.append(seen)
     assert orders[0] != orders[1]  # a new random order each epoch
+    assert sampler.flush_reports()  # sent by a thread, off the training loop
     timings = ControlClient(mnt).request("timings", job=f"dl-{workers}")
     assert timings["batches"] >= 2 * (len(sampler) - 1)
     assert [e[0] for e in timings["epochs"]] == [0, 1, 2]
@@ -231,12 +232,15 @@ def test_batch_reports_say_what_the_batch_read(mounted) -> None:
     dataset = Indexed(mnt / "train")
     sampler = QuiverBatchSampler(dataset, batch_size=8, job="exact", seed=4)
     sent = []
-    report = sampler.report_batch
-    sampler.report_batch = lambda s, **kw: (sent.append(kw), report(s, **kw))  # type: ignore[method-assign]
+    queue = sampler._reports.put
+    sampler._reports.put = lambda op, **kw: (sent.append((op, kw)), queue(op, **kw))  # type: ignore[method-assign]
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
     seen = [int(i) for indices, _ in loader for i in indices]
     assert Counter(seen) == Counter(range(FILES))
-    assert len(sent) == FILES // 8 - 1 and all(kw == {"files": 8, "misses": 0} for kw in sent)
+    batches = [kw for op, kw in sent if op == "batch"]
+    assert len(batches) == FILES // 8 - 1
+    assert all((kw["files"], kw["misses"]) == (8, 0) for kw in batches)
+    assert sampler.flush_reports()
     out = subprocess.run(quiverfs_cmd("stats", "--cache-dir", str(mounted_cache(mnt)), "--json"),
                          capture_output=True, text=True, check=True)
     allocation = json.loads(out.stdout)["allocation"]

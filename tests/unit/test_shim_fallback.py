@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import socket
+import time
 import warnings
+from array import array
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
 
 import quiverfs.client.torch as shim  # noqa: E402  (after the importorskip)
+from quiverfs.client.timing_reports import TimingReports  # noqa: E402
 from quiverfs.torch import QuiverBatchSampler  # noqa: E402
 
 
@@ -91,19 +94,47 @@ class _OldMount:
         return {"recorded": 1}
 
 
-def test_a_mount_that_refuses_files_and_misses_gets_the_time_alone(paths, monkeypatch) -> None:
-    monkeypatch.setattr(shim, "_warned_off_mount", True)
-    sampler = QuiverBatchSampler(paths=paths, batch_size=5, job="j")
+def test_a_mount_that_refuses_files_and_misses_gets_the_time_alone() -> None:
     old = _OldMount()
-    sampler.control = old  # type: ignore[assignment]
-    sampler.report_batch(0.25, files=5, misses=1)
-    sampler.report_batch(0.5, files=5, misses=0)
+    reports = TimingReports(old, "j", 0)  # type: ignore[arg-type]
+    reports.send("batch", s="0.250000", files=5, misses=1)
+    reports.put("batch", s="0.500000", files=5, misses=0)
+    reports.put("epoch", epoch=0, s="0.750000")
+    assert reports.flush(5.0)
     assert old.requests == [
         ("batch", {"job": "j", "rank": 0, "s": "0.250000", "files": 5, "misses": 1}),
         ("batch", {"job": "j", "rank": 0, "s": "0.250000"}),  # the same report, time alone
-        ("batch", {"job": "j", "rank": 0, "s": "0.500000"}),  # and from then on
+        ("batch", {"job": "j", "rank": 0, "s": "0.500000"}),  # and from then on, in order
+        ("epoch", {"job": "j", "rank": 0, "epoch": 0, "s": "0.750000"}),
     ]
-    sampler.control = None
+
+
+class _SlowMount:
+    """A control channel whose every request takes ``delay`` seconds (a busy mount)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self.requests: list[str] = []
+
+    def request(self, op: str, **args):
+        time.sleep(self.delay)
+        self.requests.append(args["s"])
+        return {"recorded": 1}
+
+
+def test_queued_reports_do_not_wait_for_the_mount_and_go_in_order() -> None:
+    """The training loop's reports go through a thread: queuing twenty 20 ms reports takes
+    far less than their 0.4 s, they arrive in order, and flush waits for the last one."""
+    slow = _SlowMount(0.02)
+    reports = TimingReports(slow, "j", 0)  # type: ignore[arg-type]
+    started = time.monotonic()
+    for k in range(20):
+        reports.put("batch", s=str(k))
+    queued = time.monotonic() - started
+    assert queued < 0.1, queued
+    assert not reports.flush(0.05)  # not all sent yet
+    assert reports.flush(5.0)
+    assert slow.requests == [str(k) for k in range(20)]
 
 
 class _Indices(torch.utils.data.Dataset):
@@ -130,3 +161,48 @@ def test_the_report_lag_is_read_from_the_dataloader(paths, workers, prefetch, de
     sampler.report_lag = 1  # given: used as it is, whatever iterates
     list(loader)
     assert sampler.lag == 1
+
+
+class _SlowClaims:
+    """A control channel that gives ``files`` ids as hits, ``n`` per claim, each claim taking
+    ``delay`` seconds."""
+
+    def __init__(self, files: int, delay: float) -> None:
+        self.left = list(range(files))
+        self.delay = delay
+        self.claims = 0
+
+    def request(self, op: str, **args):
+        assert op == "claim"
+        time.sleep(self.delay)
+        self.claims += 1
+        hits, self.left = self.left[: args["n"]], self.left[args["n"] :]
+        return {"hits": hits, "fetch": [], "wait": False}
+
+
+def test_the_next_claim_is_not_waited_for_while_a_batch_is_left(paths, monkeypatch) -> None:
+    """The claim made when the sampler's claimed files fall below the threshold runs in a
+    thread: the batch still buffered is yielded at once, not after the claim's round trip."""
+    monkeypatch.setattr(shim, "_warned_off_mount", True)
+    sampler = QuiverBatchSampler(paths=paths, batch_size=4, fetch_size=8, threshold=1.0,
+                                 report=False)
+    slow = _SlowClaims(len(paths), 0.2)
+    sampler.control = slow  # type: ignore[assignment]
+    sampler._cid_to_index = array("q", range(len(paths)))
+    waits = []
+    seen: list[int] = []
+    last = time.monotonic()
+    for batch in sampler:
+        now = time.monotonic()
+        waits.append(now - last)
+        seen += batch
+        last = now
+    sampler.control = None
+    sampler.close()
+    assert sorted(seen) == list(range(len(paths)))  # every file once
+    assert slow.claims == 4  # 8 + 8 + 7, then the claim that finds the epoch over
+    # Batches 1 and 3 (from 0) are yielded while the claim made below the threshold is in
+    # flight; 0, 2 and 4 wait for a claim, and so does the last (3 files left: no batch).
+    assert len(waits) == 6
+    assert max(waits[1], waits[3]) < 0.1, waits
+    assert min(waits[0], waits[2], waits[4], waits[5]) >= 0.1, waits
