@@ -47,6 +47,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any, BinaryIO
 
@@ -351,34 +352,10 @@ class QuiverBatchSampler(Sampler[list[int]]):
         buffer: deque[tuple[int, bool]] = deque()  # (dataset index, given as a miss)
         recent: list[int] = []
         produced = 0
-        end = False
-        pause = CLAIM_PAUSE
-        ahead: Future | None = None  # the claim in flight
+        claims = _Claims()
         try:
             while True:
-                while not end and len(buffer) < low:
-                    if ahead is None:
-                        ahead = self._claims_ahead().submit(self._claim, epoch)
-                    if len(buffer) >= self.batch_size and not ahead.done():
-                        break  # a batch is here: the claim lands while it is read
-                    claimed, ahead = ahead.result(), None
-                    if claimed is None:
-                        end = True
-                        continue
-                    if claimed is WAIT:
-                        self.claim_waits += 1
-                        # No room for more misses until this job's readers read what they
-                        # have (mountd/coop/claims.py): yield a batch if there is one, else
-                        # let the DataLoader's workers read for a moment.
-                        if len(buffer) >= self.batch_size:
-                            break
-                        time.sleep(pause)
-                        pause = min(2 * pause, CLAIM_PAUSE_MAX)
-                        continue
-                    pause = CLAIM_PAUSE
-                    for cids, miss in ((claimed[0], False), (claimed[1], True)):
-                        buffer.extend((i, miss) for i in (self._cid_to_index[c] for c in cids)
-                                      if i >= 0)
+                self._top_up(epoch, buffer, low, claims)
                 if not buffer or (len(buffer) < self.batch_size and self.drop_last):
                     break
                 taken = [buffer.popleft() for _ in range(min(self.batch_size, len(buffer)))]
@@ -388,9 +365,9 @@ class QuiverBatchSampler(Sampler[list[int]]):
                 if target is not None and produced >= target:
                     return  # DDP: the same step count on every rank (the rest stays unread)
         finally:
-            if ahead is not None:  # left early: the claim's end (its files stay unread)
+            if claims.ahead is not None:  # left early: the claim's end (its files stay unread)
                 with contextlib.suppress(Exception):
-                    ahead.result()
+                    claims.ahead.result()
         if produced == 0 and self._stale_epoch == epoch:
             warnings.warn(
                 f"QuiverBatchSampler: epoch {epoch} of job {self.job} was over before rank "
@@ -402,6 +379,33 @@ class QuiverBatchSampler(Sampler[list[int]]):
         while target is not None and produced < target and recent:
             yield [rng.choice(recent) for _ in range(self.batch_size)], None
             produced += 1
+
+    def _top_up(self, epoch: int, buffer: deque[tuple[int, bool]], low: int,
+                claims: _Claims) -> None:
+        """Claim until ``buffer`` holds ``low`` files or the epoch is given out; return early
+        while a batch is left and the claim is still in flight, or mountd says ``wait``."""
+        while not claims.end and len(buffer) < low:
+            if claims.ahead is None:
+                claims.ahead = self._claims_ahead().submit(self._claim, epoch)
+            if len(buffer) >= self.batch_size and not claims.ahead.done():
+                return  # a batch is here: the claim lands while it is read
+            claimed, claims.ahead = claims.ahead.result(), None
+            if claimed is None:
+                claims.end = True
+            elif claimed is WAIT:
+                self.claim_waits += 1
+                # No room for more misses until this job's readers read what they have
+                # (mountd/coop/claims.py): yield a batch if there is one, else let the
+                # DataLoader's workers read for a moment.
+                if len(buffer) >= self.batch_size:
+                    return
+                time.sleep(claims.pause)
+                claims.pause = min(2 * claims.pause, CLAIM_PAUSE_MAX)
+            else:
+                claims.pause = CLAIM_PAUSE
+                for cids, miss in ((claimed[0], False), (claimed[1], True)):
+                    buffer.extend((i, miss) for i in (self._cid_to_index[c] for c in cids)
+                                  if i >= 0)
 
     def _claims_ahead(self) -> ThreadPoolExecutor:
         """The thread that makes this process's claims (:meth:`_claimed`): a claim is a
@@ -473,6 +477,16 @@ class QuiverBatchSampler(Sampler[list[int]]):
             assert self.control is not None
             _close_session(self.control, self.job, self.rank, time.monotonic() - self._started,
                            self._reports)
+
+
+@dataclass
+class _Claims:
+    """One epoch's claims in :meth:`QuiverBatchSampler._claimed`: the claim in flight, the
+    pause after a ``wait``, and whether the epoch is given out."""
+
+    ahead: Future | None = None
+    pause: float = CLAIM_PAUSE
+    end: bool = False
 
 
 def _seconds(seconds: float) -> str:
