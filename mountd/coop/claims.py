@@ -510,13 +510,10 @@ class EpochPool:
         """Up to ``n`` of the files left (:meth:`_read_left`), in their random order: the
         cached ones as hits, the others as misses to fetch (entered in flight), as many as
         the cache can protect (:meth:`_miss_quota`; the rest go back, to come next)."""
-        left, dataset, given = self._left, self.dataset, self.given
+        left, dataset = self._left, self.dataset
         assert left is not None
-        picked: list[int] = []
-        while left and len(picked) < n:
-            i = left.pop()
-            if not given[i]:
-                picked.append(i)
+        # Nothing else gives while a pool reads its files left, so none of them is given yet.
+        picked = [left.pop() for _ in range(min(n, len(left)))]
         hits = [i for i in picked if dataset.cached[i]]
         fetch = [i for i in picked if not dataset.cached[i]]
         if fetch:

@@ -526,7 +526,7 @@ def _close_session(control: ControlClient, job: str, rank: int, seconds: float |
     if reports is not None:
         reports.flush()  # the last batch and epoch reports before the session goes
     with contextlib.suppress(OSError):  # already closed, unmounted, or mountd gone
-        control.request("close", job=job, rank=rank, s=None if seconds is None else f"{seconds:.6f}")
+        control.request("close", job=job, rank=rank, s=None if seconds is None else _seconds(seconds))
 
 
 def _warn_off_mount(path: str) -> None:
