@@ -194,8 +194,9 @@ def bench(args: argparse.Namespace, caches: Path) -> list:
             orders[name].append(epochs)
 
     ref = summarize(runs["all-hit"][0])["mean_batch_s"]
-    # files/s one job reads when data never waits (no compute: as fast as data comes)
-    demand = args.batch_size / args.compute if args.compute > 0 else float("inf")
+    # files/s one job (all its ranks, a batch each per step) reads when data never waits
+    # (no compute: as fast as data comes)
+    demand = args.ranks * args.batch_size / args.compute if args.compute > 0 else float("inf")
     print()
     print(parameters({
         "jobs": args.jobs, "epochs": args.epochs, "files": spec.files, "file_size": spec.file_size,
