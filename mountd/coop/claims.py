@@ -201,24 +201,35 @@ class EpochPool:
                 wait = not hits and not fetch
             else:
                 chunk = self.chunk
-                unread = self.unread
-                assert unread is not None
-                while len(hits) < n and unread.cached:
-                    hits.append(self._give(unread.sample_cached(rng)))
-                if len(hits) < n:
-                    if self.fill is None:
-                        want = self._miss_quota(n - len(hits), bool(hits), batch)
-                        if want:
-                            fetch = self._misses(want, rng, lookahead, now)
-                        wait = not hits and not fetch
-                    else:
-                        fetch, brought = self._packed_misses(n - len(hits), rng, now)
+                hits, fetch, brought, wait = self._claim_chunk(n, rng, lookahead, now, batch)
             self.given_by_rank[rank] += len(hits) + len(fetch)
             if self._left is None and not self.unread:
                 self._leave(now)
         return Claim(
             self.epoch, tuple(hits), tuple(fetch), chunk, self.remaining, tuple(brought), wait
         )
+
+    def _claim_chunk(self, n: int, rng: random.Random, lookahead: int, now: float,
+                     batch: int | None) -> tuple[list[int], list[int], list[int], bool]:
+        """Up to ``n`` files of the current chunk: ``(hits, fetch, brought, wait)``, cached
+        unread files first, then misses (:meth:`_miss_quota`; packed: :meth:`_packed_misses`)."""
+        unread = self.unread
+        assert unread is not None
+        hits: list[int] = []
+        fetch: list[int] = []
+        brought: list[int] = []
+        wait = False
+        while len(hits) < n and unread.cached:
+            hits.append(self._give(unread.sample_cached(rng)))
+        if len(hits) < n:
+            if self.fill is None:
+                want = self._miss_quota(n - len(hits), bool(hits), batch)
+                if want:
+                    fetch = self._misses(want, rng, lookahead, now)
+                wait = not hits and not fetch
+            else:
+                fetch, brought = self._packed_misses(n - len(hits), rng, now)
+        return hits, fetch, brought, wait
 
     def _miss_quota(self, want: int, has_hits: bool, batch: int | None) -> int:
         """How many of ``want`` misses a claim may give: what the cache can protect until
