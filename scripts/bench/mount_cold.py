@@ -76,7 +76,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import trio  # noqa: E402
-from harness.cachefs import dedicated_cache_fs  # noqa: E402
+from harness.cachefs import add_cache_on_root, dedicated_cache_fs  # noqa: E402
 from harness.readers import S3Target  # noqa: E402
 from harness.readers import read_pass as readers_pass  # noqa: E402
 from harness.world import (  # noqa: E402
@@ -575,9 +575,7 @@ def main() -> None:
     parser.add_argument("--only", choices=("file", "s3"), help="run one section only")
     parser.add_argument("--scale", action="store_true",
                         help="also cold passes at 1, 2, 4, ... readers with 0, 1 and the default fill processes")
-    parser.add_argument("--cache-on-root", action="store_true",
-                        help="keep the caches on the repository's filesystem instead of a fresh "
-                             "ext4 of their own (slow to create files on this VM)")
+    add_cache_on_root(parser)
     args = parser.parse_args()
     args.files = args.files or (400 if args.quick else 2000)
     args.rounds = args.rounds or (1 if args.quick else 2)

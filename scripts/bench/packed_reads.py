@@ -49,7 +49,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 import blake3  # noqa: E402
-from harness.cachefs import dedicated_cache_fs  # noqa: E402
+from harness.cachefs import add_cache_on_root, dedicated_cache_fs  # noqa: E402
 from harness.readers import read_pass  # noqa: E402
 from harness.world import (  # noqa: E402
     Dataset,
@@ -129,9 +129,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds, best reported (default 2)")
     parser.add_argument("--sweep", action="store_true", help="also packed chunks of 1..256 files")
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
-    parser.add_argument("--cache-on-root", action="store_true",
-                        help="keep the caches on the repository's filesystem instead of a fresh "
-                             "ext4 of their own (slow to create files on this VM)")
+    add_cache_on_root(parser)
     args = parser.parse_args()
     args.files = args.files or (800 if args.quick else 3000)
     args.rounds = args.rounds or (1 if args.quick else 2)

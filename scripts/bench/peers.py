@@ -61,7 +61,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from harness.cachefs import dedicated_cache_fs  # noqa: E402
+from harness.cachefs import add_cache_on_root, dedicated_cache_fs  # noqa: E402
 from harness.report import parameters, table  # noqa: E402
 from harness.world import Dataset as WorldDataset  # noqa: E402
 from harness.world import DatasetSpec, MountdConfig, World, sigterm_as_interrupt  # noqa: E402
@@ -380,9 +380,7 @@ def main() -> None:
     parser.add_argument("--convert-workers", type=int, default=4, help="litdata optimize's num_workers")
     parser.add_argument("--no-nginx", action="store_true", help="serve the bucket with the Python server alone")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the tables as markdown here")
-    parser.add_argument("--cache-on-root", action="store_true",
-                        help="keep every contender's cache on the repository's filesystem instead of a "
-                             "fresh ext4 of their own (slow to create files on this VM)")
+    add_cache_on_root(parser, "every contender's cache")
     args = parser.parse_args()
     files = args.files or (2_000 if args.quick else 20_000)
     classes = args.classes or max(2, min(100, files // 100))

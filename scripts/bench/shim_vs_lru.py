@@ -48,7 +48,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.cachefs import dedicated_cache_fs  # noqa: E402
+from harness.cachefs import add_cache_on_root, dedicated_cache_fs  # noqa: E402
 from harness.cli import add_workload_args, bucket_limits, dataset_spec, preflight  # noqa: E402
 from harness.jobs import JobSpec, run_jobs, write_rels  # noqa: E402
 from harness.report import RemoteDelta, epoch_means, parameters, summarize, table, verdict  # noqa: E402
@@ -84,9 +84,7 @@ def main() -> None:
     parser.add_argument("--skip-lru", action="store_true",
                         help="leave out the LRU run (for sweeps of shim settings)")
     parser.add_argument("--synthetic", action="store_true", help="also run the jobs with no I/O")
-    parser.add_argument("--cache-on-root", action="store_true",
-                        help="keep the caches on the repository's filesystem instead of a fresh "
-                             "ext4 of their own (slow to create files on this VM)")
+    add_cache_on_root(parser)
     parser.add_argument("--file-counts", default=None,
                         help="comma-separated dataset sizes in files (e.g. 600,1200): run the "
                              "worlds for each and print a summary (overrides --files)")

@@ -14,6 +14,7 @@ contender of a benchmark gets the same filesystem, so none is favoured.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import subprocess
 from collections.abc import Callable, Iterator
@@ -23,6 +24,14 @@ from harness.world import force_unmount
 
 #: Size of the sparse image; blocks are allocated only as the caches fill.
 IMAGE_BYTES = 8 << 30
+
+
+def add_cache_on_root(parser: argparse.ArgumentParser, caches: str = "the caches") -> None:
+    """``--cache-on-root``: keep ``caches`` on the repository's filesystem instead of the
+    ext4 of their own that :func:`dedicated_cache_fs` makes (every benchmark that uses it)."""
+    parser.add_argument("--cache-on-root", action="store_true",
+                        help=f"keep {caches} on the repository's filesystem instead of a fresh "
+                             "ext4 of their own (slow to create files on this VM)")
 
 
 @contextlib.contextmanager
