@@ -49,7 +49,27 @@ from mountd.coop.draws import INVERT
 from mountd.coop.plans import Moves
 from mountd.coop.unread import UnreadSet
 
-__all__ = ["Claim", "EpochPool"]
+__all__ = ["ADVICE_SHARE", "Claim", "EpochPool", "advised_fetch"]
+
+#: A rank's advised fetch size is its share of this fraction of a chunk
+#: (:func:`advised_fetch`).
+ADVICE_SHARE = 0.25
+
+
+def advised_fetch(chunk_files: int, world_size: int) -> int:
+    """The most files each of a job's ``world_size`` ranks should claim at a time when the
+    dataset's chunks hold ``chunk_files`` files: an :data:`ADVICE_SHARE` of a chunk between
+    them (at least 1).
+
+    Why: a sampler holds up to two fetches claimed and not read yet, and its DataLoader
+    more. When that look-ahead spans chunks, the job gives out a chunk before its reads
+    reach it and runs chunks ahead of the loads: it takes its files as misses from chunks
+    not loaded yet, the marked chunk it still reads is evicted under it, and loads fetch
+    again what was fetched for it (4 jobs of 2 ranks at a 20% cache, 1,200 files: 94-file
+    chunks against 2 x 128 claimed files a job; 42-88 of each chunk's 94 files fetched
+    twice). A sampler left at its default fetch size follows the advice; one given a fetch
+    size keeps it (docs/shim.md)."""
+    return max(1, int(chunk_files * ADVICE_SHARE) // world_size)
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,9 @@ class Claim:
     #: misses and the job's readers still have a batch's worth per rank to read; claim
     #: again once they have read some (:meth:`EpochPool.claim`).
     wait: bool = False
+    #: The fetch size the job's ranks are advised to claim with (:func:`advised_fetch`);
+    #: None when the dataset is not chunked (no chunk for a look-ahead to outrun).
+    advised_fetch: int | None = None
 
     @property
     def ids(self) -> tuple[int, ...]:
@@ -206,8 +229,17 @@ class EpochPool:
             if self._left is None and not self.unread:
                 self._leave(now)
         return Claim(
-            self.epoch, tuple(hits), tuple(fetch), chunk, self.remaining, tuple(brought), wait
+            self.epoch, tuple(hits), tuple(fetch), chunk, self.remaining, tuple(brought), wait,
+            self.advised_fetch(),
         )
+
+    def advised_fetch(self) -> int | None:
+        """The fetch size for this job's ranks (:func:`advised_fetch`) from the plan's mean
+        chunk; None when the dataset is not chunked."""
+        if self.dataset.manager is None:
+            return None
+        plan = self.dataset.plan
+        return advised_fetch(plan.count // plan.chunks, self.world_size)
 
     def _claim_chunk(self, n: int, rng: random.Random, lookahead: int, now: float,
                      batch: int | None) -> tuple[list[int], list[int], list[int], bool]:
@@ -387,7 +419,8 @@ class EpochPool:
         chunk = self.chunk
         if self.unread is not None and not self.unread:
             self._leave(now)
-        return Claim(self.epoch, (), tuple(out), chunk, self.remaining)
+        return Claim(self.epoch, (), tuple(out), chunk, self.remaining,
+                     advised_fetch=self.advised_fetch())
 
     # -- chunks ----------------------------------------------------------------------------
 

@@ -470,10 +470,13 @@ class CoopService:
             self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,
                                  owner=protection_owner(dataset, job, claim.epoch))
         self.wake()
-        return {
+        answer = {
             "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),
             "chunk": claim.chunk, "remaining": claim.remaining, "wait": claim.wait,
         }
+        if claim.advised_fetch is not None:
+            answer["advised_fetch"] = claim.advised_fetch
+        return answer
 
     def sessions(self) -> list[dict[str, Any]]:
         """Every open session."""

@@ -134,10 +134,12 @@ class QuiverBatchSampler(Sampler[list[int]]):
     ``dataset``: an ImageFolder-like dataset (``.samples`` paths), or pass ``paths`` (one per
     dataset index). ``job``: unique per job and equal on every rank (default: random,
     broadcast from rank 0 when torch.distributed is initialised). ``rank``/``world_size``:
-    default from torch.distributed, else 0/1. ``fetch_size`` (default ``4 × batch_size``):
-    files per claim — DELI's fetch size; the next claim is made when fewer than
-    ``threshold × fetch_size`` claimed files are left (DELI's pre-fetch threshold; 0.5 is
-    the 50/50 rule). ``report``: send each mini-batch's time (measured between two batches
+    default from torch.distributed, else 0/1. ``fetch_size``: files per claim — DELI's fetch
+    size; the next claim is made when fewer than ``threshold × fetch_size`` claimed files
+    are left (DELI's pre-fetch threshold; 0.5 is the 50/50 rule). Default: ``4 ×
+    batch_size``, but no more than the fetch size mountd advises for a chunked dataset (a
+    quarter of a chunk between the job's ranks, at least a batch), so that the job's
+    look-ahead does not outrun the chunks the cache holds. ``report``: send each mini-batch's time (measured between two batches
     taken from this sampler, so it includes data wait and compute) and each epoch's time to
     mountd. A batch report also says how many files that batch had and how many of them its
     claim gave as misses (``fetch``), so mountd sorts it exactly into a hit or a miss sample
@@ -198,6 +200,10 @@ class QuiverBatchSampler(Sampler[list[int]]):
             raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
         self.batch_size = batch_size
         self.fetch_size = fetch_size or 4 * batch_size
+        #: Whether ``fetch_size`` was left to its default (mountd's advice then bounds it)
+        self._fetch_default = not fetch_size
+        #: The fetch size mountd advised in its last claim answer (None: none given)
+        self.advised_fetch: int | None = None
         self.threshold = threshold
         self.drop_last = drop_last
         self.seed = seed
@@ -348,14 +354,13 @@ class QuiverBatchSampler(Sampler[list[int]]):
         """Batches of claimed indices, each with how many of them the claim gave as misses
         (None for DDP padding: repeats, read again whatever the claim said)."""
         target = len(self) if self.world_size > 1 else None
-        low = max(self.batch_size, int(self.threshold * self.fetch_size))
         buffer: deque[tuple[int, bool]] = deque()  # (dataset index, given as a miss)
         recent: list[int] = []
         produced = 0
         claims = _Claims()
         try:
             while True:
-                self._top_up(epoch, buffer, low, claims)
+                self._top_up(epoch, buffer, claims)
                 if not buffer or (len(buffer) < self.batch_size and self.drop_last):
                     break
                 taken = [buffer.popleft() for _ in range(min(self.batch_size, len(buffer)))]
@@ -380,11 +385,19 @@ class QuiverBatchSampler(Sampler[list[int]]):
             yield [rng.choice(recent) for _ in range(self.batch_size)], None
             produced += 1
 
-    def _top_up(self, epoch: int, buffer: deque[tuple[int, bool]], low: int,
-                claims: _Claims) -> None:
-        """Claim until ``buffer`` holds ``low`` files or the epoch is given out; return early
-        while a batch is left and the claim is still in flight, or mountd says ``wait``."""
-        while not claims.end and len(buffer) < low:
+    def fetch_now(self) -> int:
+        """The fetch size of the next claim: ``fetch_size``, or when that is the default and
+        mountd advised one, the advice (at least a batch, at most the default)."""
+        if not self._fetch_default or self.advised_fetch is None:
+            return self.fetch_size
+        return max(self.batch_size, min(self.fetch_size, self.advised_fetch))
+
+    def _top_up(self, epoch: int, buffer: deque[tuple[int, bool]], claims: _Claims) -> None:
+        """Claim until ``buffer`` holds ``threshold × fetch size`` files (at least a batch) or
+        the epoch is given out; return early while a batch is left and the claim is still in
+        flight, or mountd says ``wait``."""
+        while not claims.end and len(buffer) < max(self.batch_size,
+                                                   int(self.threshold * self.fetch_now())):
             if claims.ahead is None:
                 claims.ahead = self._claims_ahead().submit(self._claim, epoch)
             if len(buffer) >= self.batch_size and not claims.ahead.done():
@@ -423,7 +436,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
         room for more misses yet; None at the end of the epoch."""
         assert self.control is not None
         for _attempt in range(3):
-            args: dict[str, Any] = {"job": self.job, "rank": self.rank, "n": self.fetch_size,
+            args: dict[str, Any] = {"job": self.job, "rank": self.rank, "n": self.fetch_now(),
                                     "epoch": epoch}
             if self._send_batch:
                 args["batch"] = self.batch_size
@@ -440,6 +453,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
                     self._send_batch = False  # an older mount or mountd: claim without it
                     continue
                 raise
+            self.advised_fetch = answer.get("advised_fetch")
             if not answer["hits"] and not answer["fetch"]:
                 return WAIT if answer.get("wait") else None
             return answer["hits"], answer["fetch"]

@@ -74,7 +74,8 @@ def main() -> None:
                         help="processes per job (DDP-style ranks, in step by an all-reduce)")
     parser.add_argument("--cache-fraction", type=float, default=0.2, help="cache size / dataset bytes")
     parser.add_argument("--fetch-size", type=int, default=None,
-                        help="QuiverBatchSampler's fetch size (default: its own, 4 x batch size)")
+                        help="QuiverBatchSampler's fetch size (default: its own, 4 x batch size "
+                             "bounded by mountd's advice)")
     parser.add_argument("--prefetch-factor", type=int, default=2, help="DataLoader batches per worker in flight")
     parser.add_argument("--shim-mode", default="chunked", help="mountd --dataset-mode for the shim run")
     parser.add_argument("--chunk-slots", type=int, default=None, choices=(2, 3),
@@ -125,6 +126,13 @@ def main() -> None:
         print(table(["files", "compute s", "shim / all-hit", "lru / all-hit", "shim remote/epoch",
                      "lru remote/epoch", "batch <= 1.3", "remote <= 1.2", "remote <= lru",
                      "order fair"], summary))
+
+
+def _sampler_fetch(results: list[dict], args: argparse.Namespace) -> str:
+    """The fetch size the shim's samplers ended with at their default: 4 × batch, bounded by
+    mountd's advice for a chunked dataset (QuiverBatchSampler.fetch_now)."""
+    used = sorted({r["fetch_size"] for r in results if "fetch_size" in r})
+    return f"default {4 * args.batch_size}, used {'/'.join(map(str, used)) or '?'}"
 
 
 def bench(args: argparse.Namespace, caches: Path) -> list:
@@ -200,7 +208,7 @@ def bench(args: argparse.Namespace, caches: Path) -> list:
         "jobs": args.jobs, "epochs": args.epochs, "files": spec.files, "file_size": spec.file_size,
         "dataset_bytes": dataset.total_bytes, "cache_bytes": small, "cache_fraction": args.cache_fraction,
         "batch_size": args.batch_size, "compute_s": args.compute, "workers": args.workers,
-        "prefetch_factor": args.prefetch_factor, "fetch_size": args.fetch_size or 4 * args.batch_size,
+        "prefetch_factor": args.prefetch_factor, "fetch_size": args.fetch_size or _sampler_fetch(runs["shim"][0], args),
         "remote_requests/s": requests, "remote_bandwidth_B/s": int(bandwidth),
         "bucket/one job's demand": round(requests / demand, 2) if requests else "unlimited",
         "ranks": args.ranks, "shim_mode": args.shim_mode,

@@ -72,3 +72,53 @@ def test_every_epoch_is_a_fresh_shuffle_with_two_ranks_and_workers(mounted, tmp_
     detail = f"lag correlations {[round(r, 2) for r in lags]}, chi-square p {p:.3g}"
     assert abs(sum(lags) / len(lags)) < 0.1, detail
     assert p > 0.001, detail
+
+
+def test_a_default_fetch_size_follows_mountd_and_a_given_one_is_kept(mounted) -> None:
+    """On a chunked dataset mountd advises each rank a fetch size of a quarter chunk between
+    the job's ranks (mountd/coop/claims.py ``advised_fetch``); a sampler left at its default
+    fetch size claims that much (at least a batch) from then on, one given a fetch size keeps
+    it. Every file still comes exactly once per epoch through a DataLoader with workers."""
+    import torch
+
+    from quiverfs.torch import QuiverBatchSampler
+
+    mountpoint, rels = mounted
+    paths = [str(mountpoint / rel) for rel in rels]
+
+    class Files(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(paths)
+
+        def __getitem__(self, i: int) -> int:
+            with open(paths[i], "rb") as f:
+                assert len(f.read()) == FILE_SIZE
+            return i
+
+    def claim_sizes(sampler) -> list[int]:
+        sizes: list[int] = []
+        request = sampler.control.request
+
+        def spy(op, **args):
+            if op == "claim":
+                sizes.append(args["n"])
+            return request(op, **args)
+
+        sampler.control.request = spy
+        return sizes
+
+    batch = 2
+    default = QuiverBatchSampler(paths=paths, batch_size=batch, job="advised", report=False)
+    given = QuiverBatchSampler(paths=paths, batch_size=batch, job="given", fetch_size=8, report=False)
+    for sampler in (default, given):
+        sizes = claim_sizes(sampler)
+        loader = torch.utils.data.DataLoader(Files(), batch_sampler=sampler, num_workers=2)
+        read = sorted(int(i) for b in loader for i in b)
+        assert read == list(range(FILES)), sampler.job
+        sampler.close()
+        advice = sampler.advised_fetch
+        assert advice is not None and batch < advice < 4 * batch, advice  # a real bound here
+        if sampler is default:
+            assert sizes[0] == 4 * batch and set(sizes[1:]) == {advice}, sizes
+        else:
+            assert set(sizes) == {8}, sizes

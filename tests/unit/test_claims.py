@@ -7,7 +7,7 @@ from array import array
 
 import pytest
 
-from mountd.coop.claims import EpochPool
+from mountd.coop.claims import EpochPool, advised_fetch
 from mountd.coop.dataset_state import DatasetState
 from mountd.coop.plans import ChunkPlan
 from mountd.coop.sessions import SessionRegistry
@@ -488,3 +488,28 @@ def test_a_sampler_that_says_its_batch_waits_instead_of_claiming_miss_after_miss
         assert not claim.wait
         rest.extend(claim.ids)
     assert sorted(given + tuple(rest)) == list(range(100))  # exactly once
+
+
+def test_chunked_claims_advise_a_quarter_chunk_between_the_ranks():
+    """A chunked dataset's claims say the fetch size for the job's ranks: a quarter of a chunk
+    between them (at least 1); a dataset that fits says nothing (no chunk to outrun)."""
+    registry = SessionRegistry(clock=FakeClock())
+    assert registry.add_dataset("ds", [100] * 200, budget=200 * 100 // 4, fraction=0.1).value == "chunked"
+    plan = registry.dataset("ds").plan
+    per_chunk = plan.count // plan.chunks
+    registry.open_session("ds", "two", rank=0, world_size=2)
+    registry.open_session("ds", "two", rank=1, world_size=2)
+    registry.open_session("ds", "one")
+    assert registry.claim("ds", "two", 0, 4).advised_fetch == per_chunk // 4 // 2
+    assert registry.claim("ds", "two", 1, 4).advised_fetch == per_chunk // 4 // 2
+    assert registry.claim("ds", "one", 0, 4).advised_fetch == per_chunk // 4
+    assert per_chunk // 4 // 2 >= 1  # the test means something: the advice is not the floor
+    full = full_registry(50)
+    full.open_session("ds", "job")
+    assert full.claim("ds", "job", 0, 4).advised_fetch is None
+
+
+@pytest.mark.parametrize(("chunk_files", "world", "advice"),
+                         [(94, 2, 11), (94, 1, 23), (48, 2, 6), (3, 2, 1), (0, 1, 1), (130_000, 8, 4062)])
+def test_advised_fetch_is_a_quarter_chunk_per_rank_at_least_one(chunk_files, world, advice):
+    assert advised_fetch(chunk_files, world) == advice
