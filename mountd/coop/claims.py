@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from itertools import compress
 
 from mountd.coop.brand import FillRates, unit_members
+from mountd.coop.chunks import Drained
 from mountd.coop.dataset_state import DatasetState
 from mountd.coop.draws import INVERT
 from mountd.coop.plans import Moves
@@ -131,6 +132,10 @@ class EpochPool:
     given: bytearray = field(init=False)
     given_total: int = field(init=False, default=0)
     given_by_rank: list[int] = field(init=False)
+    #: Per rank, the most files its sampler can hold claimed and not read (0: it has not
+    #: claimed): its fetch size plus its claim threshold, at most ``max(n, batch) + n``
+    #: (:meth:`_drained`).
+    windows: list[int] = field(init=False)
     quota: int = field(init=False)
     #: The chunk the job reads now (None before its first claim and after the epoch's end).
     chunk: int | None = field(init=False, default=None)
@@ -160,6 +165,7 @@ class EpochPool:
         n = self.dataset.count
         plan = self.dataset.plan
         self.given_by_rank = [0] * self.world_size
+        self.windows = [0] * self.world_size
         if self.scope is None:
             self.given = bytearray(n)
             self.given_per_chunk = [0] * plan.chunks
@@ -210,6 +216,7 @@ class EpochPool:
         Misses are entered in the dataset's in-flight map; the caller must fetch them.
         ``batch``: the rank's batch size, when its sampler says (see :meth:`_miss_quota`).
         """
+        self.windows[rank] = max(n, batch or n) + n
         n = min(n, self.rank_remaining(rank))
         hits: list[int] = []
         fetch: list[int] = []
@@ -609,12 +616,28 @@ class EpochPool:
         assert self.chunk is not None
         done = self.chunk
         if self.dataset.manager is not None:
-            self.dataset.manager.finished(self, done, now)
+            self.dataset.manager.finished(self, done, now, self._drained())
         self.chunk = None
         self.unread = None
         self.fill = None
         if self.remaining:
             self._enter_next(self.generation)
+
+    def _drained(self) -> Drained | None:
+        """Whether the job's reads have passed what it holds claimed now, as a test for
+        later: each rank that claimed was given a window more since (None: no rank claimed).
+
+        A sampler claims again only when the files it holds fall below its threshold, so a
+        rank given ``window`` more files has read everything it held at this moment
+        (docs/substitutable-reads.md "Grace"). A rank that can claim no more (its epoch is
+        given out) never passes: the grace's time decides then. The DataLoader's own queue
+        is not counted: its workers read a batch as soon as they are sent it, unless they
+        are all busy."""
+        given = self.given_by_rank
+        marks = [(rank, given[rank] + window) for rank, window in enumerate(self.windows) if window]
+        if not marks:
+            return None
+        return lambda: all(given[rank] >= mark for rank, mark in marks)
 
     # -- notifications (from DatasetState) -------------------------------------------------
 

@@ -142,7 +142,7 @@ def mountd_command(
     ),
     chunk_grace: float | None = typer.Option(
         None, "--chunk-grace", metavar="SECONDS",
-        help="Seconds a finished chunk stays cached after the last job was given all of it, so that it can still read those files (default: 1).",
+        help="Most seconds a finished chunk stays cached after the last job was given all of it, so that it can still read those files; it goes sooner once each such job has claimed a window more (default: 1).",
     ),
     sync_interval: float = typer.Option(
         1.0, "--sync-interval", metavar="SECONDS",

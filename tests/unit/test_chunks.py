@@ -802,3 +802,38 @@ def test_random_interleaving_keeps_every_invariant(seed, slots):
         check_invariants(registry.dataset("ds").manager)
     assert min(epochs_done.values()) >= 10, epochs_done
     assert len(harness.evictions) >= 20
+
+
+def test_grace_ends_once_every_finisher_has_read_past_the_chunk():
+    """A finisher that can tell (``drained``) ends its part of the grace as soon as its reads
+    pass the chunk; one that cannot keeps the time; the grace ends when both are over."""
+    manager, cache, _ = make_manager(grace=5.0)
+    told, untold = object(), object()
+    load_two_chunks(manager, cache, [told, untold])
+    read_past = [False]
+    manager.finished(told, 0, 10.0, lambda: read_past[0])
+    assert manager.tick(11.0) == []  # the other job is still on the chunk
+    read_past[0] = True
+    manager.finished(untold, 0, 12.0)  # no drained: its grace runs to 17.0
+    assert manager.tick(13.0) == [] and manager.state(0) is ChunkState.MARKED
+    assert [type(a) for a in manager.tick(17.0)] == [Evict, Preload]
+
+
+def test_a_drained_finisher_releases_the_chunk_before_the_grace_time():
+    manager, cache, _ = make_manager(grace=5.0)
+    job = object()
+    load_two_chunks(manager, cache, [job])
+    read_past = [False]
+    manager.finished(job, 0, 10.0, lambda: read_past[0])
+    manager.reference(job, 1)
+    assert manager.tick(11.0) == [] and manager.state(0) is ChunkState.MARKED
+    read_past[0] = True
+    evict, preload = manager.tick(11.5)
+    assert evict.chunk == 0 and not evict.forced and preload.chunk == 2
+    assert evict.ids == evict.members and manager.state(0) is ChunkState.IDLE
+    # Never drained: the time still ends the grace.
+    manager, cache, _ = make_manager(grace=5.0)
+    load_two_chunks(manager, cache, [job])
+    manager.finished(job, 0, 10.0, lambda: False)
+    assert manager.tick(14.9) == []
+    assert [type(a) for a in manager.tick(15.0)] == [Evict, Preload]

@@ -513,3 +513,43 @@ def test_chunked_claims_advise_a_quarter_chunk_between_the_ranks():
                          [(94, 2, 11), (94, 1, 23), (48, 2, 6), (3, 2, 1), (0, 1, 1), (130_000, 8, 4062)])
 def test_advised_fetch_is_a_quarter_chunk_per_rank_at_least_one(chunk_files, world, advice):
     assert advised_fetch(chunk_files, world) == advice
+
+
+def test_a_finished_chunk_is_read_past_once_every_rank_was_given_its_window_more():
+    """The pool tells its chunk manager when it has read past a chunk it finished: a sampler
+    claims again only as it reads, so each rank given its window (``max(n, batch) + n``) more
+    files since has read all it held; a rank that can claim no more never says so."""
+    registry = SessionRegistry(clock=FakeClock())
+    assert registry.add_dataset("ds", [100] * 200, budget=200 * 100 // 4, fraction=0.1).value == "chunked"
+    manager = registry.dataset("ds").manager
+    finished = []
+    real = manager.finished
+
+    def spy(holder, chunk, now, drained=None):
+        finished.append(drained)
+        real(holder, chunk, now, drained)
+
+    manager.finished = spy
+    for rank in (0, 1):
+        registry.open_session("ds", "job", rank=rank, world_size=2)
+    pool = registry.pool("ds", "job", 0)
+    rank = 0
+    while not finished:
+        registry.claim("ds", "job", rank, 4, batch=2)
+        rank = 1 - rank
+    drained = finished[0]
+    assert pool.windows == [8, 8]
+    marks = [given + 8 for given in pool.given_by_rank]
+    assert not drained()
+    while pool.given_by_rank[0] < marks[0]:
+        registry.claim("ds", "job", 0, 4, batch=2)
+    assert not drained()  # rank 1 has not moved on
+    while pool.given_by_rank[1] < marks[1] - 1:
+        registry.claim("ds", "job", 1, 1, batch=2)
+    assert not drained()
+    registry.claim("ds", "job", 1, 1, batch=2)
+    assert drained()
+    # An older sampler (no batch): its window is two claims.
+    registry.open_session("ds", "old")
+    registry.claim("ds", "old", 0, 5)
+    assert registry.pool("ds", "old", 0).windows == [10]
