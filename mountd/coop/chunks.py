@@ -104,11 +104,19 @@ class _Chunk:
     cached: int = 0  # files of this chunk in the cache now
     failed: set[int] = field(default_factory=set)  # preload failures while loading
     refs: set[object] = field(default_factory=set)  # holders reading it, not finished yet
-    first_done: float | None = None  # when the first holder finished it (this residency)
-    last_done: float | None = None  # when a holder last finished it (this residency)
-    #: Holders that finished it (this residency): when, and whether they have read past it
-    #: by now (None: unknown, the grace's time decides).
+    #: Holders that finished it (this residency), in the order they did: when, and whether
+    #: they have read past it by now (None: unknown, the grace's time decides).
     finishers: list[tuple[float, Drained | None]] = field(default_factory=list)
+
+    @property
+    def first_done(self) -> float | None:
+        """When the first holder finished it (this residency)."""
+        return self.finishers[0][0] if self.finishers else None
+
+    @property
+    def last_done(self) -> float | None:
+        """When a holder last finished it (this residency)."""
+        return self.finishers[-1][0] if self.finishers else None
 
 
 class ChunkManager:
@@ -406,9 +414,6 @@ class ChunkManager:
         c.refs.discard(holder)
         self._read_since_ready = True
         if c.state is not ChunkState.IDLE:
-            if c.first_done is None:
-                c.first_done = now
-            c.last_done = now
             c.finishers.append((now, drained))
 
     # -- cache notifications -----------------------------------------------------------------
@@ -462,7 +467,6 @@ class ChunkManager:
             chunk = self._chunks[index]
             chunk.state = ChunkState.LOADING
             chunk.failed.clear()
-            chunk.first_done = chunk.last_done = None
             chunk.finishers = []
             self.loading = index
             ids = self.plan.preload_order(index, self._rng, lambda i: not self._is_cached(i))
@@ -527,7 +531,6 @@ class ChunkManager:
             chunk.state = ChunkState.IDLE
             # A straggler keeps its reference (it reads the chunk as misses now), so that the
             # chunk is not re-drawn under it; it goes when the straggler finishes or leaves.
-            chunk.first_done = chunk.last_done = None
             chunk.finishers = []
 
     def _in_grace(self, chunk: _Chunk, now: float) -> bool:

@@ -131,7 +131,7 @@ def main() -> None:
 def _sampler_fetch(results: list[dict], args: argparse.Namespace) -> str:
     """The fetch size the shim's samplers ended with at their default: 4 × batch, bounded by
     mountd's advice for a chunked dataset (QuiverBatchSampler.fetch_now)."""
-    used = sorted({r["fetch_size"] for r in results if "fetch_size" in r})
+    used = sorted({r["fetch_size"] for r in results if r.get("fetch_size") is not None})
     return f"default {4 * args.batch_size}, used {'/'.join(map(str, used)) or '?'}"
 
 

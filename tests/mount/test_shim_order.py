@@ -30,7 +30,9 @@ from harness.jobs import JobSpec, run_jobs, write_rels  # noqa: E402
 
 pytestmark = pytest.mark.mount
 
-pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+
+from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
 
 FILES = 300
 FILE_SIZE = 4096
@@ -79,10 +81,6 @@ def test_a_default_fetch_size_follows_mountd_and_a_given_one_is_kept(mounted) ->
     the job's ranks (mountd/coop/claims.py ``advised_fetch``); a sampler left at its default
     fetch size claims that much (at least a batch) from then on, one given a fetch size keeps
     it. Every file still comes exactly once per epoch through a DataLoader with workers."""
-    import torch
-
-    from quiverfs.torch import QuiverBatchSampler
-
     mountpoint, rels = mounted
     paths = [str(mountpoint / rel) for rel in rels]
 

@@ -264,9 +264,9 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
         batch_times += e_times
         waits += e_waits
     wall = time.perf_counter() - started
-    fetch = None
+    fetch = None  # the shim's fetch size at the end: its own, or mountd's advice
     if spec.reader == "mount-shim":
-        fetch = sampler.fetch_now()  # its own, or mountd's advice (quiverfs/client/torch.py)
+        fetch = sampler.fetch_now()
         sampler.close()
     if spec.rendezvous is not None and spec.world_size > 1:
         torch.distributed.destroy_process_group()
@@ -276,7 +276,7 @@ def run_job(spec: JobSpec, go: Any = None) -> dict[str, Any]:
         "batches": len(batch_times), "files": files, "bytes": nbytes, "bucket_gets": gets,
         "mean_batch_s": _mean(batch_times), "mean_wait_s": _mean(waits),
         "p50_batch_s": _quantile(batch_times, 0.5), "p95_batch_s": _quantile(batch_times, 0.95),
-        "epochs": epochs, **({} if fetch is None else {"fetch_size": fetch}),
+        "epochs": epochs, "fetch_size": fetch,
     }
 
 
