@@ -37,9 +37,11 @@ as pins come and go, ``Cache._cap_protection``):
 :meth:`Holds.fits` is the gate that *new* prefetches ask before they start, and they wait
 when it says no (Brand: load a chunk only into a free slot) instead of evicting protected
 files. On-demand misses never wait for protection: a reader's fill evicts unprotected
-entries first and, when only protected ones are left, ends the **oldest protections** and
-evicts those (``ended["demand"]``): a reader is never starved and never told ``CacheFull``
-for protection's sake (the reverted "unread last" LRU starved them: commit 921a01b).
+entries first and, when only protected ones are left, ends the **newest protections** and
+evicts those (``ended["demand"]``, :meth:`Holds.displace`): a reader is never starved and
+never told ``CacheFull`` for protection's sake (the reverted "unread last" LRU starved them:
+commit 921a01b). The cache fetches a displaced file again for its owners as room frees
+(``source``: what it needs for that; mountd/store/space.py says why the newest).
 
 Protections are counted as they start and end, in files and bytes, per reason
 (:meth:`Holds.snapshot`): what was fetched ahead, what of it was read, what waits unread and
@@ -50,6 +52,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator
+from typing import NamedTuple
 
 import trio
 
@@ -73,12 +76,24 @@ ENDINGS = ("read", "released", "timeout", "demand", "removed")
 
 
 class _Protection:
-    __slots__ = ("deadline", "owners", "size")
+    __slots__ = ("deadline", "owners", "size", "source")
 
     def __init__(self, deadline: float, size: int) -> None:
         self.deadline = deadline
         self.size = size
         self.owners: set[Hashable] = set()
+        #: What the cache needs to fetch the file again (opaque here), or None.
+        self.source: object = None
+
+
+class Displaced(NamedTuple):
+    """A protection an on-demand miss ended (:meth:`Holds.displace`): what the cache needs
+    to fetch the file again for its owners."""
+
+    hash: bytes
+    size: int
+    owners: frozenset[Hashable]
+    source: object
 
 
 class Holds:
@@ -178,10 +193,13 @@ class Holds:
         self.expire()
         return max(0, self.protect_bytes - self.protected_bytes)
 
-    def protect(self, content_hash: bytes, size: int, owner: Hashable = None) -> None:
+    def protect(self, content_hash: bytes, size: int, owner: Hashable = None,
+                source: object = None) -> None:
         """Protect ``content_hash`` (``size`` bytes) for ``owner`` (None: nobody in
-        particular) for :attr:`protect_seconds` from now. Does not check :meth:`fits`: the
-        caller decided (an overshoot is bounded by what one decision admits)."""
+        particular) for :attr:`protect_seconds` from now; ``source`` is what the cache
+        needs to fetch it again should an on-demand miss take its room (:meth:`displace`).
+        Does not check :meth:`fits`: the caller decided (an overshoot is bounded by what
+        one decision admits)."""
         protection = self._protected.pop(content_hash, None)
         if protection is None:
             protection = _Protection(0.0, size)
@@ -190,6 +208,8 @@ class Holds:
             self.started_bytes += size
         protection.deadline = trio.current_time() + self.protect_seconds
         self._protected[content_hash] = protection
+        if source is not None:
+            protection.source = source
         if owner is not None:
             protection.owners.add(owner)
             self._by_owner.setdefault(owner, set()).add(content_hash)
@@ -250,9 +270,23 @@ class Holds:
                 ended += 1
         return ended
 
-    def oldest_protected(self) -> Iterator[tuple[bytes, int]]:
-        """Protected ``(hash, size)``, oldest protection first (a snapshot)."""
-        return iter([(h, p.size) for h, p in self._protected.items()])
+    def newest_protected(self) -> Iterator[tuple[bytes, int]]:
+        """Protected ``(hash, size)``, newest protection first (a snapshot): the files whose
+        readers come last."""
+        return iter([(h, p.size) for h, p in reversed(self._protected.items())])
+
+    def displace(self, hashes: Iterable[bytes]) -> list[Displaced]:
+        """End the protections of ``hashes`` for an on-demand miss that needs their room
+        (``ended["demand"]``); returns what it takes to fetch each again."""
+        displaced = []
+        for content_hash in hashes:
+            protection = self._protected.get(content_hash)
+            if protection is None:
+                continue
+            displaced.append(Displaced(content_hash, protection.size,
+                                       frozenset(protection.owners), protection.source))
+            self._end(content_hash, "demand")
+        return displaced
 
     def next_protection_deadline(self) -> float | None:
         """When the next protection ends by time (trio time), None when there is none."""

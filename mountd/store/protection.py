@@ -23,7 +23,7 @@ from mountd.errors import CacheClosed
 from mountd.store import layout
 from mountd.store.config import CacheConfig
 from mountd.store.flights import Flight
-from mountd.store.holds import HOLD_SHARE, Holds
+from mountd.store.holds import HOLD_SHARE, Displaced, Holds
 from mountd.store.index import Index
 from mountd.store.limits import Turns
 from quiverfs.base.backends.base import Location
@@ -182,7 +182,8 @@ class Protection:
             if hash in started or index.size_of(hash) is not None:
                 continue
             if protect and hash in self._flights:
-                holds.protect(hash, size, owner)  # already coming: keep it once it lands
+                # already coming: keep it once it lands
+                holds.protect(hash, size, owner, (location, dataset))
                 continue
             if hash in self._flights:
                 continue
@@ -191,13 +192,31 @@ class Protection:
                     if hash not in self._waiting and len(self._waiting) < self.config.prefetch_queue:
                         self._waiting.add(hash, (size, location, dataset, owner, now))
                     continue
-                holds.protect(hash, size, owner)
+                holds.protect(hash, size, owner, (location, dataset))
             # Two tasks for one hash (a second claim before this one's task ran) still make
             # one remote read: the later joins the earlier's flight (single-flight).
             self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
                                      self._turns.ticket())
             started.add(hash)
         return len(started)
+
+    def _refetch_later(self, displaced: Sequence[Displaced]) -> int:
+        """Files an on-demand miss evicted while protected (:meth:`Space._evict_protected`)
+        wait for protection room again, as a claim's misses do, for one of their owners:
+        their job has still to read them, and fetched again before it does they are hits
+        rather than the next on-demand miss. Files protected for nobody in particular (the
+        mounts' read-ahead) are let go. Returns how many wait."""
+        now = trio.current_time()
+        queued = 0
+        for item in displaced:
+            if item.source is None or not item.owners or item.hash in self._waiting \
+                    or len(self._waiting) >= self.config.prefetch_queue:
+                continue
+            location, dataset = item.source
+            self._waiting.add(item.hash, (item.size, location, dataset, next(iter(item.owners)),
+                                          now))
+            queued += 1
+        return queued
 
     def protect_room(self) -> int:
         """Bytes protections may still take once the waiting prefetches have started: what
@@ -241,12 +260,12 @@ class Protection:
                 continue
             if hash in self._flights:
                 self._waiting.pop(hash)
-                self.holds.protect(hash, size, owner)
+                self.holds.protect(hash, size, owner, (location, dataset))
                 continue
             if not self.holds.fits(size):
                 break
             self._waiting.pop(hash)
-            self.holds.protect(hash, size, owner)
+            self.holds.protect(hash, size, owner, (location, dataset))
             self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
                                      self._turns.ticket())
             started += 1

@@ -38,7 +38,7 @@ from mountd.stats.counters import Counters
 from mountd.store import disk, layout
 from mountd.store.config import CacheConfig
 from mountd.store.flights import CacheListener, Flight
-from mountd.store.holds import Holds
+from mountd.store.holds import Displaced, Holds
 from mountd.store.index import Index
 from mountd.store.peers import PeerSource
 from mountd.store.policy import EvictionPolicy, keep_last
@@ -92,6 +92,7 @@ class Space:
     _require_open: Callable[[], Index]
     _flush_index: Callable[[], None]
     _notify_protect: Callable[[], None]
+    _refetch_later: Callable[[Sequence[Displaced]], int]
     _cap_protection: Callable[[], None]
     _tell: Callable[[str, Callable[[CacheListener], object]], None]
 
@@ -130,8 +131,9 @@ class Space:
         (:class:`QuotaExceeded` when they are ``uid``'s).
 
         Protected files (fetched ahead, not read yet: mountd/store/holds.py) are passed over.
-        When ``demand()`` says a reader waits (None: always), the oldest protections end and
-        their files go rather than the reader wait or fail; a prefetch nobody waits for
+        When ``demand()`` says a reader waits (None: always), the newest protections end and
+        their files go (to be fetched again as room frees) rather than the reader wait or
+        fail; a prefetch nobody waits for
         fails with :class:`CacheFull` instead (it is never retried; a reader that comes later
         fills the file on demand)."""
         cap = self.config.cache_size
@@ -234,16 +236,25 @@ class Space:
         return self._remove(victims, reason="evict")
 
     def _evict_protected(self, need: int) -> tuple[int, int]:
-        """A reader's fill finds only protected files in its way: end the oldest
+        """A reader's fill finds only protected files in its way: end the newest
         protections (counted as ``ended["demand"]``) and evict those files, never a pinned
         one, one in flight, one landed for readers not answered yet, or one just answered.
         A reader never waits for a prefetch's reader, and never gets ``CacheFull`` for
-        protection's sake."""
+        protection's sake.
+
+        The newest, and fetched again later: a displaced file is still to be read by the
+        job it was fetched for. Evicting the oldest (the next to be read) made its reader
+        miss on demand a moment later, which ended the next protection, and so on: a chain
+        of one on-demand miss per file read that ran for whole epochs once it started
+        (docs/store-layout.md "Holds and protection"). The newest protection's reader comes
+        last, and the file waits (:meth:`_refetch_later`) for room that reads free, as any
+        prefetch does, so it is fetched again before its reader without taking anyone's
+        room."""
         if not self.holds.protected_bytes:
             return 0, 0
         index = self._require_open()
         candidates: list[tuple[bytes, int]] = []
-        for hash, size in self.holds.oldest_protected():
+        for hash, size in self.holds.newest_protected():
             if hash in self._flights or hash in self.holds or hash in self._landing \
                     or index.size_of(hash) is None:
                 continue  # not stored yet (its fill is queued or running), or just answered
@@ -257,12 +268,15 @@ class Space:
             if hash not in pinned:
                 victims.append((hash, size))
                 freed += size
-        if victims:
-            self.holds.forget([h for h, _ in victims], "demand")
-            log.info("a reader needed room: ended %d protections of files fetched ahead "
-                     "(%d bytes)", len(victims), freed)
-            self._notify_protect()
-        return self._remove(victims, reason="evict")
+        if not victims:
+            return 0, 0
+        displaced = self.holds.displace([h for h, _ in victims])
+        log.info("a reader needed room: ended %d protections of files fetched ahead "
+                 "(%d bytes), to be fetched again as room frees", len(victims), freed)
+        removed = self._remove(victims, reason="evict")
+        self._refetch_later(displaced)
+        self._notify_protect()
+        return removed
 
     def _free_disk(self, need: int) -> int:
         """The disk is full (the disk is smaller than the cap, or shared with others): evict

@@ -207,13 +207,16 @@ async def test_new_prefetches_wait_while_protection_is_full_then_start_as_reads_
 async def test_on_demand_misses_proceed_when_everything_is_protected(
     tmp_path: Path, source: Source, backends: Backends
 ) -> None:
+    """A reader never waits for protection: it takes the room of the newest protections
+    (whose readers come last), and those files wait to be fetched again as reads free room,
+    so the job that was given them still finds them cached."""
     ahead = source.many(5, K, "ahead")
     readers = source.many(3, K, "read")
     async with running(config(tmp_path / "c", size=5 * K, protect_share=1.0), backends) as cache:
         # Readers' files stay held (their clients have not opened them): only protected
-        # files are left to evict. Holds keep at most half the cache, the oldest end first.
-        cache.holds.seconds = 30.0
-        for o in ahead:  # one at a time: the oldest protection is ahead[0]
+        # files are left to evict.
+        cache.holds.seconds = 1.0
+        for o in ahead:  # one at a time: the newest protection is ahead[4]
             cache.fetch_now(items([o]), "ds", owner="job")
             await landed(cache, [o])
         assert cache.usage()["protection"]["bytes"] == 5 * K == cache.used
@@ -221,10 +224,59 @@ async def test_on_demand_misses_proceed_when_everything_is_protected(
             with trio.fail_after(5):
                 path = await cache.ensure(o.hash, o.size, o.location, "ds")
             assert Path(path).read_bytes() == o.data
-        # the oldest protections ended, the newest stand
-        assert [cache.contains(o.hash) for o in ahead] == [False, False, False, True, True]
+        # the newest protections ended, the oldest stand
+        assert [cache.contains(o.hash) for o in ahead] == [True, True, False, False, False]
         assert cache.usage()["protection"]["ended"]["demand"] == 3
-        assert cache.holds.protected(ahead[4].hash)
+        assert cache.holds.protected(ahead[0].hash) and cache.holds.protected(ahead[1].hash)
+        # the job still has five files coming: two protected, three to be fetched again
+        assert cache.protect_pending("job") == 5
+        gets = cache.counters.total.remote_requests["GET"]
+        # The job reads its two; the readers' holds run out: the three are fetched again.
+        cache.record_hits("ds", [ahead[0].hash, ahead[1].hash], 2 * K)
+        await landed(cache, ahead[2:])
+        assert cache.counters.total.remote_requests["GET"] == gets + 3
+        assert all(cache.holds.protected(o.hash) for o in ahead[2:])
+        assert [stored(tmp_path, o) for o in ahead[2:]] == [o.data for o in ahead[2:]]
+        assert cache.usage()["protection"]["waiting"] == 0
+
+
+async def test_files_protected_for_nobody_are_not_fetched_again_when_displaced(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    """The mounts' read-ahead protects for nobody in particular: a reader that takes its
+    room lets those files go (no job was given them)."""
+    ahead = source.many(2, K, "ahead")
+    reader = source.many(1, K, "read")[0]
+    async with running(config(tmp_path / "c", size=2 * K, protect_share=1.0), backends) as cache:
+        cache.holds.seconds = 1.0
+        cache.fetch_now(items(ahead), "ds")  # no owner
+        await landed(cache, ahead)
+        await cache.ensure(reader.hash, reader.size, reader.location, "ds")
+        assert [cache.contains(o.hash) for o in ahead] == [True, False]
+        assert cache.usage()["protection"]["waiting"] == 0
+        await trio.sleep(1.2)  # the reader's hold is over: room, and still nobody fetches it
+        assert not cache.contains(ahead[1].hash)
+        assert cache.counters.total.remote_requests["GET"] == 3
+
+
+def test_displaced_protections_go_newest_first_with_what_fetches_them_again() -> None:
+    async def main() -> None:
+        holds = Holds(max_bytes=100, protect_bytes=100)
+        a, b, c = (bytes([n]) * 32 for n in b"abc")
+        holds.protect(a, 10, "job1", source="where a lies")
+        holds.protect(b, 20, "job1")
+        holds.protect(b, 20, "job2", source="where b lies")
+        holds.protect(c, 30)
+        assert [h for h, _ in holds.newest_protected()] == [c, b, a]
+        out = holds.displace([b, a])
+        assert [(d.hash, d.size, d.owners, d.source) for d in out] == [
+            (b, 20, frozenset({"job1", "job2"}), "where b lies"),
+            (a, 10, frozenset({"job1"}), "where a lies"),
+        ]
+        assert holds.ended["demand"] == 2 and holds.protected_bytes == 30
+        assert holds.owned("job1") == 0 and holds.displace([a]) == []
+
+    trio.run(main)
 
 
 async def test_every_answer_holds_and_counts_as_a_read(
