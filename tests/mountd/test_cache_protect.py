@@ -214,8 +214,9 @@ async def test_on_demand_misses_proceed_when_everything_is_protected(
     readers = source.many(3, K, "read")
     async with running(config(tmp_path / "c", size=5 * K, protect_share=1.0), backends) as cache:
         # Readers' files stay held (their clients have not opened them): only protected
-        # files are left to evict.
-        cache.holds.seconds = 1.0
+        # files are left to evict. (A fetch that finds a held file first in line sleeps
+        # until that hold ends: keep it short.)
+        cache.holds.seconds = 2.0
         for o in ahead:  # one at a time: the newest protection is ahead[4]
             cache.fetch_now(items([o]), "ds", owner="job")
             await landed(cache, [o])
@@ -231,12 +232,16 @@ async def test_on_demand_misses_proceed_when_everything_is_protected(
         # the job still has five files coming: two protected, three to be fetched again
         assert cache.protect_pending("job") == 5
         gets = cache.counters.total.remote_requests["GET"]
-        # The job reads its two; the readers' holds run out: the three are fetched again.
+        # The job reads its two, and holds keep at most half the cache (the first reader's
+        # ended): that room goes to the three displaced files, fetched again for the job
+        # (the first of them once the hold it met has run out).
         cache.record_hits("ds", [ahead[0].hash, ahead[1].hash], 2 * K)
         await landed(cache, ahead[2:])
+        await trio.sleep(0.1)
         assert cache.counters.total.remote_requests["GET"] == gets + 3
         assert all(cache.holds.protected(o.hash) for o in ahead[2:])
         assert [stored(tmp_path, o) for o in ahead[2:]] == [o.data for o in ahead[2:]]
+        assert cache.used <= 5 * K  # the room came from files read or no longer held
         assert cache.usage()["protection"]["waiting"] == 0
 
 
