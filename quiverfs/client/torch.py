@@ -141,9 +141,10 @@ class QuiverBatchSampler(Sampler[list[int]]):
     quarter of a chunk between the job's ranks, at least a batch), so that the job's
     look-ahead does not outrun the chunks the cache holds. ``report``: send each mini-batch's
     time (measured between two batches taken from this sampler, so it includes data wait and
-    compute) and each epoch's time to mountd. A batch report also says how many files that batch had and how many of them its
-    claim gave as misses (``fetch``), so mountd sorts it exactly into a hit or a miss sample
-    and scales a short batch to a full one (the benefit-aware policy, docs/substitutable-reads.md).
+    compute) and each epoch's time to mountd. A batch report also says how many files that
+    batch had and how many of them its claim gave as misses (``fetch``), so mountd sorts it
+    exactly into a hit or a miss sample and scales a short batch to a full one (the
+    benefit-aware policy, docs/substitutable-reads.md).
     ``report_lag``: batches the loader takes from this sampler ahead of the training step that
     ends the measured interval — 0 with ``num_workers=0``, ``num_workers × prefetch_factor``
     with worker processes (a DataLoader with 8 workers: 16): the report then names the batch
