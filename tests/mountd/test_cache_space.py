@@ -233,6 +233,29 @@ def _fill_disk(path: Path) -> Path:
     return ballast
 
 
+def test_a_pinned_row_that_cannot_be_written_counts_once_written(small_tmpfs: Path):
+    """A row pinned before its batch was written counts in ``pinned_bytes`` (the room left
+    for protection) only while it is in the table or about to be: on a full disk it waits
+    unwritten and uncounted, and counts again once a retry writes it, pinned."""
+    index = Index.open(small_tmpfs / "index.sqlite")
+    try:
+        row = b"\x03" * 32
+        index.insert(b"\x01" * 32, 1000, "ds")
+        index.flush()
+        index.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the log must grow for the next write
+        ballast = _fill_disk(small_tmpfs)
+        index.insert(row, 3000, "ds")
+        assert index.set_pinned([row], True) == 1 and index.pinned_bytes == 3000
+        index.flush()
+        assert [r.hash for r in index.lost] == [row] and index.pinned_bytes == 0
+        assert index.retry_lost() == 1 and index.pinned_bytes == 0
+        ballast.unlink()
+        assert index.retry_lost() == 0 and index.pinned_bytes == 3000
+        assert index.conn.execute("SELECT pinned FROM entries WHERE hash=?", (row,)).fetchone() == (1,)
+    finally:
+        index.close()
+
+
 def test_index_rows_wait_for_room_on_a_full_disk(small_tmpfs: Path):
     """SQLite needs room to delete rows and to write new ones. On a full disk a delete's
     rows are hidden and deleted later, and new rows stay visible until they can be written:
