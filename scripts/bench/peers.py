@@ -61,7 +61,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from harness.cachefs import add_cache_on_root, dedicated_cache_fs  # noqa: E402
+from harness.cachefs import IMAGE_BYTES, add_cache_on_root, dedicated_cache_fs  # noqa: E402
 from harness.report import parameters, table  # noqa: E402
 from harness.world import Dataset as WorldDataset  # noqa: E402
 from harness.world import DatasetSpec, MountdConfig, World, sigterm_as_interrupt  # noqa: E402
@@ -89,6 +89,15 @@ SCENARIOS = {"a": "one job, cache larger than the dataset",
 SERVER_BOUND = 0.7
 #: Machine CPU busy at or above this means the CPU limits a row.
 CPU_BOUND = 0.9
+
+
+def cache_fs_bytes(dataset_bytes: int, jobs: int) -> int:
+    """The caches' filesystem: room for one contender's caches (each round's are removed
+    when it ends) with a quarter to spare. In (c) a loader whose jobs each keep a local copy
+    (streaming) holds ``jobs`` datasets at once. At the default 20,000 files, those three
+    copies beside the two quiverfs rows' caches left behind filled the fixed 8 GiB, and its
+    jobs failed with ENOSPC. The image is sparse: only what the caches write is used."""
+    return max(IMAGE_BYTES, int((jobs + 1) * dataset_bytes * 1.25))
 
 
 def say(message: str) -> None:
@@ -245,6 +254,8 @@ class Bench:
                 monitor.stop()
             if world is not None:
                 world.stop()
+            # Its peak is measured: the next contender starts on an empty filesystem.
+            shutil.rmtree(caches, ignore_errors=True)
         self._score(row, results, records, peaks, data, cache_bytes)
 
     def _score(self, row: Row, results: list[dict[str, Any]], records, peaks, data, cache_bytes) -> None:
@@ -403,7 +414,8 @@ def main() -> None:
     bench.clear_conversions()
     started = time.time()
     with dedicated_cache_fs(bench.caches, WORK / "caches.img", not args.cache_on_root,
-                            fallback=bench.caches, say=say) as bench.caches, \
+                            fallback=bench.caches, say=say,
+                            size=cache_fs_bytes(data.total_bytes, args.jobs)) as bench.caches, \
             Source(bench.root, WORK / "source", latency_ms=args.latency_ms, nginx=not args.no_nginx) as source:
         paths = [f"/{BUCKET}/{k}" for k in data.keys]
         say("probing the bucket server")

@@ -37,9 +37,10 @@ def add_cache_on_root(parser: argparse.ArgumentParser, caches: str = "the caches
 @contextlib.contextmanager
 def dedicated_cache_fs(mountpoint: Path, image: Path, enabled: bool = True,
                        *, fallback: Path | None = None,
-                       say: Callable[[str], None] | None = None) -> Iterator[Path]:
-    """Yield the folder to keep caches in: ``mountpoint`` with a fresh ext4 (over the sparse
-    file ``image``) mounted on it, unmounted and deleted on the way out; or, when not
+                       say: Callable[[str], None] | None = None,
+                       size: int = IMAGE_BYTES) -> Iterator[Path]:
+    """Yield the folder to keep caches in: ``mountpoint`` with a fresh ext4 of ``size`` bytes
+    (over the sparse file ``image``) mounted on it, unmounted and deleted on the way out; or, when not
     ``enabled``, ``fallback`` (default: ``mountpoint``'s parent) on the repository's
     filesystem. ``say`` is told which (a progress line). Exits with a one-line message when
     the filesystem cannot be made."""
@@ -53,7 +54,7 @@ def dedicated_cache_fs(mountpoint: Path, image: Path, enabled: bool = True,
     mountpoint.mkdir(parents=True, exist_ok=True)
     image.unlink(missing_ok=True)
     with open(image, "wb") as f:
-        f.truncate(IMAGE_BYTES)
+        f.truncate(size)
     try:
         subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True, capture_output=True)
         subprocess.run(["mount", "-o", "loop", str(image), str(mountpoint)], check=True,
