@@ -39,10 +39,10 @@ def dedicated_cache_fs(mountpoint: Path, image: Path, enabled: bool = True,
                        *, fallback: Path | None = None,
                        say: Callable[[str], None] | None = None,
                        size: int = IMAGE_BYTES) -> Iterator[Path]:
-    """Yield the folder to keep caches in: ``mountpoint`` with a fresh ext4 of ``size`` bytes
-    (over the sparse file ``image``) mounted on it, unmounted and deleted on the way out; or, when not
-    ``enabled``, ``fallback`` (default: ``mountpoint``'s parent) on the repository's
-    filesystem. ``say`` is told which (a progress line). Exits with a one-line message when
+    """Yield the folder to keep caches in: ``mountpoint`` with a fresh ext4 of ``size``
+    bytes (over the sparse file ``image``) mounted on it, unmounted and deleted on the way
+    out; or, when not ``enabled``, ``fallback`` (default: ``mountpoint``'s parent) on the
+    repository's filesystem. ``say`` is told which (a progress line). Exits with a one-line message when
     the filesystem cannot be made."""
     if say is not None:
         say("caches on " + (f"a fresh ext4 of their own ({mountpoint})" if enabled else
