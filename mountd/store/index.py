@@ -555,19 +555,17 @@ class Index:
         changed = moved = 0
         if pinned and self._unwritten:
             hashes, changed, moved = self._pin_unwritten(hashes)
-            if not hashes:
-                self.pinned_bytes += moved
-                return changed
-        c = self.conn
-        with self.transaction():
-            for part in batched(hashes):
-                marks = ",".join("?" * len(part))
-                moved += c.execute(
-                    f"SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned!=? AND hash IN ({marks})",
-                    (int(pinned), *part)).fetchone()[0]
-                changed += c.execute(
-                    f"UPDATE entries SET pinned=? WHERE hash IN ({marks})", (int(pinned), *part)
-                ).rowcount
+        if hashes:
+            c = self.conn
+            with self.transaction():
+                for part in batched(hashes):
+                    marks = ",".join("?" * len(part))
+                    moved += c.execute(
+                        f"SELECT COALESCE(SUM(size), 0) FROM entries WHERE pinned!=? AND hash IN ({marks})",
+                        (int(pinned), *part)).fetchone()[0]
+                    changed += c.execute(
+                        f"UPDATE entries SET pinned=? WHERE hash IN ({marks})", (int(pinned), *part)
+                    ).rowcount
         self.pinned_bytes += moved if pinned else -moved
         return changed
 

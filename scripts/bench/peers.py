@@ -93,7 +93,7 @@ CPU_BOUND = 0.9
 
 def cache_fs_bytes(dataset_bytes: int, jobs: int) -> int:
     """The caches' filesystem: room for one contender's caches (each round's are removed
-    when it ends) with a quarter to spare. In (c) a loader whose jobs each keep a local copy
+    when it ends), ``jobs`` datasets and one more, with a quarter to spare. In (c) a loader whose jobs each keep a local copy
     (streaming) holds ``jobs`` datasets at once. At the default 20,000 files, those three
     copies beside the two quiverfs rows' caches left behind filled the fixed 8 GiB, and its
     jobs failed with ENOSPC. The image is sparse: only what the caches write is used."""
