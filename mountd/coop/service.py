@@ -185,11 +185,13 @@ class CoopService:
         self.warnings: dict[str, str] = {}
         #: dataset -> hash -> size of the files a chunked dataset keeps across epochs (chosen
         #: at chunk evictions up to the allocation's ``retain`` bytes, :meth:`_retain`; not
-        #: pinned: the cache's LRU may still take them, and then they are forgotten here)
+        #: pinned: the cache's LRU takes them after every other evictable file
+        #: (``Cache.set_retained``), and then they are forgotten here)
         self.retained: dict[str, dict[bytes, int]] = {}
         self._retain_rng = random.Random()
         cache.add_listener(self)
         cache.set_chunk_members(self.chunk_members)
+        cache.set_retained(self._is_retained)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -275,6 +277,7 @@ class CoopService:
         """Stop listening to the cache and close the digests."""
         self.cache.remove_listener(self)
         self.cache.set_chunk_members(None)
+        self.cache.set_retained(None)
         for view in self.views.values():
             view.close()
         self.views.clear()
@@ -618,7 +621,8 @@ class CoopService:
         pinned, they took the unpinned room that claims' prefetches are protected in, and the
         other chunked dataset's jobs lost what this one gained (benefit_aware.py, 2026-11-27:
         sensitive +15–20%, medium −3 to −33%); unpinned, the cache's LRU takes them back when
-        that room is needed. Picked at random among ``ids``: the ids come in digest order."""
+        that room is needed, but only after every other evictable file (``Cache.set_retained``:
+        in plain LRU order they went first, before the files the epoch had just read). Picked at random among ``ids``: the ids come in digest order."""
         kept = self.retained.setdefault(dataset, {})
         room = self.registry.retain_bytes(dataset) - sum(kept.values())
         if room <= 0:

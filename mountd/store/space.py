@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import trio
 
@@ -117,6 +117,37 @@ class Space:
         #: Fills that met a full disk make their room one at a time, first come first served
         #: (a lock is fair in trio): side by side, each took the room another made.
         self._disk_turns = trio.Lock()
+        #: Files the session layer keeps across epochs (:meth:`set_retained`); None: none.
+        self._retained: Callable[[bytes], bool] | None = None
+
+    def set_retained(self, retained: Callable[[bytes], bool] | None) -> None:
+        """Have eviction by policy take the files ``retained(hash)`` names only after every
+        other evictable file (None: no such files). mountd's session layer names the files a
+        chunked dataset keeps across epochs (mountd/coop/service.py ``_retain``): they are not
+        pinned, so that room for prefetches stays, but in plain LRU order they were the
+        first to go, being the files the current epoch had not read yet, and a file that one
+        read had just fetched outlived them (test_coop.py, 2026-11-30: about 200 of them
+        evicted over three epochs of a 20 kB allowance of 1 kB files). Must be cheap: it is
+        called for each victim an eviction considers (:meth:`_retained_last`)."""
+        self._retained = retained
+
+    def _retained_last(self, victims: Iterator[tuple[bytes, int]]) -> Iterator[tuple[bytes, int]]:
+        """``victims`` with the files kept across epochs (:meth:`set_retained`) after all the
+        others (:func:`keep_last`). Each one met is marked used now (``Index.touch``, in
+        memory), so that the next eviction finds it at the recent end rather than reads past
+        it again: one stamp written per kept file per turn of the cache, not a scan of every
+        kept file per fill."""
+        retained, index = self._retained, self._require_open()
+        assert retained is not None
+
+        def kept(content_hash: bytes) -> bool:
+            if not retained(content_hash):
+                return False
+            index.touch((content_hash,), None)
+            return True
+
+        for content_hash, size, _ in keep_last(victims, kept):
+            yield content_hash, size
 
     def _notify_space(self) -> None:
         self._space_changed.set()
@@ -200,8 +231,11 @@ class Space:
         """Evict by policy until ``need`` bytes are freed (or nothing evictable is left);
         files just answered and files protected (mountd/store/holds.py) are skipped unless
         ``holds`` is False (a full disk); files landed for readers not answered yet
-        (:attr:`_landing`, one trio step) always are. In a cluster, files this node keeps
-        for the others (:meth:`PeerSource.keeps`) go last (:func:`keep_last`)."""
+        (:attr:`_landing`, one trio step) always are. Files this node keeps for the cluster
+        (:meth:`PeerSource.keeps`) go last (:func:`keep_last`): a held file it does not keep
+        is waited for rather than one it keeps evicted. Files kept across epochs
+        (:meth:`set_retained`) go after the others of their group, but are not waited for:
+        a reader's miss costs more now than a kept file's miss next epoch."""
         assert self._policy is not None
         victims: list[tuple[bytes, int]] = []
         freed = 0
@@ -210,8 +244,11 @@ class Space:
         protected = self.holds.protected if holds and self.holds.protected_bytes else None
         self._first_held = None
         keeps = None if self.peers is None else self.peers.keeps
-        order = ((h, s, False) for h, s in self._policy.victims()) if keeps is None else \
-            keep_last(self._policy.victims(), keeps)
+        candidates = self._policy.victims()
+        if self._retained is not None:
+            candidates = self._retained_last(candidates)
+        order = ((h, s, False) for h, s in candidates) if keeps is None else \
+            keep_last(candidates, keeps)
         held_other = False
         for hash, size, kept in order:
             if freed >= need:

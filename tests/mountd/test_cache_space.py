@@ -92,6 +92,33 @@ async def test_lru_victim_follows_use(tmp_path: Path, source: Source, backends: 
         assert set(store_files(tmp_path / "c")) == {o.hash.hex() for o in (c, d, e)}
 
 
+async def test_files_kept_across_epochs_go_after_every_other_file(
+    tmp_path: Path, source: Source, backends: Backends
+):
+    """Files ``set_retained`` names (a chunked dataset keeps them across epochs) are evicted
+    after every other evictable file, each one met marked used; when only held files stand
+    before them, they go rather than the reader wait for a hold (0.5 s) to end."""
+    a, b, c, d, e, f, g = source.many(7, 1000)
+    async with running(config(tmp_path / "c", size=4000), backends) as cache:
+        for o in (a, b, c, d):
+            await cache.ensure(o.hash, o.size, o.location)
+        kept = {a.hash}
+        cache.set_retained(kept.__contains__)
+        await cache.ensure(e.hash, e.size, e.location)  # a is the oldest, but kept: b goes
+        assert [cache.contains(o.hash) for o in (a, b, c, d, e)] == [True, False, True, True, True]
+        await cache.ensure(f.hash, f.size, f.location)  # c goes, a was marked used
+        assert [cache.contains(o.hash) for o in (a, c, d, e, f)] == [True, False, True, True, True]
+        # Holds keep half the cache: e and f were just answered. d is kept too now, so only
+        # kept files are free to go: the older of them (d; a was marked used after d was
+        # stored) goes at once, not e or f once their holds end.
+        kept.add(d.hash)
+        assert e.hash in cache.holds and f.hash in cache.holds
+        with trio.fail_after(0.25):
+            await cache.ensure(g.hash, g.size, g.location)
+        assert [cache.contains(o.hash) for o in (a, d, e, f, g)] == [True, False, True, True, True]
+    assert tmp_files(tmp_path / "c") == []
+
+
 async def test_pinned_entries_are_never_evicted(tmp_path: Path, source: Source, backends: Backends):
     a, b, c, d = source.many(4, 1000)
     async with running(config(tmp_path / "c", size=2000), backends) as cache:
