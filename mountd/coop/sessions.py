@@ -295,7 +295,9 @@ class SessionRegistry:
 
         Safe under load (:meth:`mountd.coop.dataset_state.DatasetState.replan`): what every job was
         given stays given, claims in flight stay in flight, reservations stay; the chunks the
-        old mode held come back in :attr:`ModeChange.released` for the caller to unpin.
+        old mode held come back in :attr:`ModeChange.released` for the caller to unpin. The
+        dataset's jobs skip their next reports (:meth:`JobTimings.settle`): they measure the
+        change, not the new mode.
         """
         state = self._dataset(dataset)
         check_int("budget", budget, 0, 1 << 62)
@@ -312,6 +314,9 @@ class SessionRegistry:
         released = state.replan(plan)
         self._modes[dataset] = chosen
         reg.budget = budget
+        for key in self._jobs:
+            if key[0] == dataset:
+                self._timings_of(key, touch=False).settle()
         log.debug("dataset %s: mode %s -> %s (%d bytes)", dataset, old, chosen, budget)
         return ModeChange(dataset, old, chosen, budget, tuple(released))
 

@@ -40,7 +40,7 @@ from mountd.coop.benefit import (
     median,
 )
 
-__all__ = ["CLASSIFY_CLAIMS", "COLD_MISS_SAMPLES", "PURE", "JobTimings", "Probe", "TimingSummary", "classify_batch"]
+__all__ = ["CLASSIFY_CLAIMS", "COLD_MISS_SAMPLES", "PURE", "SETTLE_REPORTS", "JobTimings", "Probe", "TimingSummary", "classify_batch"]
 
 #: Claims whose hit share classifies a batch report.
 CLASSIFY_CLAIMS = 4
@@ -48,6 +48,14 @@ CLASSIFY_CLAIMS = 4
 PURE = 0.9
 #: Hit and miss samples kept per job.
 SAMPLES = 64
+#: Reports per rank a job's samples skip after its dataset's mode changed
+#: (:meth:`JobTimings.settle`): the batches in flight then (a DataLoader holds workers x
+#: prefetch_factor of them, 8 with 4 workers, and the shim reports that many behind) were
+#: claimed under the old mode and are read under the new one, and the first of them pays for
+#: the change (chunks released or drawn again). In peers.py (b), 2026-11-30, the batch right
+#: after a dataset went ``off`` took 5.2 s against 0.12 s, its one miss sample raised the
+#: job's ``b`` from 0.91 to 5.95, and the dataset went off and on twice in 0.54 s.
+SETTLE_REPORTS = 16
 #: Natural miss samples kept of a job whose dataset its mode caches (its cold start; see
 #: :meth:`JobTimings.on_batch`): several claims' worth, so that the mean spans their waits.
 COLD_MISS_SAMPLES = 16
@@ -124,11 +132,19 @@ class JobTimings:
     #: The most files a report said its batch had: the job's batch size, to which a shorter
     #: batch's time is scaled (an epoch's last batch is not a fast full one).
     batch_files: int = 0
+    #: Reports still to skip since the dataset's mode changed (:meth:`settle`).
+    settling: int = 0
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.ring)
 
     # -- benefit samples ---------------------------------------------------------------------
+
+    def settle(self) -> None:
+        """The job's dataset changed mode: skip its next :data:`SETTLE_REPORTS` reports per
+        rank (none for a job that has reported nothing yet: nothing of it was in flight)."""
+        if self.batches:
+            self.settling = SETTLE_REPORTS * self.world_size
 
     def on_claim(self, hits: int, misses: int) -> None:
         """A claim gave the job ``hits`` cached and ``misses`` uncached files."""
@@ -168,6 +184,9 @@ class JobTimings:
         kind = self.classify() if read is None else classify_batch(*read)
         if read is not None:
             self.batch_files = max(self.batch_files, read[0])
+        if self.settling:
+            self.settling -= 1
+            return False
         if kind is None:
             return False
         if read is not None and 0 < read[0] < self.batch_files:

@@ -28,7 +28,7 @@ from mountd.coop.benefit import (
 from mountd.coop.packing import Packing
 from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionRegistry
-from mountd.coop.timings import COLD_MISS_SAMPLES, JobTimings, classify_batch
+from mountd.coop.timings import COLD_MISS_SAMPLES, SETTLE_REPORTS, JobTimings, classify_batch
 from mountd.errors import InvalidRequest
 from quiverfs.testing.clock import FakeClock
 
@@ -631,9 +631,36 @@ def test_a_b_that_moves_makes_an_allocation_due() -> None:
     while not reg.allocation_due():
         reg.report_batch("d", "job", 0, 0.5, files=5, misses=5)
         reports += 1
-    assert reports <= MISS_SAMPLES
+    assert SETTLE_REPORTS < reports <= SETTLE_REPORTS + MISS_SAMPLES  # after the change settled
     reg.allocate(200_000)
     assert reg.mode("d") is not Mode.OFF
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_batches_in_flight_at_a_mode_change_are_not_samples(ranks: int) -> None:
+    # peers.py (b), 2026-11-30: a CPU-bound job measured b 0.91 on its cold start and its
+    # dataset went off; the batch in flight then took 5.2 s (the change's own cost), its one
+    # miss sample made b 5.95, and the dataset went off and on twice in half a second. The
+    # reports of the batches in flight at a change (SETTLE_REPORTS per rank) are skipped.
+    clock = FakeClock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
+    for rank in range(ranks):
+        reg.open_session("d", "job", rank=rank, world_size=ranks)
+    for seconds, misses in [(0.126, 0)] * HIT_SAMPLES + [(0.115, 5)] * MISS_SAMPLES:
+        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
+    reg.allocate(200_000)
+    assert reg.mode("d") is Mode.OFF
+    assert not reg.allocation_due()
+    timings = reg._timings[("d", "job")]
+    samples = list(timings.miss_times)
+    reg.report_batch("d", "job", 0, 5.2, files=5, misses=5)  # the stall
+    for i in range(SETTLE_REPORTS * ranks - 1):
+        reg.report_batch("d", "job", i % ranks, 0.115, files=5, misses=5)
+    assert list(timings.miss_times) == samples and not reg.allocation_due()
+    reg.report_batch("d", "job", 0, 0.115, files=5, misses=5)  # settled: a sample again
+    assert len(timings.miss_times) == len(samples) + 1
+    assert not reg.allocation_due() and reg.mode("d") is Mode.OFF
 
 
 def test_a_short_batch_counts_as_a_full_one_per_file() -> None:
