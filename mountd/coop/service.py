@@ -622,7 +622,8 @@ class CoopService:
         other chunked dataset's jobs lost what this one gained (benefit_aware.py, 2026-11-27:
         sensitive +15–20%, medium −3 to −33%); unpinned, the cache's LRU takes them back when
         that room is needed, but only after every other evictable file (``Cache.set_retained``:
-        in plain LRU order they went first, before the files the epoch had just read). Picked at random among ``ids``: the ids come in digest order."""
+        in plain LRU order they went first, before the files the epoch had just read).
+        Picked at random among ``ids``: the ids come in digest order."""
         kept = self.retained.setdefault(dataset, {})
         room = self.registry.retain_bytes(dataset) - sum(kept.values())
         if room <= 0:

@@ -126,7 +126,7 @@ class Space:
         chunked dataset keeps across epochs (mountd/coop/service.py ``_retain``): they are not
         pinned, so that room for prefetches stays, but in plain LRU order they were the
         first to go, being the files the current epoch had not read yet, and a file that one
-        read had just fetched outlived them (test_coop.py, 2026-11-30: about 200 of them
+        read had just fetched outlived them (test_coop.py, 2026-11-30: 86–263 of them
         evicted over three epochs of a 20 kB allowance of 1 kB files). Must be cheap: it is
         called for each victim an eviction considers (:meth:`_retained_last`)."""
         self._retained = retained
