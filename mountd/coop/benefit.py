@@ -42,7 +42,7 @@ let three datasets each "fit" two chunks and together pin more than the cache.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from mountd.coop.plans import Mode
@@ -56,13 +56,13 @@ __all__ = [
     "DatasetDemand",
     "JobBenefit",
     "MIN_BENEFIT",
+    "RETURN_MARGIN",
     "allocate",
     "allocate_in_order",
     "benefit_moved",
     "could_be_full",
     "counted_benefits",
     "lean_chunk_bytes",
-    "median",
 ]
 
 #: The allocation policies, as ``quiverfs stats`` names them: by measured benefit (the
@@ -78,9 +78,9 @@ MIN_BENEFIT = 1.1
 ASSUMED_BENEFIT = 2.0
 #: Batch reports classified as hits a job needs before ``t_hit`` is known (and it may be probed).
 #: Small, so that a job is measured within seconds of starting: reports that say which of the
-#: batch's files were misses are classified exactly, and the median of a few is robust enough
-#: to tell ``b = 1`` from ``b = 2`` (the allocation only needs ``b`` against ``MIN_BENEFIT`` and
-#: the order of ``G_D`` per byte; re-probes refine it).
+#: batch's files were misses are classified exactly, and the mean of a few is enough to tell
+#: ``b = 1`` from ``b = 2`` (the allocation only needs ``b`` against ``MIN_BENEFIT`` and the
+#: order of ``G_D`` per byte; more samples and re-probes refine it).
 HIT_SAMPLES = 4
 #: Batch reports classified as misses a job needs before ``t_miss`` is known.
 MISS_SAMPLES = 4
@@ -100,6 +100,16 @@ MOVED_FACTOR = 1.25
 #: ... and so does one that crossed :data:`MIN_BENEFIT` by more than this (hysteresis: a job
 #: sitting on the threshold does not flip its dataset on and off at every report).
 MOVED_MARGIN = 0.05
+#: A dataset the allocation turned ``off`` as insensitive comes back only when one of its jobs
+#: counts at least ``MIN_BENEFIT + RETURN_MARGIN`` (hysteresis of the decision itself, where
+#: :data:`MOVED_MARGIN` only decides when to decide again). A CPU-bound job's ``b`` is about 1
+#: and its samples spread around it: in peers.py (b), 2026-11-30, one such job read 1.00–1.23
+#: and without a margin its dataset changed mode 7–8 times in two epochs, each change
+#: redrawing the chunks and stalling the job. Going off keeps the plain 1.1 (an insensitive
+#: dataset must free its bytes for the others: benefit_aware.py); coming back needs the
+#: stronger evidence, as turning a dataset on costs chunk loads and turning it off costs
+#: nothing. A sensitive job measures far above it (3–65 in benefit_aware.py).
+RETURN_MARGIN = 0.25
 
 
 #: A dataset that holds cache now keeps its place in the greedy order unless another's G per
@@ -125,11 +135,6 @@ def benefit_moved(old: float | None, new: float | None) -> bool:
     if (old < MIN_BENEFIT) != (new < MIN_BENEFIT) and abs(new - MIN_BENEFIT) > MOVED_MARGIN:
         return True
     return max(old, new) / max(1e-9, min(old, new)) >= MOVED_FACTOR
-
-
-def median(values: Sequence[float]) -> float | None:
-    """The median of ``values``; None when empty."""
-    return statistics.median(values) if values else None
 
 
 @dataclass(frozen=True)
@@ -194,6 +199,9 @@ class Allocation:
     #: ``chunked`` only: bytes of the dataset's files kept cached across epochs beyond its
     #: chunks (pass 5 of :func:`allocate`; mountd.coop.service keeps them at chunk eviction)
     retain: int = 0
+    #: ``off`` because every job counts below the threshold (not for want of room): the next
+    #: allocation needs :data:`RETURN_MARGIN` more to turn it back on
+    insensitive: bool = False
 
 
 #: A chunked dataset that keeps files across epochs shrinks its chunks to this share of itself
@@ -257,11 +265,14 @@ def allocate(
     min_benefit: float = MIN_BENEFIT,
     assumed: float = ASSUMED_BENEFIT,
     holding: Sequence[str] = (),
+    resting: Collection[str] = (),
 ) -> dict[str, Allocation]:
     """Each dataset's mode and budget under ``budget`` bytes (see the module docstring).
 
     ``holding``: the datasets that hold cache now, the most bytes first; their G per byte
     counts more in the greedy order, by their place (:data:`KEEP_FACTOR`: hysteresis).
+    ``resting``: the datasets the last allocation turned ``off`` as insensitive; they stay
+    off until a job counts :data:`RETURN_MARGIN` above ``min_benefit``.
     Deterministic: ties in the ratio are broken by dataset name.
     """
     demands = sorted(demands, key=lambda d: d.dataset)
@@ -280,13 +291,16 @@ def allocate(
         if d.fixed is not None:
             continue
         g = dataset_benefit(d, assumed=assumed)
-        insensitive = _insensitive(d, min_benefit)
+        threshold = min_benefit + (RETURN_MARGIN if d.dataset in resting else 0.0)
+        insensitive = _insensitive(d, threshold)
         if insensitive is not None:
             top, unmeasured = insensitive
             note = (f" ({unmeasured} not measured yet: counted at the median of the measured)"
                     if unmeasured else "")
-            out[d.dataset] = Allocation(d.dataset, Mode.OFF, 0, g,
-                                        f"insensitive: every job has b <= {top:.2f} < {min_benefit:.2f}{note}")
+            why = f"insensitive: every job has b <= {top:.2f} < {threshold:.2f}"
+            if d.dataset in resting:
+                why += f" (off already: {min_benefit:.2f} + {RETURN_MARGIN:.2f} to come back)"
+            out[d.dataset] = Allocation(d.dataset, Mode.OFF, 0, g, why + note, insensitive=True)
             continue
         candidates.append((d, g))
 
@@ -377,6 +391,7 @@ def could_be_full(
     *,
     slots: int = 2,
     holding: Sequence[str] = (),
+    resting: Collection[str] = (),
 ) -> set[str]:
     """The ``chunked`` datasets of ``decided`` that :func:`allocate` would make ``full`` if
     their jobs' ``b`` were as large as can be: those for which a larger measured ``b`` can
@@ -400,7 +415,8 @@ def could_be_full(
         boosted = replace(demand, jobs=tuple(
             replace(j, t_hit=1.0, t_miss=UNBOUNDED_BENEFIT) for j in demand.jobs))
         whatif = [boosted if d.dataset == demand.dataset else d for d in demands]
-        if allocate(whatif, budget, slots=slots, holding=holding)[demand.dataset].mode is Mode.FULL:
+        if allocate(whatif, budget, slots=slots, holding=holding,
+                    resting=resting)[demand.dataset].mode is Mode.FULL:
             out.add(demand.dataset)
     return out
 

@@ -353,10 +353,12 @@ class SessionRegistry:
             held = {name: self._allocation[name].budget for name, mode in self._modes.items()
                     if mode.holds_cache and name in self._allocation}
             holding = sorted(held, key=lambda name: (-held[name], name))
+            resting = {name for name, a in self._allocation.items() if a.insensitive}
             demands = self.demands()
-            decided = allocate(demands, budget, slots=self.chunk_slots, holding=holding)
+            decided = allocate(demands, budget, slots=self.chunk_slots, holding=holding,
+                               resting=resting)
             self._probe_early = could_be_full(demands, decided, budget, slots=self.chunk_slots,
-                                              holding=holding)
+                                              holding=holding, resting=resting)
         else:
             decided = allocate_in_order(self.demands(), budget, slots=self.chunk_slots)
         for key in self._jobs:
@@ -655,8 +657,9 @@ class SessionRegistry:
         timings = self._timings_of((dataset, job))
         timings.batches += 1
         timings.recent.append(value)
+        mode = self._modes[dataset]
         if timings.on_batch(value, now, None if files is None else (files, misses),
-                            cached=self._modes[dataset].holds_cache):
+                            cached=mode.holds_cache, off=mode is Mode.OFF):
             log.info("dataset %s: job %s measured: t_hit %s, t_miss %s", dataset, job,
                      timings.t_hit, timings.t_miss)
         if self.benefit_aware and benefit_moved(timings.allocated_b, timings.benefit(job).b):

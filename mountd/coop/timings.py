@@ -7,9 +7,9 @@ together; the shim's buffer and the DataLoader's prefetch read a few claims behi
 :data:`PURE` of their files cached at claim time makes it a *hit* sample, at least
 :data:`PURE` uncached a *miss* sample, anything between is not used. A claim's misses are
 fetched at once (sampler-informed prefetch), so a miss sample is what the job gets from an
-uncached dataset here — the right ``t_miss`` for deciding whether to cache it. ``t_hit`` is the
-median of the hit samples, ``t_miss`` the mean of the miss samples (a claim's wait falls on
-its first batch: :attr:`JobTimings.t_miss`).
+uncached dataset here — the right ``t_miss`` for deciding whether to cache it. ``t_hit`` and
+``t_miss`` are the means of their samples (a DataLoader hands batches over in bursts, and a
+claim's wait falls on its first batch: :attr:`JobTimings.t_hit`, :attr:`JobTimings.t_miss`).
 
 **Probes.** A job whose ``t_hit`` is known but whose ``t_miss`` is not (or was measured
 :data:`~mountd.coop.benefit.PROBE_PERIOD` ago, or only by its cold start while a larger
@@ -37,7 +37,6 @@ from mountd.coop.benefit import (
     PROBE_MAX_CLAIMS,
     PROBE_MAX_S,
     JobBenefit,
-    median,
 )
 
 __all__ = ["CLASSIFY_CLAIMS", "COLD_MISS_SAMPLES", "PURE", "SETTLE_REPORTS", "JobTimings", "Probe", "TimingSummary", "classify_batch"]
@@ -166,7 +165,7 @@ class JobTimings:
         return None
 
     def on_batch(self, seconds: float, now: float, read: tuple[int, int] | None = None, *,
-                 cached: bool = False) -> bool:
+                 cached: bool = False, off: bool = False) -> bool:
         """Sort a mini-batch time into the hit or miss samples (or the probe's); True when
         this report made the job measured (both ``t_hit`` and ``t_miss`` known) for the
         first time, so that the allocation can use its ``b`` at once.
@@ -180,6 +179,14 @@ class JobTimings:
         first :data:`COLD_MISS_SAMPLES` natural misses count (the cold start), later ones
         not: they are claims' prefetched or co-operative misses, nearly hit-fast, and
         measure the cache working, not what the job would get without it.
+
+        ``off``: the job's dataset is ``off``. Its hits then are files left cached from
+        before, read while nothing is loaded for the dataset: they measure neither regime and
+        are not samples. ``t_hit`` is the batch time with the cache, chunk loads included:
+        on two cores a CPU-bound job's hits took 0.25-0.29 s a batch while its chunks loaded
+        and 0.14-0.17 s once its dataset was off, and those later hits alone, against its
+        misses (0.22 s), measured ``b`` 1.5 and turned the dataset back on, where it was
+        slower (peers.py (b), 2026-11-30).
         """
         kind = self.classify() if read is None else classify_batch(*read)
         if read is not None:
@@ -193,7 +200,8 @@ class JobTimings:
             seconds = seconds * self.batch_files / read[0]
         was = self.measured
         if kind == "hit":
-            self.hit_times.append(seconds)
+            if not off:
+                self.hit_times.append(seconds)
         elif self.probe is not None:
             self.probe.samples.append(seconds)
         elif not self.probed and not (cached and len(self.miss_times) >= COLD_MISS_SAMPLES):
@@ -218,16 +226,25 @@ class JobTimings:
 
     @property
     def t_hit(self) -> float | None:
-        return median(self.hit_times) if len(self.hit_times) >= HIT_SAMPLES else None
+        """The *mean* of the hit samples. A DataLoader's workers hand their batches over in
+        turns, so the intervals between a job's reports come in bursts: with 4 workers three
+        of 0.005–0.05 s, then one of 0.3–2.2 s (peers.py (b), 2026-11-30). Their median fell
+        on either side by chance, and the same CPU-bound job measured ``b`` 0.42 in one run
+        and 5.5 in another; the mean is the job's time per batch, as for ``t_miss``.
+
+        Known from :data:`HIT_SAMPLES` samples."""
+        if len(self.hit_times) < HIT_SAMPLES:
+            return None
+        return sum(self.hit_times) / len(self.hit_times)
 
     @property
     def t_miss(self) -> float | None:
-        """The *mean* of the miss samples (``t_hit`` is a median): a claim's misses are
-        fetched together, so the first batch of a claim waits for all of them and the
-        batches after it find their files landed: one slow sample, then hit-fast ones. Their
-        median gave two of three sensitive jobs ``b`` 0.99–1.16 at a 90% cache, jobs that
-        the cache makes 65x faster (benefit_aware.py, 2026-11-28). The mean is the time per
-        batch the job averages without the cache, which is what its throughput follows.
+        """The *mean* of the miss samples: a claim's misses are fetched together, so the
+        first batch of a claim waits for all of them and the batches after it find their
+        files landed: one slow sample, then hit-fast ones. Their median gave two of three
+        sensitive jobs ``b`` 0.99–1.16 at a 90% cache, jobs that the cache makes 65x faster
+        (benefit_aware.py, 2026-11-28). The mean is the time per batch the job averages
+        without the cache, which is what its throughput follows.
 
         Known from :data:`MISS_SAMPLES` samples, or from any after :meth:`cannot_probe`."""
         if len(self.miss_times) < (1 if self.cold_only else MISS_SAMPLES):

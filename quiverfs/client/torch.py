@@ -324,16 +324,22 @@ class QuiverBatchSampler(Sampler[list[int]]):
                lag: int) -> Iterator[list[int]]:
         """Yield the batches; at each request for the next one, report the interval since the
         previous request with what the batch it trained on read (``lag`` batches back): the
-        loader asks for batch ``k+1`` when step ``k - lag`` is done."""
-        started = time.monotonic()
-        last: float | None = None
+        loader asks for batch ``k+1`` when step ``k - lag`` is done.
+
+        An epoch's first ``lag + 1`` intervals are not reported. The first ``lag`` are the
+        loader filling its queue (no step ended: near 0 s), and the next one is step 0's,
+        which waited for the workers to start. Both are the loader's start-up, the same
+        whether the reads hit or miss; as samples they moved a CPU-bound job's ``b`` from
+        1.09 to 1.37 at an epoch's start and turned its dataset back on for 5 s (peers.py
+        (b), 2026-11-30). Without workers (``lag`` 0) step 0 is not reported either."""
+        started = last = time.monotonic()
         reads: deque[tuple[int, int | None]] = deque(maxlen=lag + 1)
-        for batch, misses in batches:
+        for k, (batch, misses) in enumerate(batches):
             reads.append((len(batch), misses))
             yield batch
             now = time.monotonic()
-            if last is not None and self.report and self._reports is not None:
-                files, missed = reads[0] if len(reads) > lag else (0, None)
+            if k > lag and self.report and self._reports is not None:
+                files, missed = reads[0]
                 self._reports.put("batch", **_batch_args(now - last, files, missed))
             last = now
         if self.report and self._reports is not None:

@@ -16,6 +16,7 @@ from mountd.coop.benefit import (
     PROBE_BATCHES,
     PROBE_MAX_S,
     PROBE_PERIOD,
+    RETURN_MARGIN,
     DatasetDemand,
     JobBenefit,
     allocate,
@@ -256,6 +257,21 @@ def test_t_miss_is_the_mean_so_a_claims_wait_on_its_first_batch_counts() -> None
     assert t.benefit("j").b == pytest.approx(3.0)
 
 
+def test_a_dataloaders_bursts_measure_a_cpu_bound_job_at_b_1() -> None:
+    # With 4 DataLoader workers the intervals between a job's reports come in turns: three
+    # short, one long (peers.py (b), 2026-11-30). A CPU-bound job's time per batch is the
+    # same whether its reads hit or miss, here 0.165 s, but the median of its hit samples is
+    # a short interval (b 8.25 against steady misses, as the job's 0.42-5.5 across runs);
+    # the mean is its time per batch: b = 1.
+    t = JobTimings(16)
+    for seconds in [0.02, 0.02, 0.02, 0.6] * 2:
+        t.on_batch(seconds, 0.0, (8, 0))
+    for _ in range(MISS_SAMPLES):
+        t.on_batch(0.165, 0.0, (8, 8))
+    assert t.t_hit == pytest.approx(0.165)
+    assert t.benefit("j").b == pytest.approx(1.0)
+
+
 def test_a_cached_datasets_natural_misses_count_only_for_its_cold_start() -> None:
     t = JobTimings(16)
     for _ in range(HIT_SAMPLES):
@@ -278,6 +294,49 @@ def test_report_batch_tells_the_timings_whether_the_dataset_is_cached(mode: str,
     for _ in range(40):
         reg.report_batch("d", "j", 0, 0.5, files=5, misses=5)
     assert len(reg._timings[("d", "j")].miss_times) == counted
+
+
+def test_a_dataset_turned_off_as_insensitive_needs_a_margin_to_come_back() -> None:
+    # Hysteresis of the decision: a CPU-bound job's b wanders around 1 (1.00-1.23 in
+    # peers.py (b), 2026-11-30) and, without it, flipped its dataset 7-8 times in two epochs.
+    back = 1.1 + RETURN_MARGIN
+    cpu_bound = demand("d", 100 * MB, job("j", 1.2))
+    assert allocate([cpu_bound], 1000 * MB)["d"].mode is Mode.FULL  # never off: on at 1.2
+    out = allocate([cpu_bound], 1000 * MB, resting={"d"})
+    assert out["d"].mode is Mode.OFF and out["d"].insensitive
+    assert f"< {back:.2f}" in out["d"].reason
+    assert allocate([demand("d", 100 * MB, job("j", back + 0.01))], 1000 * MB,
+                    resting={"d"})["d"].mode is Mode.FULL
+    # Going off keeps the plain threshold, and only insensitivity marks a dataset resting.
+    assert allocate([demand("d", 100 * MB, job("j", 1.09))], 1000 * MB)["d"].insensitive
+    crowded = allocate([demand("a", 100 * MB, job("a1", 3.0)), demand("b", 100 * MB, job("b1", 3.0))],
+                       15 * MB)
+    assert crowded["b"].mode is Mode.OFF and not crowded["b"].insensitive
+
+
+def test_a_cpu_bound_job_on_the_threshold_turns_its_dataset_off_once() -> None:
+    clock = FakeClock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
+    reg.open_session("d", "job")
+    for seconds, misses in [(0.1, 0)] * HIT_SAMPLES + [(0.105, 5)] * MISS_SAMPLES:
+        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
+    reg.allocate(200_000)
+    assert reg.mode("d") is Mode.OFF and reg.allocation()["d"].insensitive
+    timings = reg._timings[("d", "job")]
+    timings.settling = 0
+    changes, seen = 0, []
+    for seconds in [0.14, 0.1, 0.15, 0.11, 0.13] * 8:  # b wanders 1.0-1.3 while off
+        reg.report_batch("d", "job", 0, seconds, files=5, misses=5)
+        seen.append(timings.benefit("job").b)
+        clock.now += 1.0
+        if reg.allocation_due():
+            changes += len(reg.allocate(200_000))
+    assert max(seen) > 1.2 and changes == 0 and reg.mode("d") is Mode.OFF
+    for _ in range(64):  # the bucket slows down: misses now cost the job
+        reg.report_batch("d", "job", 0, 0.2, files=5, misses=5)
+    reg.allocate(200_000)
+    assert reg.mode("d") is not Mode.OFF
 
 
 def test_fixed_modes_are_kept_and_charged() -> None:

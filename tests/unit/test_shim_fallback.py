@@ -163,6 +163,39 @@ def test_the_report_lag_is_read_from_the_dataloader(paths, workers, prefetch, de
     assert sampler.lag == 1
 
 
+class _Reports:
+    """Collects the reports a sampler queues (TimingReports.put)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+
+    def put(self, op: str, **args) -> None:
+        self.sent.append((op, args))
+
+
+def _slow_start(_worker: int) -> None:
+    time.sleep(0.6)
+
+
+def test_the_loaders_start_up_is_not_a_batch_time(paths) -> None:
+    """A DataLoader's first ``workers × prefetch_factor`` requests fill its queue (no step
+    ended) and the next one waits for its workers to start: none of them is reported. Before,
+    they went to mountd as samples (the queue's without the files they read, classified by the
+    job's claims), and the start-up's one moved a CPU-bound job's b by a quarter. (Off a
+    mount the reports carry no files and misses: the claims that know them are mountd's.)"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        sampler = QuiverBatchSampler(paths=paths, batch_size=1, job="j")
+    sampler._reports = reports = _Reports()  # type: ignore[assignment]
+    loader = torch.utils.data.DataLoader(_Indices(), batch_sampler=sampler, num_workers=2,
+                                         prefetch_factor=2, worker_init_fn=_slow_start)
+    assert sorted(int(i) for batch in loader for i in batch) == list(range(23))
+    batches = [args for op, args in reports.sent if op == "batch"]
+    assert len(batches) == 23 - (sampler.lag + 1) == 18
+    assert max(float(args["s"]) for args in batches) < 0.5
+    assert [op for op, _ in reports.sent].count("epoch") == 1
+
+
 class _SlowClaims:
     """A control channel that gives ``files`` ids as hits, ``n`` per claim, each claim taking
     ``delay`` seconds."""
