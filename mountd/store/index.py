@@ -40,6 +40,10 @@ log = logging.getLogger("mountd.store.index")
 #: the cache writes the oldest to the table.
 TOUCH_MEMORY = 200_000
 
+#: Sizes :meth:`Index.size_of` answers from memory (~140 bytes each): more than read-ahead's
+#: window and the fills in flight ever ask about at once.
+KNOWN_SIZES = 1 << 16
+
 #: Parameters per ``IN (...)`` batch (SQLite 3.32+ allows 32766; stay well below).
 BATCH = 500
 
@@ -101,6 +105,13 @@ class Index:
         #: :meth:`delete`): hidden from :meth:`size_of` and :meth:`least_recent`, deleted by
         #: :meth:`retry_deletes`.
         self.deleting: set[bytes] = set()
+        #: Sizes of hashes in the store that :meth:`size_of` found in the table or
+        #: :meth:`insert` indexed, the most recently learnt last, at most :data:`KNOWN_SIZES`:
+        #: answered without a query. Read-ahead asks about the same files again and again (its
+        #: windows overlap, and its worker asks again before each fill): the lookups were 12%
+        #: of mountd's CPU in a cold pass (py-spy, mount_cold.py, 2026-11-30). Forgotten
+        #: wherever a hash leaves the store (:meth:`delete`, :meth:`take_lost`).
+        self._known: dict[bytes, int] = {}
         #: Recency of hits kept in memory (see :meth:`touch`): hash → (its newest hit's
         #: stamp, the dataset whose reference to it is already recorded or queued), in
         #: stamp order (oldest first).
@@ -206,6 +217,8 @@ class Index:
     def take_lost(self) -> list[NewRow]:
         """The rows no insert could store (see ``_lost``), which the index forgets."""
         lost, self._lost = list(self._lost.values()), {}
+        for row in lost:
+            self._known.pop(row.hash, None)
         return lost
 
     # -- opening -------------------------------------------------------------------------
@@ -371,8 +384,20 @@ class Index:
                 return lost.size
         if self.deleting and hash in self.deleting:
             return None
+        known = self._known.get(hash)
+        if known is not None:
+            return known
         row = self._conn.execute("SELECT size FROM entries WHERE hash=?", (hash,)).fetchone()
-        return None if row is None else row[0]
+        if row is None:
+            return None
+        self._remember(hash, row[0])
+        return row[0]
+
+    def _remember(self, hash: bytes, size: int) -> None:
+        known = self._known
+        if len(known) >= KNOWN_SIZES:
+            del known[next(iter(known))]
+        known[hash] = size
 
     def insert(self, hash: bytes, size: int, dataset: str | None, uid: int | None = None) -> None:
         """Index a freshly stored file (and its dataset reference, and the uid it is charged
@@ -394,6 +419,7 @@ class Index:
         if pinned and old.size != size:
             self.pinned_bytes += size - old.size
         self._unwritten[hash] = NewRow(hash, size, dataset, uid, self.now(), pinned)
+        self._remember(hash, size)
 
     def _write_new(self) -> None:
         """Write every new row into the group commit (opening it): the batch in one
@@ -615,6 +641,7 @@ class Index:
         for h in hashes:
             self._touched.pop(h, None)
             self._lost.pop(h, None)
+            self._known.pop(h, None)
         try:
             self._delete(hashes)
         except sqlite3.Error as exc:

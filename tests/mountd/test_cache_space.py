@@ -307,3 +307,39 @@ def test_index_rows_wait_for_room_on_a_full_disk(small_tmpfs: Path):
         assert index.conn.execute("SELECT hash, size FROM entries").fetchall() == [(new, 2000)]
     finally:
         index.close()
+
+
+def test_sizes_known_in_memory_leave_with_their_files(tmp_path: Path, monkeypatch) -> None:
+    """size_of answers hashes it has seen without a query (read-ahead asks about the same
+    files again and again), and forgets each one the moment it leaves the store: deleted, or
+    a lost row taken (its file removed). A memory that outlived the row would report a
+    missing file as cached, and a read would then find no file."""
+    import mountd.store.index as index_module
+
+    monkeypatch.setattr(index_module, "KNOWN_SIZES", 3)
+    index = Index.open(tmp_path / "index.sqlite")
+    try:
+        hashes = [bytes([i]) * 32 for i in range(5)]
+        for i, h in enumerate(hashes):
+            index.insert(h, 1000 + i, "ds")
+        index.flush()
+        assert list(index._known) == hashes[2:]  # the most recent 3
+        queries: list[str] = []
+        index._conn.set_trace_callback(queries.append)
+        assert [index.size_of(h) for h in hashes[2:]] == [1002, 1003, 1004]
+        assert index.size_of(hashes[0]) == 1000
+        assert sum("SELECT size" in q for q in queries) == 1  # only the one forgotten
+        assert index.size_of(hashes[0]) == 1000 and list(index._known) == [*hashes[3:], hashes[0]]
+        assert sum("SELECT size" in q for q in queries) == 1  # learnt by its lookup
+        index._conn.set_trace_callback(None)
+        assert index.delete([hashes[0]]) is True
+        assert index.size_of(hashes[0]) is None and hashes[0] not in index._known
+        lost = b"\x09" * 32
+        index.insert(lost, 77, "ds")
+        index._unwritten.pop(lost)
+        index._keep_lost(index_module.NewRow(lost, 77, "ds", None, index.now(), False))
+        assert index.size_of(lost) == 77
+        assert [row.hash for row in index.take_lost()] == [lost]
+        assert index.size_of(lost) is None
+    finally:
+        index.close()
