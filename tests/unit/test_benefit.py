@@ -316,13 +316,8 @@ def test_a_dataset_turned_off_as_insensitive_needs_a_margin_to_come_back() -> No
 
 def test_a_cpu_bound_job_on_the_threshold_turns_its_dataset_off_once() -> None:
     clock = FakeClock()
-    reg = registry(clock)
-    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
-    reg.open_session("d", "job")
-    for seconds, misses in [(0.1, 0)] * HIT_SAMPLES + [(0.105, 5)] * MISS_SAMPLES:
-        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
-    reg.allocate(200_000)
-    assert reg.mode("d") is Mode.OFF and reg.allocation()["d"].insensitive
+    reg = measured_off(clock, 0.1, 0.105)
+    assert reg.allocation()["d"].insensitive
     timings = reg._timings[("d", "job")]
     timings.settling = 0
     changes, seen = 0, []
@@ -418,6 +413,21 @@ def drive(reg: SessionRegistry, clock: FakeClock, dataset: str, job: str, t_hit:
 def registry(clock: FakeClock) -> SessionRegistry:
     reg = SessionRegistry(clock=clock, idle_timeout=None)
     reg.benefit_aware = True
+    return reg
+
+
+def measured_off(clock: FakeClock, t_hit: float, t_miss: float, ranks: int = 1) -> SessionRegistry:
+    """A registry with dataset "d" (400 files of 1 kB, half cached) and job "job" of
+    ``ranks`` ranks, measured from exact reports at ``t_hit`` / ``t_miss`` (b below 1.1) and
+    allocated 200 kB: the dataset is off."""
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
+    for rank in range(ranks):
+        reg.open_session("d", "job", rank=rank, world_size=ranks)
+    for seconds, misses in [(t_hit, 0)] * HIT_SAMPLES + [(t_miss, 5)] * MISS_SAMPLES:
+        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
+    reg.allocate(200_000)
+    assert reg.mode("d") is Mode.OFF
     return reg
 
 
@@ -679,13 +689,7 @@ def test_a_b_that_moves_makes_an_allocation_due() -> None:
     # Through the registry: an early noisy b (1.0) sends the dataset off; as the job's miss
     # times grow, its b moves and the allocation follows at once, not 30 s later.
     clock = FakeClock()
-    reg = registry(clock)
-    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
-    reg.open_session("d", "job")
-    for seconds, misses in [(0.1, 0)] * HIT_SAMPLES + [(0.1, 5)] * MISS_SAMPLES:
-        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
-    reg.allocate(200_000)
-    assert reg.mode("d") is Mode.OFF
+    reg = measured_off(clock, 0.1, 0.1)
     reports = 0
     while not reg.allocation_due():
         reg.report_batch("d", "job", 0, 0.5, files=5, misses=5)
@@ -702,14 +706,7 @@ def test_the_batches_in_flight_at_a_mode_change_are_not_samples(ranks: int) -> N
     # miss sample made b 5.95, and the dataset went off and on twice in half a second. The
     # reports of the batches in flight at a change (SETTLE_REPORTS per rank) are skipped.
     clock = FakeClock()
-    reg = registry(clock)
-    reg.add_dataset("d", [1000] * 400, budget=1 * MB, cached=range(0, 400, 2))
-    for rank in range(ranks):
-        reg.open_session("d", "job", rank=rank, world_size=ranks)
-    for seconds, misses in [(0.126, 0)] * HIT_SAMPLES + [(0.115, 5)] * MISS_SAMPLES:
-        reg.report_batch("d", "job", 0, seconds, files=5, misses=misses)
-    reg.allocate(200_000)
-    assert reg.mode("d") is Mode.OFF
+    reg = measured_off(clock, 0.126, 0.115, ranks)
     assert not reg.allocation_due()
     timings = reg._timings[("d", "job")]
     samples = list(timings.miss_times)
