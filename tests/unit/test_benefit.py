@@ -334,6 +334,24 @@ def test_a_cpu_bound_job_on_the_threshold_turns_its_dataset_off_once() -> None:
     assert reg.mode("d") is not Mode.OFF
 
 
+def test_an_off_datasets_hits_are_not_hit_samples() -> None:
+    # Hits of an off dataset are files left from before, read while nothing loads: faster
+    # than the hits measured while its chunks loaded (0.14-0.17 s against 0.25-0.29 s a batch
+    # in peers.py (b), 2026-11-30). As samples they pulled t_hit down until b passed 1.35
+    # and the dataset came back on. Its misses still count: they are what can bring it back.
+    clock = FakeClock()
+    reg = measured_off(clock, 0.1, 0.105)
+    timings = reg._timings[("d", "job")]
+    timings.settling = 0
+    hits, misses = list(timings.hit_times), len(timings.miss_times)
+    for _ in range(40):
+        reg.report_batch("d", "job", 0, 0.02, files=5, misses=0)
+    assert list(timings.hit_times) == hits and timings.t_hit == pytest.approx(0.1)
+    reg.report_batch("d", "job", 0, 0.105, files=5, misses=5)
+    assert len(timings.miss_times) == misses + 1
+    assert reg.mode("d") is Mode.OFF
+
+
 def test_fixed_modes_are_kept_and_charged() -> None:
     out = allocate([demand("fixed", 100 * MB, job("f", 1.0), fixed=Mode.FULL),
                     demand("auto", 100 * MB, job("a", 3.0))], 150 * MB)
