@@ -142,14 +142,16 @@ class FillStages:
             self.cpu[stage] += cpu
         self.count[stage] += 1
 
-    def add_work(self, values: list[float]) -> None:
+    def add_work(self, values: list[float], files: int = 1) -> None:
         """A fill process's times of one job: the wall seconds of each of
-        :data:`WORK_STAGES`, then the CPU seconds of each."""
+        :data:`WORK_STAGES`, then the CPU seconds of each; ``files`` observations of each
+        (a batch of loose files is one job whose files were each read, hashed, written and
+        renamed: its times then read per file, as a job of one file's do)."""
         n = len(WORK_STAGES)
         for i, stage in enumerate(WORK_STAGES):
             self.wall[stage] += values[i]
             self.cpu[stage] += values[i + n]
-            self.count[stage] += 1
+            self.count[stage] += files
         self.jobs += 1
 
     def snapshot(self) -> dict:
@@ -249,6 +251,6 @@ class Counters:
             "fill_stages": self.stages.snapshot(),
         }
 
-    def add_work_stages(self, values: list[float]) -> None:
-        """A fill process's stage times of one job (:meth:`FillStages.add_work`)."""
-        self.stages.add_work(values)
+    def add_work_stages(self, values: list[float], files: int = 1) -> None:
+        """A fill process's stage times of one job of ``files`` files (:meth:`FillStages.add_work`)."""
+        self.stages.add_work(values, files)

@@ -24,6 +24,7 @@ lifetime, lookups and hits, backends, listeners and reports;
 
 * :class:`~mountd.store.misses.Misses`: flights and their fills, from a miss to its answer;
 * :class:`~mountd.store.chunkfill.ChunkFills`: the fills of a packed object's members together;
+* :class:`~mountd.store.batchfill.BatchFills`: queued prefetches of one bucket in one job;
 * :class:`~mountd.store.space.Space`: reservations, eviction, room on a full disk;
 * :class:`~mountd.store.protection.Protection`: pins, and files fetched ahead until read;
 * :class:`~mountd.store.commits.Commits`: the index's group commit and durable checkpoints.
@@ -59,6 +60,7 @@ import trio
 from mountd.errors import CacheClosed, CacheError, CacheFull, CacheLocked
 from mountd.stats.counters import Counters
 from mountd.store import disk, layout
+from mountd.store.batchfill import BatchFills
 from mountd.store.chunkfill import ChunkFills
 from mountd.store.commits import Commits
 from mountd.store.config import CacheConfig
@@ -94,7 +96,7 @@ __all__ = [
 log = logging.getLogger("mountd.store.cache")
 
 
-class Cache(Misses, ChunkFills, Space, Protection, Commits):
+class Cache(Misses, ChunkFills, BatchFills, Space, Protection, Commits):
     """The store, its index and the fills that populate it. See the module docstring."""
 
     def __init__(

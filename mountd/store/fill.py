@@ -21,7 +21,7 @@ import trio
 from mountd.errors import CacheClosed
 from mountd.stats.counters import WORK_STAGES, Counters
 from mountd.store.fillpool import Fills
-from mountd.store.fillwork import FillJob, FillStopped, Outcome, SpanJob, Target
+from mountd.store.fillwork import BatchJob, FillJob, FillStopped, Outcome, SpanJob, Target
 from mountd.store.limits import RemoteLimits
 from mountd.store.span import Span
 from mountd.store.supplied import SuppliedBytes
@@ -90,7 +90,24 @@ class Filler:
             raise outcome.error
         return outcome.results  # type: ignore[return-value]
 
-    async def _run(self, job: FillJob | SpanJob, fd: int | None, since: float | None) -> Outcome:
+    async def fill_batch(self, targets: tuple[Target, ...], url: str, dataset: str | None,
+                         since: float | None = None) -> list[str | Exception]:
+        """Several loose files of the backend at ``url``, fetched one after another in one
+        job (:class:`~mountd.store.fillwork.BatchJob`) under one remote slot: the first
+        file's tokens are taken here, each later file's by the job when the limits pace
+        requests. Returns, for each of ``targets``, its final path or the error that file
+        alone failed with (a file the job did not reach because its caller was cancelled:
+        :class:`~mountd.store.fillwork.FillStopped`). The caller has reserved the files'
+        bytes and indexes the results."""
+        limits = self.limits
+        job = BatchJob(url, targets, self.chunk_size, limits.paced)
+        async with limits.request(min(targets[0].size, self.chunk_size), url):
+            outcome = await self._run(job, None, since)
+        self._count(outcome, dataset, len(targets))
+        return outcome.results  # type: ignore[return-value]
+
+    async def _run(self, job: FillJob | SpanJob | BatchJob, fd: int | None,
+                   since: float | None) -> Outcome:
         """Run ``job``; time its ``queue`` (from ``since`` to now) and ``transit`` (the time
         from sending it to its answer that the fill process did not spend working on it)."""
         stages = self.counters.stages
@@ -102,8 +119,9 @@ class Filler:
         stages.add("transit", max(0.0, trio.current_time() - sent - worked))
         return outcome
 
-    def _count(self, outcome: Outcome, dataset: str | None) -> None:
-        """The GETs a job made (each that returned bytes), and its stage times."""
+    def _count(self, outcome: Outcome, dataset: str | None, files: int = 1) -> None:
+        """The GETs a job of ``files`` files made (each that returned bytes), and its stage
+        times."""
         for nbytes in outcome.gets:
             self.counters.add_request(dataset, "GET", nbytes)
-        self.counters.add_work_stages(outcome.stages.values)
+        self.counters.add_work_stages(outcome.stages.values, files)

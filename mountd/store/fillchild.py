@@ -24,6 +24,7 @@ from typing import Any
 from mountd.errors import CacheError
 from mountd.store.fillwork import (
     BackendReader,
+    BatchJob,
     FdReader,
     FillJob,
     FillStopped,
@@ -33,7 +34,7 @@ from mountd.store.fillwork import (
 )
 from quiverfs.base.backends import Backend
 
-Job = FillJob | SpanJob
+Job = FillJob | SpanJob | BatchJob
 
 #: Message kinds (see :mod:`mountd.store.fillpool`'s docstring).
 JOB, REPLY, CANCEL, WARM, DONE, ROOM, PACE = range(7)
@@ -46,7 +47,7 @@ MESSAGE_BYTES = 1 << 20
 def failed_outcome(job: Job, error: BaseException) -> Outcome:
     """Every target of ``job`` failed with ``error`` (a job that never ran, or whose
     backend could not even open)."""
-    members = len(job.members) if isinstance(job, SpanJob) else 1
+    members = 1 if isinstance(job, FillJob) else len(job.members)
     return Outcome([error] * members, error=error if isinstance(job, SpanJob) else None)
 
 
@@ -166,6 +167,9 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
                 url = job.url
                 result = self.store.fill_span(job, BackendReader(self.backend(url), job.key),
                                               gate)
+            elif isinstance(job, BatchJob):
+                url = job.url
+                result = self.store.fill_batch(job, self.backend(url), gate)
             elif job.source == "remote":
                 url = job.target.url
                 result = self.store.fill(job, BackendReader(self.backend(url),

@@ -17,16 +17,18 @@ The pool's protocol (one ``SOCK_SEQPACKET`` socket pair per child; each message 
 tuple, so it only ever carries our own types between a parent and the children it forked):
 
 * parent → child ``(JOB, id, job)``, with the job's descriptor attached (``SCM_RIGHTS``) when
-  it reads bytes a client supplied; ``(REPLY, id, value)``: the answer to the job's request
-  (``ROOM``: True when the room is there, False when it could not be made; ``PACE``:
-  None); ``(CANCEL, id)``: the job's caller was cancelled (a streamed job stops before its
-  next chunk); ``(WARM, url)``;
+  it reads bytes a client supplied; a job is one file (``FillJob``), a chunk fill
+  (``SpanJob``) or several files of one bucket (``BatchJob``, read one after another);
+  ``(REPLY, id, value)``: the answer to the job's request (``ROOM``: True when the room is
+  there, False when it could not be made; ``PACE``: None); ``(CANCEL, id)``: the job's
+  caller was cancelled (a streamed job stops before its next chunk, a batch before its next
+  file); ``(WARM, url)``;
 * child → parent ``(DONE, id, results, gets, stages, error, counters)`` where ``counters`` is
   the child's running totals for the job's backend (the parent keeps the latest of each child
   and adds them up for ``quiverfs stats``); ``(ROOM, id, bytes)``: the disk is full, make
   this much room, then ``REPLY`` (the child then writes once more, or fails the file when
-  the answer is False); ``(PACE, id, bytes)``: the
-  next chunk of a streamed remote object is due, ``REPLY`` once the remote limits allow it.
+  the answer is False); ``(PACE, id, bytes)``: the next chunk of a streamed remote object
+  (or the next file of a paced batch) is due, ``REPLY`` once the remote limits allow it.
 
 Guarantees kept across the process boundary:
 
@@ -76,6 +78,7 @@ from mountd.store.fillchild import (
 )
 from mountd.store.fillwork import (
     BackendReader,
+    BatchJob,
     BytesReader,
     FdReader,
     FillJob,
@@ -160,6 +163,10 @@ class ThreadFills:
 
     async def run(self, job: Job, fd: int | None = None) -> Outcome:
         store, gate = self._store, self._gate
+        if isinstance(job, BatchJob):
+            backend = await self._backend(job.url)
+            return await trio.to_thread.run_sync(store.fill_batch, job, backend, gate,
+                                                 limiter=backend.limiter)
         if isinstance(job, SpanJob):
             backend = await self._backend(job.url)
             reader = BackendReader(backend, job.key)

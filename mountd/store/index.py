@@ -393,6 +393,32 @@ class Index:
         self._remember(hash, row[0])
         return row[0]
 
+    def absent(self, hashes: Sequence[bytes]) -> list[bytes]:
+        """Those of ``hashes`` not indexed, in their order: what :meth:`size_of` would answer
+        None for, with one query for all those it does not know in memory (a prefetch
+        request names dozens of files; a query each cost more than the rest of its work)."""
+        unknown = []
+        out: dict[bytes, bool] = {}
+        for hash in hashes:
+            if hash in self._unwritten or (self._lost and hash in self._lost):
+                out[hash] = False
+            elif self.deleting and hash in self.deleting:
+                out[hash] = True
+            elif hash in self._known:
+                out[hash] = False
+            else:
+                out[hash] = True
+                unknown.append(hash)
+        conn = self._conn
+        for at in range(0, len(unknown), BATCH):
+            part = unknown[at:at + BATCH]
+            marks = ",".join("?" * len(part))
+            for hash, size in conn.execute(
+                    f"SELECT hash, size FROM entries WHERE hash IN ({marks})", part):
+                out[hash] = False
+                self._remember(hash, size)
+        return [hash for hash in hashes if out[hash]]
+
     def _remember(self, hash: bytes, size: int) -> None:
         known = self._known
         if len(known) >= KNOWN_SIZES:

@@ -78,6 +78,7 @@ class Misses:
     reserved: int
     entries: int
     index: Index
+    _index: Index | None
     _policy: EvictionPolicy | None
     _nursery: trio.Nursery | None
     _cache_dir: str
@@ -96,6 +97,7 @@ class Misses:
     _tell: Callable[[str, Callable[[CacheListener], object]], None]
     _open_span: Callable[[Flight], tuple[Span, list[Flight]] | None]
     _run_span: Callable[[Span, list[Flight]], Awaitable[None]]
+    _queued: set[bytes]
 
     def _init_misses(self, config: CacheConfig, fills: Fills | None) -> None:
         self._flights: dict[bytes, Flight] = {}
@@ -524,7 +526,15 @@ class Misses:
         """:meth:`_stored`'s work."""
         # The row is written with the next batch; a row SQLite cannot store (disk full) is
         # settled by _flush_index, which evicts and retries, or removes the file.
-        self._require_open().insert(flight.hash, flight.size, flight.dataset, flight.uid)
+        # Not _require_open(): a fill that lands while the cache closes (its job was sent
+        # before, and is waited for) is indexed too; aclose closes the index only once every
+        # fill is over. Refused, the file stayed at its final name with no row, and the index
+        # was then marked clean: a file never adopted, never counted.
+        index = self._index
+        if index is None:
+            raise CacheClosed("the cache is not open (call open() first, or it was closed)")
+        index.insert(flight.hash, flight.size, flight.dataset, flight.uid)
+        self._queued.discard(flight.hash)  # landed: a prefetch queued for it has no work left
         self._unsynced.set()
         self.used += flight.size
         self.entries += 1
@@ -534,7 +544,7 @@ class Misses:
         if flight.awaited and flight.waiting:
             self._landing[flight.hash] = flight  # until its readers have the path
         self._tell("filled", lambda listener: listener.filled(flight.hash))
-        if self._nursery is None or self.index.pending >= GROUP_COMMIT_ROWS:
+        if self._nursery is None or index.pending >= GROUP_COMMIT_ROWS:
             self._flush_index()
         else:
             self._rows_waiting.set()

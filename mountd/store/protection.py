@@ -14,13 +14,14 @@ of the cache is listed on the class.
 from __future__ import annotations
 
 import contextlib
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
 import trio
 
 from mountd.errors import CacheClosed
 from mountd.store import layout
+from mountd.store.batchfill import Prefetch
 from mountd.store.config import CacheConfig
 from mountd.store.flights import Flight
 from mountd.store.holds import HOLD_SHARE, Displaced, Holds
@@ -82,6 +83,11 @@ class Protection:
     _require_open: Callable[[], Index]
     _notify_space: Callable[[], None]
     _await_fill: Callable[..., Awaitable[str]]
+    _batch_key: Callable[[Prefetch], Hashable | None]
+    _batch_share: Callable[[int], int]
+    _batch_flights: Callable[[list[Prefetch]], list[Flight]]
+    _fetch_batch: Callable[[list[Flight]], Awaitable[None]]
+    _run_flight: Callable[[Flight], Awaitable[None]]
 
     def _init_protection(self, config: CacheConfig) -> None:
         #: Files whose path was just answered, kept from eviction until their client opens
@@ -99,8 +105,12 @@ class Protection:
         self._waiting = _Waiting()
         #: Set and replaced whenever protections end (waiting prefetches may start).
         self._protect_changed = trio.Event()
-        self._prefetch_send, self._prefetch_recv = trio.open_memory_channel(config.prefetch_queue)
+        #: The prefetch queue (:meth:`prefetch`), oldest first, its hashes, and the workers
+        #: waiting for it to have files (a worker looks at the file after the one it took:
+        #: :meth:`_prefetch_worker`, so not a channel).
+        self._prefetches: deque[Prefetch] = deque()
         self._queued: set[bytes] = set()
+        self._prefetch_idle = trio.lowlevel.ParkingLot()
 
     def pin(self, hashes: Sequence[bytes]) -> int:
         """Never evict these (indexed) hashes until :meth:`unpin`; returns entries pinned."""
@@ -299,33 +309,82 @@ class Protection:
         items beyond the queue's capacity are dropped. Errors are counted and logged only.
         The fills are charged to ``uid`` (mountd/store/quota.py)."""
         index = self._require_open()
-        queued = 0
+        fresh: dict[bytes, tuple[int, Location]] = {}
         for hash, size, location in items:
             hash = layout.check_hash(hash)
-            if hash in self._queued or hash in self._flights or index.size_of(hash) is not None:
-                continue
-            try:
-                self._prefetch_send.send_nowait((hash, size, location, dataset, uid))
-            except trio.WouldBlock:
+            if hash not in self._queued and hash not in self._flights:
+                fresh[hash] = (size, location)
+        queue, room = self._prefetches, self.config.prefetch_queue
+        queued = 0
+        for hash in index.absent(list(fresh)):  # one index query for the lot
+            if len(queue) >= room:
                 break
+            size, location = fresh[hash]
+            queue.append((hash, size, location, dataset, uid))
             self._queued.add(hash)
             queued += 1
+        if queue:
+            # As many workers as the queue has batches for (each takes its share).
+            share = self._batch_share(len(queue))
+            self._prefetch_idle.unpark(count=-(-len(queue) // share))
         return queued
 
     async def _prefetch_worker(self) -> None:
-        async for hash, size, location, dataset, uid in self._prefetch_recv:
-            # A prefetch is protected until read; when the protection share is full it
-            # pauses here until reads free room (mountd/store/holds.py).
+        """Fill the prefetch queue, oldest first. Each file waits for protection room
+        (mountd/store/holds.py: a prefetch is protected until read), then is filled with
+        the files queued right behind it that can share its job, up to its share of the
+        queue (mountd/store/batchfill.py), or alone. A file that landed since it was queued
+        is passed over (a landing takes its hash off ``_queued``: Misses._record), so the
+        queue never asks the index."""
+        queue = self._prefetches
+        while True:
+            if not queue:
+                await self._prefetch_idle.park()
+                continue
+            item = queue.popleft()
+            hash, size = item[0], item[1]
             while not self.holds.fits(size) and not self._cached_or_coming(hash):
                 await self._protect_changed.wait()
-            self._queued.discard(hash)
-            if self._index is None or self._index.size_of(hash) is not None:
+            if not self._prefetch_wanted(item):
                 continue
+            self._queued.discard(hash)
             self.holds.protect(hash, size)
-            # Errors are counted and logged by the flight; a prefetch has nobody to tell.
-            with contextlib.suppress(QuiverError):
-                await self._await_fill(hash, size, location, dataset, prefetch=True, uid=uid,
-                                       absent=True)
+            key = self._batch_key(item)
+            if key is None:
+                # Errors are counted and logged by the flight; a prefetch has nobody to tell.
+                with contextlib.suppress(QuiverError):
+                    await self._await_fill(hash, size, item[2], item[3], prefetch=True,
+                                           uid=item[4], absent=True)
+                continue
+            batch = [item]
+            share = self._batch_share(len(queue) + 1)
+            while len(batch) < share and queue:
+                following = queue[0]
+                if not self._prefetch_wanted(following):
+                    queue.popleft()
+                    continue
+                if self._batch_key(following) != key or not self.holds.fits(following[1]):
+                    break  # it waits for the next worker, first in line
+                queue.popleft()
+                self._queued.discard(following[0])
+                self.holds.protect(following[0], following[1])
+                batch.append(following)
+            flights = self._batch_flights(batch)
+            if len(flights) > 1:
+                await self._fetch_batch(flights)
+            elif flights:
+                await self._run_flight(flights[0])
+
+    def _prefetch_wanted(self, item: Prefetch) -> bool:
+        """Whether a queued prefetch still has work: its hash is still queued (not landed
+        since) and nobody fills it now (then it leaves the queue)."""
+        hash = item[0]
+        if hash not in self._queued:
+            return False
+        if self._index is None or hash in self._flights:
+            self._queued.discard(hash)
+            return False
+        return True
 
     def _cached_or_coming(self, hash: bytes) -> bool:
         index = self._index

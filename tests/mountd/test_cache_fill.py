@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import blake3
@@ -545,3 +546,25 @@ async def test_a_source_whose_fills_hang_leaves_slots_to_the_others(tmp_path: Pa
         assert all(cache.contains(o.hash) for o in hung)
         for o in hung:
             assert layout.store_path(tmp_path / "c", o.hash).read_bytes() == o.data
+
+
+@pytest.mark.parametrize("how", ["prefetch", "ensure"])
+async def test_a_fill_that_lands_while_the_cache_closes_is_indexed(tmp_path: Path,
+                                                                   source: Source, how: str):
+    """A fill whose read had started when the cache began to close is waited for; the file
+    it lands is indexed and counted. Refused ("the cache is not open"), it stayed at its
+    final name with no row, and the index was marked clean: a file nobody would adopt."""
+    obj = source.add("late", os.urandom(30_000))
+    slow = SlowReads(0.3)
+    cfg = config(tmp_path / "c")
+    async with running(cfg, Backends(wrap=slow)) as cache:
+        if how == "prefetch":
+            cache.prefetch([(obj.hash, obj.size, obj.location)], "ds")
+        else:
+            cache._nursery.start_soon(partial(cache.ensure, obj.hash, obj.size, obj.location))
+        await wait_until(lambda: slow.now == 1, what="the read")
+        await cache.aclose()
+    assert store_files(tmp_path / "c") == {obj.hash.hex(): obj.size}
+    async with running(cfg) as reopened:
+        assert reopened.contains(obj.hash)
+        assert reopened.used == obj.size and reopened.entries == 1

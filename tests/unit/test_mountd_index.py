@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mountd.store.index import FIRST_LRU_PAGE, WAL_BYTES, Index, IndexCorrupt
+from mountd.store.index import BATCH, FIRST_LRU_PAGE, WAL_BYTES, Index, IndexCorrupt
 from mountd.store.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
 from mountd.store.schema import SCHEMA
 from quiverfs.base.errors import UsageError
@@ -297,3 +297,30 @@ def test_policy_registry(index: Index):
         assert next(make_policy("biggest-test", index).victims()) == (h(2), 50)
     finally:
         POLICIES.pop("biggest-test")
+
+
+def test_absent_answers_as_size_of_does_with_one_query_for_the_unknown(index: Index):
+    """``absent`` (a prefetch request's lookup) agrees with ``size_of`` for rows written,
+    rows waiting for their batch, rows being deleted and hashes never seen, across more
+    unknown hashes than one query takes, in the order asked."""
+    written = [h(i) for i in range(10)]
+    for i, content in enumerate(written):
+        index.insert(content, 100 + i, "ds")
+    index.flush()
+    index._known.clear()  # the written rows must come from SQLite
+    waiting = [h(100 + i) for i in range(3)]
+    for content in waiting:
+        index.insert(content, 5, "ds")
+    index.delete([written[0]])
+    never = [h(1000 + i) for i in range(BATCH + 7)]
+    asked = [never[0], *written, never[1], *waiting, *never[2:]]
+    statements: list[str] = []
+    index._conn.set_trace_callback(statements.append)
+    try:
+        got = index.absent(asked)
+    finally:
+        index._conn.set_trace_callback(None)
+    assert got == [never[0], written[0], never[1], *never[2:]]
+    assert got == [content for content in asked if index.size_of(content) is None]
+    assert sum("SELECT hash, size FROM entries" in s for s in statements) == 2  # BATCH + 16
+    assert index.size_of(written[5]) == 105

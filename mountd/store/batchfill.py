@@ -1,0 +1,180 @@
+"""Batched prefetches inside the cache: queued files of one bucket filled by one job.
+
+:class:`BatchFills` is the part of :class:`mountd.store.cache.Cache` that fills the files of
+the prefetch queue (:meth:`~mountd.store.protection.Protection.prefetch`: a mount's
+read-ahead) several at a time. It is a base class of ``Cache``, like
+:class:`~mountd.store.chunkfill.ChunkFills`, and uses the cache's accounting, listed below;
+every method runs in the trio thread, atomic between awaits as the cache's own.
+
+Why: a cold pass in digest order is read-ahead's case, and there every fill used to cost
+mountd's main process a task's worth of trio scheduling, a message to a fill process and
+its answer, a limiter round and a wake-up: ~0.2 ms of the one interpreter that decides for
+the whole machine, while the fill itself ran in a fill process (issue 34). A prefetch worker
+now takes the files queued right behind the one it waited for that share its bucket, dataset
+and uid, up to its share of the queue (:meth:`BatchFills._batch_share`: at most
+:data:`PREFETCH_BATCH`), and fills them as one :class:`~mountd.store.fillwork.BatchJob`:
+one fill slot, one remote slot, one reservation, one message each way. What a batch keeps
+exactly as a fill of one file:
+
+* **Single-flight per file.** Every file of the batch gets its own
+  :class:`~mountd.store.flights.Flight` in the same trio step as the batch is formed, so a
+  reader that misses any of them waits for this job (a reader may wait for the files ahead
+  of its own in the batch: at most :data:`PREFETCH_BATCH` of them).
+* **Verification.** Each file is verified against its own hash in the fill process; one
+  that fails is dropped alone (its waiters get :class:`~quiverfs.base.errors.CorruptObject`),
+  the others are stored.
+* **Space, quota, protection.** Each file is protected until read (it waited for protection
+  room as every prefetch does) and passes the quota check of a new flight; the batch
+  reserves the sum of its sizes, charged to its uid, before the job is sent, and each
+  file's share turns into use in the trio step its row is indexed.
+* **Limits.** One remote slot for the batch (its files are read one after another); the
+  first file's tokens before the job, each later file's by the job when the limits pace
+  requests (:meth:`~mountd.store.fill.Filler.fill_batch`).
+* **Counters.** One prefetch and one fill per file, one request per GET, as before.
+
+Not batched (filled alone, as before): packed files (a chunk fill is their batch:
+:mod:`mountd.store.chunkfill`), files larger than one chunk (they stream), files larger than
+the cache, and every prefetch of a cluster member (each asks the peers first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Hashable
+from os import PathLike
+
+import trio
+
+from mountd.stats.counters import Counters
+from mountd.store.config import CacheConfig
+from mountd.store.fill import Filler
+from mountd.store.fillwork import FillStopped, Target
+from mountd.store.flights import Flight
+from mountd.store.limits import SourceSlots
+from mountd.store.peers import PeerSource
+from mountd.store.quota import Charges
+from mountd.store.span import ChunkMembers
+from quiverfs.base.backends.base import Location
+
+#: Most queued files one prefetch job fills. Bounds how long a reader that joins a batched
+#: file may wait behind the files ahead of it (each a fill's time), and what one worker
+#: takes of the queue at once.
+PREFETCH_BATCH = 8
+
+#: One item of the prefetch queue: (hash, size, location, dataset, uid charged).
+Prefetch = tuple[bytes, int, Location, str | None, int | None]
+
+
+class BatchFills:
+    """Batched prefetch fills of :class:`mountd.store.cache.Cache` (see the module
+    docstring)."""
+
+    # What it uses of the cache (set by Cache.__init__ and its methods).
+    config: CacheConfig
+    counters: Counters
+    charges: Charges
+    reserved: int
+    peers: PeerSource | None
+    _flights: dict[bytes, Flight]
+    _fill_slots: SourceSlots
+    _filler: Filler
+    _chunk_members: ChunkMembers | None
+    _fits: Callable[[int], bool]
+    _reserve: Callable[..., Awaitable[None]]
+    _stored: Callable[[Flight, PathLike[str] | str], None]
+    _failed: Callable[[Flight, Exception], None]
+    _finish: Callable[[Flight], None]
+    _notify_space: Callable[[], None]
+
+    def _batch_key(self, item: Prefetch) -> Hashable | None:
+        """What files must share to be filled in one batch with ``item`` (its bucket, dataset
+        and uid), or None: ``item`` is filled alone (see the module docstring)."""
+        hash, size, location, dataset, uid = item
+        if self.peers is not None or size > self.config.chunk_size or not self._fits(size):
+            return None
+        lookup = self._chunk_members
+        if lookup is not None and self.config.span_max_bytes > 0 \
+                and lookup(dataset, hash, location):
+            return None  # a packed file: a chunk fill brings its neighbours
+        return location.url, dataset, uid
+
+    def _batch_share(self, queued: int) -> int:
+        """How many of the ``queued`` files a worker takes into one batch, up to
+        :data:`PREFETCH_BATCH`: the queue spread over the prefetch workers. A batch's files
+        are read one after another, so files go in batches only when the queue is longer
+        than the workers can start one by one: as many requests overlap as before (a
+        bucket's latency, or a shared filesystem's, is hidden as well as it was), and a
+        queue that runs ahead of the fills (a long read-ahead window, a preload) costs
+        mountd's main process one job per batch instead of one per file."""
+        workers = max(1, self.config.prefetch_concurrency)
+        return max(1, min(PREFETCH_BATCH, -(-queued // workers)))
+
+    def _batch_flights(self, batch: list[Prefetch]) -> list[Flight]:
+        """A flight for each file of ``batch`` that passes the quota check of a new flight
+        (one that does not is skipped, as a prefetch that fails it always was), each in
+        ``_flights`` from this trio step on."""
+        flights = []
+        for hash, size, location, dataset, uid in batch:
+            try:
+                self.charges.check_size(hash, size, uid)
+            except Exception:  # noqa: BLE001 - QuotaExceeded: nobody to tell, as before
+                continue
+            flight = Flight(hash, size, location, dataset, True, uid=uid)
+            self._flights[hash] = flight
+            flights.append(flight)
+        return flights
+
+    async def _fetch_batch(self, flights: list[Flight]) -> None:
+        """One job for every file of ``flights`` (same bucket, dataset and uid), each stored
+        (or failed) on its own flight as ``Cache._run_flight`` would, under one fill slot
+        and one reservation for them all."""
+        counters = self.counters
+        first = flights[0]
+        url, dataset, uid = first.location.url, first.dataset, first.uid
+        left = {f.hash: f for f in flights}  # flights not finished yet
+        counters.fills_in_flight += len(flights)
+        for _ in flights:
+            counters.add_prefetch(dataset)
+        start = trio.current_time()
+        total = sum(f.size for f in flights)
+        try:
+            async with self._fill_slots.slot(url):
+                await self._reserve(total, uid, demand=lambda: any(f.awaited for f in flights))
+                try:
+                    targets = tuple(Target.of(f.hash, f.size, f.location) for f in flights)
+                    results = await self._filler.fill_batch(targets, url, dataset, since=start)
+                    for flight, result in zip(flights, results, strict=True):
+                        self._settle(flight, result, start)
+                        del left[flight.hash]
+                        counters.fills_in_flight -= 1
+                        self._finish(flight)
+                finally:
+                    self.reserved -= total
+                    self.charges.unreserve(uid, total)
+                    self._notify_space()
+        except trio.Cancelled:
+            for content in left:
+                left[content].cancelled = True
+            raise
+        except Exception as exc:
+            for flight in left.values():  # no room, or no slot: every file not settled
+                self._failed(flight, exc)
+        finally:
+            counters.fills_in_flight -= len(left)
+            for flight in left.values():
+                self._finish(flight)
+
+    def _settle(self, flight: Flight, result: str | BaseException, start: float) -> None:
+        """One file's result of a batch: indexed (its file is at its final name already:
+        it must be indexed or removed here, whatever happens to the others), failed, or
+        not reached because the batch's caller was cancelled."""
+        if isinstance(result, FillStopped):
+            flight.cancelled = True
+            return
+        try:
+            if isinstance(result, BaseException):
+                raise result
+            self._stored(flight, result)
+        except Exception as exc:
+            self._failed(flight, exc)
+        else:
+            self.counters.add_fill(flight.dataset, flight.size, trio.current_time() - start)

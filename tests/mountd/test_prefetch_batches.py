@@ -1,0 +1,193 @@
+"""Batched prefetches (mountd/store/batchfill.py): queued files of one bucket filled by one
+job, each still verified, single-flight, counted and indexed on its own, whichever runs the
+fills (mountd's threads or fill processes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import blake3
+import pytest
+import trio
+
+from mountd.store.batchfill import PREFETCH_BATCH
+from mountd.store.cache import Cache
+from tests.mountd.conftest import (
+    Backends,
+    Source,
+    config,
+    pooled,
+    running,
+    running_with,
+    store_files,
+    tmp_files,
+    wait_until,
+)
+from tests.mountd.test_cache_fill import SlowReads
+
+
+def gets(cache: Cache) -> int:
+    """GETs the fills made (the fill processes' backends, or the cache's own)."""
+    return sum(source["requests"].get("GET", 0) for source in cache.backend_counters().values())
+
+
+def filled(cache: Cache) -> int:
+    """Fills that stored a file (each is one observation of the fill latency)."""
+    return cache.counters.total.fill_latency.count
+
+
+@pytest.mark.parametrize("fills", ["threads", "processes"])
+async def test_a_queue_longer_than_the_workers_is_filled_in_batches(tmp_path: Path,
+                                                                    source: Source, fills: str):
+    objs = source.many(40, 10_000)
+    cfg = config(tmp_path / "c", remote_concurrency=2)  # two prefetch workers
+    async with running_with(fills, cfg) as cache:
+        assert cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds") == 40
+        await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="the prefetches")
+        snap = cache.counters.snapshot()
+        total = snap["total"]
+        assert total["prefetches"] == 40 and filled(cache) == 40
+        assert total["remote_requests"]["GET"] == 40 and gets(cache) == 40
+        assert total["bytes_from_remote"] == 40 * 10_000
+        stages = snap["fill_stages"]
+        # Twenty files a worker: batches of PREFETCH_BATCH, the queue's tail in smaller ones.
+        assert 40 // PREFETCH_BATCH <= stages["jobs"] <= 12
+        assert stages["stages"]["read"]["count"] == stages["stages"]["rename"]["count"] == 40
+        assert cache.reserved == 0 and cache.counters.fills_in_flight == 0
+        assert cache.used == 40 * 10_000 and cache.entries == 40
+    for o in objs:
+        assert Path(cache.store_path(o.hash)).read_bytes() == o.data
+    assert tmp_files(tmp_path / "c") == []
+
+
+async def test_a_short_queue_is_spread_over_the_workers(tmp_path: Path, source: Source):
+    """Fewer queued files than workers: one job each, so their reads overlap as before (a
+    batch's files are read one after another)."""
+    objs = source.many(6, 4000)
+    slow = SlowReads(0.1)
+    async with running(config(tmp_path / "c", remote_concurrency=6), Backends(wrap=slow)) as cache:
+        assert cache._batch_share(6) == 1 and cache._batch_share(6 * 3 + 1) == 4
+        assert cache._batch_share(10_000) == PREFETCH_BATCH
+        cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds")
+        await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="the prefetches")
+        assert cache.counters.stages.jobs == 6
+    assert slow.most == 6
+
+
+async def test_a_bad_file_in_a_batch_fails_alone(tmp_path: Path, source: Source):
+    good = source.many(15, 20_000)
+    other = source.add("other", os.urandom(20_000))
+    lie = blake3.blake3(b"not what the object holds").digest()  # a damaged digest row
+    items = [(o.hash, o.size, o.location) for o in good]
+    items.insert(7, (lie, other.size, other.location))
+    async with pooled(config(tmp_path / "c", remote_concurrency=1)) as (cache, _):
+        assert cache.prefetch(items, "ds") == 16
+        await wait_until(lambda: all(cache.contains(o.hash) for o in good), what="the good files")
+        await wait_until(lambda: cache.counters.total.verify_failures == 1, what="the bad one")
+        assert not cache.contains(lie)
+        assert cache.counters.stages.jobs == 2  # two batches of eight, the bad one in the first
+        assert gets(cache) == 16  # the bad file's GET is counted: its bytes came
+        assert filled(cache) == 15
+        assert cache.reserved == 0 and cache.used == 15 * 20_000
+    assert sorted(store_files(tmp_path / "c")) == sorted(o.hash.hex() for o in good)
+    assert tmp_files(tmp_path / "c") == []
+
+
+async def test_a_reader_of_a_batched_file_joins_its_flight(tmp_path: Path, source: Source):
+    objs = source.many(8, 5000)
+    slow = SlowReads(0.05)
+    backends = Backends(wrap=slow)
+    async with running(config(tmp_path / "c", remote_concurrency=1), backends) as cache:
+        cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds")
+        await wait_until(lambda: slow.now == 1, what="the batch's first read")
+        last = objs[-1]
+        with trio.fail_after(10):
+            path = await cache.ensure(last.hash, last.size, last.location, "ds")
+        assert Path(path).read_bytes() == last.data
+        await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="the batch")
+        assert cache.counters.stages.jobs == 1
+        assert sum(b.counters.requests["GET"] for b in backends.made) == 8  # one read each
+        assert cache.counters.total.misses == 1 and filled(cache) == 8
+
+
+class SlowKey:
+    """Wraps a FileBackend so reads of one key take ``delay`` seconds (in their thread)."""
+
+    def __init__(self, key: str, delay: float) -> None:
+        self.key, self.delay = key, delay
+        self.reading = False
+
+    def __call__(self, backend):
+        original = backend._read_range
+
+        def read(key, *args):
+            if key == self.key:
+                self.reading = True
+                time.sleep(self.delay)
+            return original(key, *args)
+
+        backend._read_range = read
+        return backend
+
+
+async def test_a_file_that_landed_while_queued_is_not_fetched_again(tmp_path: Path,
+                                                                   source: Source):
+    """A landing takes its hash off the prefetch queue: the worker passes over it without
+    asking the index (without that, a reader's fill of a queued file was fetched again and
+    indexed twice)."""
+    first = source.add("first", os.urandom(5000))
+    elsewhere = Source(tmp_path / "elsewhere")  # its own fill slots: the reader need not wait
+    queued = elsewhere.add("queued", os.urandom(5000))
+    slow = SlowKey("first", 0.5)
+    backends = Backends(wrap=slow)
+    async with running(config(tmp_path / "c", remote_concurrency=1), backends) as cache:
+        cache.prefetch([(first.hash, first.size, first.location)], "ds")
+        await wait_until(lambda: slow.reading, what="the only worker to be busy")
+        assert cache.prefetch([(queued.hash, queued.size, queued.location)], "ds") == 1
+        await cache.ensure(queued.hash, queued.size, queued.location, "ds")  # lands at once
+        assert cache._prefetches and not cache.contains(first.hash)  # still queued
+        await wait_until(lambda: cache.contains(first.hash), what="the first prefetch")
+        await wait_until(lambda: not cache._prefetches, what="the queue to be taken")
+        await wait_until(lambda: cache.counters.fills_in_flight == 0, what="the worker")
+        assert sum(b.counters.requests["GET"] for b in backends.made) == 2
+        assert filled(cache) == 2 and cache.entries == 2 and cache.used == 10_000
+
+
+async def test_closing_in_the_middle_of_a_batch_leaves_only_verified_indexed_files(
+        tmp_path: Path, source: Source):
+    """A batch paced by the remote limits stops between two files when the cache closes:
+    no temp file is left, and every file it stored is complete, verified and indexed."""
+    objs = source.many(8, 50_000)
+    cache_dir = tmp_path / "c"
+    cfg = config(cache_dir, remote_concurrency=1, remote_bandwidth=200_000)
+    async with pooled(cfg) as (cache, _):
+        cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds")
+        await wait_until(lambda: len(store_files(cache_dir)) >= 2, what="two files stored")
+        await cache.aclose()
+    stored = store_files(cache_dir)
+    assert 2 <= len(stored) < 8 and tmp_files(cache_dir) == []
+    by_hex = {o.hash.hex(): o for o in objs}
+    for name in stored:
+        path = Path(Cache(cfg).store_path(bytes.fromhex(name)))
+        assert path.read_bytes() == by_hex[name].data
+    async with running(cfg) as reopened:
+        assert {h.hex() for h in (o.hash for o in objs) if reopened.contains(h)} == set(stored)
+        assert reopened.used == 50_000 * len(stored)
+
+
+async def test_a_file_larger_than_a_chunk_is_filled_alone(tmp_path: Path, source: Source):
+    small = source.many(12, 1000)
+    large = source.add("large", os.urandom(200_000))
+    items = [(o.hash, o.size, o.location) for o in small]
+    items.insert(3, (large.hash, large.size, large.location))
+    cfg = config(tmp_path / "c", remote_concurrency=1, chunk_size=65_536)
+    async with running(cfg) as cache:
+        cache.prefetch(items, "ds")
+        await wait_until(lambda: all(cache.contains(o.hash) for o in [*small, large]),
+                         what="the prefetches")
+        # The three before it in one batch, it alone (four GETs), the nine after it in two.
+        assert cache.counters.stages.jobs == 4
+        assert cache.counters.total.remote_requests["GET"] == 12 + 4
+    assert Path(cache.store_path(large.hash)).read_bytes() == large.data
