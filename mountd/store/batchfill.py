@@ -13,8 +13,8 @@ the whole machine, while the fill itself ran in a fill process (issue 34). A pre
 now takes the files queued right behind the one it waited for that share its bucket, dataset
 and uid, up to its share of the queue (:meth:`BatchFills._batch_share`: at most
 :data:`PREFETCH_BATCH`), and fills them as one :class:`~mountd.store.fillwork.BatchJob`:
-one fill slot, one remote slot, one reservation, one message each way. What a batch keeps
-exactly as a fill of one file:
+one reservation, one message each way, and a fill slot and a request slot for each file that
+runs at once. What a batch keeps exactly as a fill of one file:
 
 * **Single-flight per file.** Every file of the batch gets its own
   :class:`~mountd.store.flights.Flight` in the same trio step as the batch is formed, so a
@@ -27,9 +27,13 @@ exactly as a fill of one file:
   room as every prefetch does) and passes the quota check of a new flight; the batch
   reserves the sum of its sizes, charged to its uid, before the job is sent, and each
   file's share turns into use in the trio step its row is indexed.
-* **Limits.** One remote slot for the batch (its files are read one after another); the
-  first file's tokens before the job, each later file's by the job when the limits pace
-  requests (:meth:`~mountd.store.fill.Filler.fill_batch`).
+* **Limits.** In a fill process the batch's files run side by side, one request slot each
+  (and one fill slot): the first waited for, the others taken only if free now
+  (:meth:`~mountd.store.fill.Filler.fill_batch`), so as many requests overlap as with a job
+  per file. In mountd's own threads (``--fill-processes 0``) a batch is one thread, file
+  after file, so files go in batches there only when the queue is longer than the workers
+  can start one by one. When the limits pace requests the files go one after another, the
+  first file's tokens taken before the job and each later file's by the job.
 * **Counters.** One prefetch and one fill per file, one request per GET, as before.
 
 Not batched (filled alone, as before): packed files (a chunk fill is their batch:
@@ -47,6 +51,7 @@ import trio
 from mountd.stats.counters import Counters
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
+from mountd.store.fillpool import Fills
 from mountd.store.fillwork import FillStopped, Target
 from mountd.store.flights import Flight
 from mountd.store.limits import SourceSlots
@@ -77,6 +82,7 @@ class BatchFills:
     _flights: dict[bytes, Flight]
     _fill_slots: SourceSlots
     _filler: Filler
+    fills: Fills
     _chunk_members: ChunkMembers | None
     _fits: Callable[[int], bool]
     _reserve: Callable[..., Awaitable[None]]
@@ -98,13 +104,14 @@ class BatchFills:
         return location.url, dataset, uid
 
     def _batch_share(self, queued: int) -> int:
-        """How many of the ``queued`` files a worker takes into one batch, up to
-        :data:`PREFETCH_BATCH`: the queue spread over the prefetch workers. A batch's files
-        are read one after another, so files go in batches only when the queue is longer
-        than the workers can start one by one: as many requests overlap as before (a
-        bucket's latency, or a shared filesystem's, is hidden as well as it was), and a
-        queue that runs ahead of the fills (a long read-ahead window, a preload) costs
-        mountd's main process one job per batch instead of one per file."""
+        """How many of the ``queued`` files a worker takes into one batch: in fill processes
+        :data:`PREFETCH_BATCH` (a batch's files run side by side there, one request slot
+        each). In mountd's threads a batch's files are read one after another, so there the
+        queue is spread over the prefetch workers and files go in batches only when it is
+        longer than they can start one by one: as many requests overlap as before (a
+        bucket's latency, or a shared filesystem's, is hidden as well as it was)."""
+        if self.fills.parallel_batches:
+            return PREFETCH_BATCH
         workers = max(1, self.config.prefetch_concurrency)
         return max(1, min(PREFETCH_BATCH, -(-queued // workers)))
 
@@ -125,8 +132,9 @@ class BatchFills:
 
     async def _fetch_batch(self, flights: list[Flight]) -> None:
         """One job for every file of ``flights`` (same bucket, dataset and uid), each stored
-        (or failed) on its own flight as ``Cache._run_flight`` would, under one fill slot
-        and one reservation for them all."""
+        (or failed) on its own flight as ``Cache._run_flight`` would, under one reservation
+        for them all and a fill slot for each that may run at once (the first waited for,
+        the others taken only if free now)."""
         counters = self.counters
         first = flights[0]
         url, dataset, uid = first.location.url, first.dataset, first.uid
@@ -138,19 +146,28 @@ class BatchFills:
         total = sum(f.size for f in flights)
         try:
             async with self._fill_slots.slot(url):
-                await self._reserve(total, uid, demand=lambda: any(f.awaited for f in flights))
+                # A fill slot for each file that may run at once (mountd/store/fill.py says
+                # how many do: one request slot each).
+                extra = self._fill_slots.take_more(url, len(flights) - 1) \
+                    if self.fills.parallel_batches else []
                 try:
-                    targets = tuple(Target.of(f.hash, f.size, f.location) for f in flights)
-                    results = await self._filler.fill_batch(targets, url, dataset, since=start)
-                    for flight, result in zip(flights, results, strict=True):
-                        self._settle(flight, result, start)
-                        del left[flight.hash]
-                        counters.fills_in_flight -= 1
-                        self._finish(flight)
+                    await self._reserve(total, uid,
+                                        demand=lambda: any(f.awaited for f in flights))
+                    try:
+                        targets = tuple(Target.of(f.hash, f.size, f.location) for f in flights)
+                        results = await self._filler.fill_batch(
+                            targets, url, dataset, since=start, parallel=1 + len(extra))
+                        for flight, result in zip(flights, results, strict=True):
+                            self._settle(flight, result, start)
+                            del left[flight.hash]
+                            counters.fills_in_flight -= 1
+                            self._finish(flight)
+                    finally:
+                        self.reserved -= total
+                        self.charges.unreserve(uid, total)
+                        self._notify_space()
                 finally:
-                    self.reserved -= total
-                    self.charges.unreserve(uid, total)
-                    self._notify_space()
+                    self._fill_slots.give_back(url, extra)
         except trio.Cancelled:
             for content in left:
                 left[content].cancelled = True
@@ -170,9 +187,10 @@ class BatchFills:
         if isinstance(result, FillStopped):
             flight.cancelled = True
             return
+        if isinstance(result, Exception):
+            self._failed(flight, result)
+            return
         try:
-            if isinstance(result, BaseException):
-                raise result
             self._stored(flight, result)
         except Exception as exc:
             self._failed(flight, exc)

@@ -91,18 +91,27 @@ class Filler:
         return outcome.results  # type: ignore[return-value]
 
     async def fill_batch(self, targets: tuple[Target, ...], url: str, dataset: str | None,
-                         since: float | None = None) -> list[str | Exception]:
-        """Several loose files of the backend at ``url``, fetched one after another in one
-        job (:class:`~mountd.store.fillwork.BatchJob`) under one remote slot: the first
-        file's tokens are taken here, each later file's by the job when the limits pace
-        requests. Returns, for each of ``targets``, its final path or the error that file
-        alone failed with (a file the job did not reach because its caller was cancelled:
+                         since: float | None = None, parallel: int = 1,
+                         ) -> list[str | Exception]:
+        """Several loose files of the backend at ``url`` in one job
+        (:class:`~mountd.store.fillwork.BatchJob`), up to ``parallel`` of them at once:
+        one remote slot for each that runs at once (the first waited for, the others only
+        taken if free now, so a batch never holds more requests than it runs, nor waits
+        for a second slot while holding one). When the limits pace requests the files run
+        one after another, each after the first taking its tokens from the job. Returns,
+        for each of ``targets``, its final path or the error that file alone failed with
+        (a file the job did not reach because its caller was cancelled:
         :class:`~mountd.store.fillwork.FillStopped`). The caller has reserved the files'
         bytes and indexes the results."""
         limits = self.limits
-        job = BatchJob(url, targets, self.chunk_size, limits.paced)
         async with limits.request(min(targets[0].size, self.chunk_size), url):
-            outcome = await self._run(job, None, since)
+            extra = [] if limits.paced else limits.concurrency.take_more(
+                url, min(parallel, len(targets)) - 1)
+            try:
+                job = BatchJob(url, targets, self.chunk_size, limits.paced, 1 + len(extra))
+                outcome = await self._run(job, None, since)
+            finally:
+                limits.concurrency.give_back(url, extra)
         self._count(outcome, dataset, len(targets))
         return outcome.results  # type: ignore[return-value]
 

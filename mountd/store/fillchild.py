@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import array
 import contextlib
+import itertools
 import os
 import pickle
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,7 @@ def child_main(sock: socket.socket, control: socket.socket, cache_dir: Path, thr
     """A fill process: ``threads`` threads each receive a job, run it and answer (no hand-off
     between threads on the way); one more reads the parent's replies and cancellations.
     Returns once the parent closed its end (every thread then reads the end)."""
-    child = _ChildLoop(sock, cache_dir, factory)
+    child = _ChildLoop(sock, cache_dir, factory, threads)
     workers = [threading.Thread(target=child.serve, name=f"fill-{i}", daemon=True)
                for i in range(threads)]
     for url in warm:
@@ -85,7 +87,7 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
     """A fill process's state: its backends, its store, the jobs waiting for an answer."""
 
     def __init__(self, sock: socket.socket, cache_dir: Path,
-                 factory: Callable[[str], Backend]) -> None:
+                 factory: Callable[[str], Backend], threads: int = 1) -> None:
         self.sock = sock
         self.factory = factory
         self.backends: dict[str, Backend] = {}
@@ -94,13 +96,19 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
         #: threads, and the parent keeps the last totals it got, so they must arrive in the
         #: order they were read (a stale total sent last undercounted a run's GETs)
         self.reporting = threading.Lock()
-        #: jobs waiting for the parent's REPLY, and the values those brought
-        self.waiting: dict[int, threading.Event] = {}
-        self.answers: dict[int, object] = {}
+        #: asks waiting for the parent's REPLY (by ask: job id, number), and the values
+        #: those brought
+        self.waiting: dict[tuple[int, int], threading.Event] = {}
+        self.answers: dict[tuple[int, int], object] = {}
         #: jobs whose caller was cancelled
         self.stopped: set[int] = set()
         self.store = Store(cache_dir)
         self.stopping = False
+        self.threads = threads
+        #: Threads that run a batch's files beside the thread that received it (made at the
+        #: first batch: in this process, after the fork)
+        self._helpers: ThreadPoolExecutor | None = None
+        self._asks = itertools.count()
 
     def serve(self) -> None:
         """One worker thread: receive a message, act on it, until the parent's end closes."""
@@ -138,13 +146,17 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
                 data = b""
             if not data:
                 break
-            kind, job_id, *value = pickle.loads(data)
-            if kind == CANCEL:
-                self.stopped.add(job_id)
-            elif value and job_id in self.waiting:
-                self.answers[job_id] = value[0]
-            event = self.waiting.get(job_id)
+            kind, about, *value = pickle.loads(data)
+            if kind == CANCEL:  # about: a job; wake its asks (they stop it)
+                self.stopped.add(about)
+                for ask, event in list(self.waiting.items()):
+                    if ask[0] == about:
+                        event.set()
+                continue
+            event = self.waiting.get(about)  # about: an ask
             if event is not None:
+                if value:
+                    self.answers[about] = value[0]
                 event.set()
         self.stopping = True
         for event in list(self.waiting.values()):
@@ -169,7 +181,8 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
                                               gate)
             elif isinstance(job, BatchJob):
                 url = job.url
-                result = self.store.fill_batch(job, self.backend(url), gate)
+                result = self.store.fill_batch(job, self.backend(url), gate,
+                                               self.helpers().submit)
             elif job.source == "remote":
                 url = job.target.url
                 result = self.store.fill(job, BackendReader(self.backend(url),
@@ -194,19 +207,29 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
                        result.error, counters)
             self.sock.send(_picklable(message))
 
-    def ask(self, job_id: int, message: tuple) -> object:
-        """Send ``message`` about job ``job_id`` and wait for the parent's REPLY (or the
-        job's CANCEL, or the end of the parent); the value the REPLY brought (None: none)."""
-        event = self.waiting[job_id] = threading.Event()
+    def helpers(self) -> ThreadPoolExecutor:
+        """The pool that runs batches' files side by side (as many threads as the jobs')."""
+        with self.opening:
+            if self._helpers is None:
+                self._helpers = ThreadPoolExecutor(self.threads, "fill-batch")
+            return self._helpers
+
+    def ask(self, job_id: int, kind: int, value: object) -> object:
+        """Ask the parent ``(kind, (job_id, n), value)`` about job ``job_id`` and wait for
+        its REPLY (or the job's CANCEL, or the end of the parent); the value the REPLY
+        brought (None: none). Each ask has its own id: the files of a batch may ask at
+        once."""
+        ask = (job_id, next(self._asks))
+        event = self.waiting[ask] = threading.Event()
         try:
-            self.sock.send(pickle.dumps(message))
+            self.sock.send(pickle.dumps((kind, ask, value)))
             while not event.wait(1.0) and not self.stopping:
                 pass
         except OSError:
             self.stopping = True
         finally:
-            self.waiting.pop(job_id, None)
-        return self.answers.pop(job_id, None)
+            self.waiting.pop(ask, None)
+        return self.answers.pop(ask, None)
 
 
 class _ChildGate:  # pragma: no cover - runs in a fill process
@@ -217,12 +240,12 @@ class _ChildGate:  # pragma: no cover - runs in a fill process
         self.job_id = job_id
 
     def room(self, need: int) -> bool:
-        return self.loop.ask(self.job_id, (ROOM, self.job_id, need)) is True
+        return self.loop.ask(self.job_id, ROOM, need) is True
 
     def next_read(self, nbytes: int, remote: bool) -> None:
         loop, job_id = self.loop, self.job_id
         if job_id not in loop.stopped and remote:
-            loop.ask(job_id, (PACE, job_id, nbytes))
+            loop.ask(job_id, PACE, nbytes)
         if job_id in loop.stopped or loop.stopping:
             raise FillStopped
 

@@ -18,17 +18,18 @@ tuple, so it only ever carries our own types between a parent and the children i
 
 * parent → child ``(JOB, id, job)``, with the job's descriptor attached (``SCM_RIGHTS``) when
   it reads bytes a client supplied; a job is one file (``FillJob``), a chunk fill
-  (``SpanJob``) or several files of one bucket (``BatchJob``, read one after another);
-  ``(REPLY, id, value)``: the answer to the job's request (``ROOM``: True when the room is
-  there, False when it could not be made; ``PACE``: None); ``(CANCEL, id)``: the job's
+  (``SpanJob``) or several files of one bucket (``BatchJob``, side by side in the child);
+  ``(REPLY, ask, value)``: the answer to a request of the job (``ROOM``: True when the room
+  is there, False when it could not be made; ``PACE``: None); ``(CANCEL, id)``: the job's
   caller was cancelled (a streamed job stops before its next chunk, a batch before its next
   file); ``(WARM, url)``;
 * child → parent ``(DONE, id, results, gets, stages, error, counters)`` where ``counters`` is
   the child's running totals for the job's backend (the parent keeps the latest of each child
-  and adds them up for ``quiverfs stats``); ``(ROOM, id, bytes)``: the disk is full, make
+  and adds them up for ``quiverfs stats``); ``(ROOM, ask, bytes)``: the disk is full, make
   this much room, then ``REPLY`` (the child then writes once more, or fails the file when
-  the answer is False); ``(PACE, id, bytes)``: the next chunk of a streamed remote object
+  the answer is False); ``(PACE, ask, bytes)``: the next chunk of a streamed remote object
   (or the next file of a paced batch) is due, ``REPLY`` once the remote limits allow it.
+  ``ask`` is ``(job id, n)``, one per request: the files of a batch may ask at once.
 
 Guarantees kept across the process boundary:
 
@@ -112,6 +113,10 @@ class Fills(Protocol):
     #: the cache should open them ahead of the first fill; fill processes open their own.
     uses_cache_backends: bool
 
+    #: Whether a batch's files run side by side (``BatchJob.parallel``): in a fill process,
+    #: yes; in mountd's threads, one after another (a batch is one thread there).
+    parallel_batches: bool
+
     async def run(self, job: Job, fd: int | None = None) -> Outcome:
         """Run ``job`` (``fd``: the descriptor a ``"fd"`` job reads, still owned by the
         caller) and return its outcome; never raises for what the job met (that is in the
@@ -153,6 +158,7 @@ class ThreadFills:
     ``backend(url)`` opener, which the cache counts for ``stats``)."""
 
     uses_cache_backends = True
+    parallel_batches = False
 
     def __init__(self, cache_dir: Path, backend: Callable[[str], Awaitable[Backend]],
                  io_threads: int) -> None:
@@ -260,6 +266,7 @@ class ProcessFills:
     #: Each fill process opens its own backends (:meth:`warm`); the cache's are needed only
     #: for the rare ``stat`` of an object larger than the cache, and open when it comes.
     uses_cache_backends = False
+    parallel_batches = True
 
     def __init__(self, cache_dir: Path, processes: int, threads: int,
                  factory: Callable[[str], Backend]) -> None:
@@ -473,7 +480,7 @@ class ProcessFills:
         trio.lowlevel.reschedule(task, outcome.Value(
             Outcome(results, gets, StageTimes(stages), error)))
 
-    async def _make_room(self, child: _Child, job_id: int, need: int) -> None:
+    async def _make_room(self, child: _Child, ask: object, need: int) -> None:
         assert self._room is not None
         made = False
         try:
@@ -481,17 +488,17 @@ class ProcessFills:
         except Exception:
             log.exception("could not make room for a fill")
         finally:
-            self._reply(child, job_id, made)  # cancelled (closing): the job fails
+            self._reply(child, ask, made)  # cancelled (closing): the job fails
 
-    async def _paced(self, child: _Child, job_id: int, nbytes: int) -> None:
+    async def _paced(self, child: _Child, ask: object, nbytes: int) -> None:
         if self._pace is not None:
             await self._pace(nbytes)
-        self._reply(child, job_id)
+        self._reply(child, ask)
 
-    def _reply(self, child: _Child, job_id: int, value: object = None) -> None:
+    def _reply(self, child: _Child, ask: object, value: object = None) -> None:
         if not child.dead:
             with contextlib.suppress(OSError):  # gone: its jobs fail when its end is read
-                child.control.send(pickle.dumps((REPLY, job_id, value)))
+                child.control.send(pickle.dumps((REPLY, ask, value)))
 
     def _fail_jobs(self, child: _Child, error: BaseException) -> None:
         """Wake every waiter of ``child``'s jobs with ``error``."""

@@ -35,8 +35,11 @@ Each job measures its stages (wall and CPU seconds of ``read``, ``hash``, ``writ
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -100,20 +103,22 @@ class SpanJob(NamedTuple):
 
 
 class BatchJob(NamedTuple):
-    """Several loose files of the backend at ``url``, filled one after another in one thread
-    of a fill process (:meth:`Store.fill_batch`), each exactly as a :class:`FillJob` of its
-    own: one GET, verified, stored, a bad file never spoiling the others.
+    """Several loose files of the backend at ``url``, each filled exactly as a
+    :class:`FillJob` of its own (one GET, verified, stored, a bad file never spoiling the
+    others), ``parallel`` of them at once (:meth:`Store.fill_batch`).
 
     Read-ahead queues files by the dozen; sending them as one job costs mountd's main process
-    one message, one wait and one answer for the lot, instead of one each (issue 34). It
-    holds one remote slot, as one stream of requests; when the remote limits pace requests
-    (``paced``), each file after the first asks for its tokens first, as the later chunks of
-    a streamed object do."""
+    one message, one wait and one answer for the lot, instead of one each (issue 34). The
+    main process holds a remote slot for each file it lets run at once (``parallel``), so
+    as many requests overlap as if each file were a job. When the remote limits pace
+    requests (``paced``), the files go one after another and each after the first asks for
+    its tokens first, as the later chunks of a streamed object do."""
 
     url: str
     members: tuple[Target, ...]
     chunk_size: int = 8 << 20
     paced: bool = False
+    parallel: int = 1
 
 
 class StageTimes:
@@ -130,6 +135,12 @@ class StageTimes:
     def clock() -> tuple[float, float]:
         """Now, as (wall, thread CPU) seconds."""
         return time.perf_counter(), time.thread_time()
+
+    def merge(self, other: StageTimes) -> None:
+        """Add ``other``'s times to these."""
+        values = self.values
+        for k, value in enumerate(other.values):
+            values[k] += value
 
     def add(self, stage: int, since: tuple[float, float]) -> tuple[float, float]:
         """Charge the time from ``since`` to now to stage number ``stage``; returns now."""
@@ -323,29 +334,48 @@ class Store:
 
     # -- several files -------------------------------------------------------------------------
 
-    def fill_batch(self, job: BatchJob, backend, gate: Gate) -> Outcome:
-        """Run a :class:`BatchJob`: each member as :meth:`fill` runs one file, in order. A
-        member after the first first passes ``gate.next_read`` (the remote limits when
-        ``job.paced``; :class:`FillStopped` once the job's caller was cancelled: that member
-        and the rest are not read)."""
-        out = Outcome([""] * len(job.members))
-        values = out.stages.values
-        stopped: FillStopped | None = None
-        for i, member in enumerate(job.members):
-            if i and stopped is None:
-                try:
-                    gate.next_read(min(member.size, job.chunk_size), job.paced)
-                except FillStopped as exc:
-                    stopped = exc
-            if stopped is not None:
-                out.results[i] = stopped
-                continue
-            one = self.fill(FillJob(member, "remote", chunk_size=job.chunk_size),
-                            BackendReader(backend, member.key), gate)
-            out.results[i] = one.results[0]
-            out.gets.extend(one.gets)
-            for k, value in enumerate(one.stages.values):
-                values[k] += value
+    def fill_batch(self, job: BatchJob, backend, gate: Gate,
+                   spawn: Callable[[Callable[[], object]], Future] | None = None) -> Outcome:
+        """Run a :class:`BatchJob`: each member as :meth:`fill` runs one file, up to
+        ``job.parallel`` at once: this thread and ``parallel - 1`` more started by ``spawn``
+        (a thread pool's ``submit``; None: this thread alone), each taking the next member
+        not taken yet. A member after the first first passes ``gate.next_read`` (the remote
+        limits when ``job.paced``; :class:`FillStopped` once the job's caller was cancelled:
+        that member and the rest are not read)."""
+        members = job.members
+        out = Outcome([""] * len(members))
+        turns = itertools.count()  # next() of a count is atomic: one member per taker
+        stopped: list[FillStopped] = []
+
+        def take_turns() -> StageTimes:
+            stages = StageTimes()
+            for i in turns:
+                if i >= len(members):
+                    break
+                member = members[i]
+                if i and not stopped:
+                    try:
+                        gate.next_read(min(member.size, job.chunk_size), job.paced)
+                    except FillStopped as exc:
+                        stopped.append(exc)
+                    except Exception as exc:  # noqa: BLE001 - this member's answer, the
+                        out.results[i] = exc  # others' files must still be reported
+                        continue
+                if stopped:
+                    out.results[i] = stopped[0]
+                    continue
+                one = self.fill(FillJob(member, "remote", chunk_size=job.chunk_size),
+                                BackendReader(backend, member.key), gate)
+                out.results[i] = one.results[0]
+                out.gets.extend(one.gets)
+                stages.merge(one.stages)
+            return stages
+
+        helpers = [] if spawn is None else [
+            spawn(take_turns) for _ in range(min(job.parallel, len(members)) - 1)]
+        out.stages.merge(take_turns())
+        for helper in helpers:
+            out.stages.merge(helper.result())
         return out
 
     # -- a chunk fill ----------------------------------------------------------------------------

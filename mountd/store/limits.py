@@ -183,6 +183,36 @@ class SourceSlots:
         if not limiter.borrowed_tokens:
             del self._sources[source]
 
+    def take_more(self, source: str, most: int) -> list[object]:
+        """Up to ``most`` more slots of ``source`` (and of the total) that are free now,
+        for a holder of one that runs several reads side by side (a batch of files); never
+        waits, and takes none while anyone waits in line. Returns one token per slot, for
+        :meth:`give_back`."""
+        limiter = self._sources.get(source)
+        if limiter is None:
+            return []  # the caller holds no slot of it
+        tokens: list[object] = []
+        for _ in range(most):
+            token = object()
+            try:
+                limiter.acquire_on_behalf_of_nowait(token)
+            except trio.WouldBlock:
+                break
+            try:
+                self.total.acquire_on_behalf_of_nowait(token)
+            except trio.WouldBlock:
+                limiter.release_on_behalf_of(token)
+                break
+            tokens.append(token)
+        return tokens
+
+    def give_back(self, source: str, tokens: list[object]) -> None:
+        """The slots :meth:`take_more` took (the caller still holds its own)."""
+        limiter = self._sources[source]
+        for token in tokens:
+            self.total.release_on_behalf_of(token)
+            limiter.release_on_behalf_of(token)
+
     def slot(self, source: str) -> _Slot:
         """``async with slots.slot(source):`` :meth:`take`, then :meth:`release` at the end."""
         return _Slot(self, source)

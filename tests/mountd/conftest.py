@@ -117,13 +117,15 @@ async def running(
 @asynccontextmanager
 async def pooled(cfg: CacheConfig, processes: int = 2,
                  factory: Callable[[str], Backend] | None = None,
+                 child_factory: Callable[[str], Backend] | None = None,
                  ) -> AsyncIterator[tuple[Cache, ProcessFills]]:
     """An open cache whose fills run in ``processes`` forked fill processes, as mountd's do
     (mountd/store/fillpool.py); closed, and its fill processes stopped, on exit. ``factory``
-    opens the cache's own backends (the fill processes open real ones)."""
+    opens the cache's own backends, ``child_factory`` the fill processes' (default: real
+    ones; a wrapper runs in the children, so what it records must be shared memory)."""
     assert cfg.fill_concurrency is not None
     threads = ProcessFills.threads_for(processes, cfg.fill_concurrency)
-    fills = ProcessFills(cfg.cache_dir, processes, threads,
+    fills = ProcessFills(cfg.cache_dir, processes, threads, child_factory or
                          partial(open_backend, options=BackendOptions(concurrency=threads)))
     try:
         cache = Cache(cfg, factory, fills=fills)

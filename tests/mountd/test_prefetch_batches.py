@@ -4,6 +4,7 @@ fills (mountd's threads or fill processes)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -14,6 +15,7 @@ import trio
 
 from mountd.store.batchfill import PREFETCH_BATCH
 from mountd.store.cache import Cache
+from quiverfs.base.backends import BackendOptions, open_backend
 from tests.mountd.conftest import (
     Backends,
     Source,
@@ -74,6 +76,60 @@ async def test_a_short_queue_is_spread_over_the_workers(tmp_path: Path, source: 
         await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="the prefetches")
         assert cache.counters.stages.jobs == 6
     assert slow.most == 6
+
+
+class SharedSlowReads:
+    """:class:`SlowReads` for the fill processes: it wraps the backends they open (after the
+    fork) and counts the reads in flight across them in shared memory."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+        self._now = multiprocessing.Value("i", 0)
+        self._most = multiprocessing.Value("i", 0)
+
+    @property
+    def most(self) -> int:
+        return self._most.value
+
+    def __call__(self, url: str):
+        backend = open_backend(url, BackendOptions(concurrency=16))
+        original = backend._read_range
+
+        def slow(*args):
+            with self._now.get_lock():
+                self._now.value += 1
+                self._most.value = max(self._most.value, self._now.value)
+            try:
+                time.sleep(self.delay)
+                return original(*args)
+            finally:
+                with self._now.get_lock():
+                    self._now.value -= 1
+
+        backend._read_range = slow
+        return backend
+
+
+async def test_a_batch_in_a_fill_process_reads_side_by_side_up_to_the_request_slots(
+        tmp_path: Path, source: Source):
+    """In fill processes a batch takes as many queued files as it may (PREFETCH_BATCH) and
+    runs them side by side, one request slot each: as many reads overlap as the remote
+    concurrency allows, no more, in a few jobs."""
+    objs = source.many(24, 4000)
+    slow = SharedSlowReads(0.1)
+    cfg = config(tmp_path / "c", remote_concurrency=6)
+    async with pooled(cfg, child_factory=slow) as (cache, _):
+        assert cache._batch_share(1) == PREFETCH_BATCH
+        cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds")
+        await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="the prefetches")
+        assert gets(cache) == 24 and filled(cache) == 24
+        assert cache.counters.stages.jobs == 24 // PREFETCH_BATCH
+        assert cache.reserved == 0 and cache.counters.fills_in_flight == 0
+        assert cache._fill_slots.held(source.url) == 0
+        assert cache.limits.concurrency.held(source.url) == 0
+    assert slow.most == 6
+    for o in objs:
+        assert Path(cache.store_path(o.hash)).read_bytes() == o.data
 
 
 async def test_a_bad_file_in_a_batch_fails_alone(tmp_path: Path, source: Source):
