@@ -20,10 +20,12 @@ from tests.mountd.conftest import (
     Backends,
     Source,
     config,
+    pooled,
     running,
     running_with,
     store_files,
     tmp_files,
+    wait_until,
 )
 
 
@@ -343,3 +345,28 @@ def test_sizes_known_in_memory_leave_with_their_files(tmp_path: Path, monkeypatc
         assert index.size_of(lost) is None
     finally:
         index.close()
+
+
+async def test_a_batch_whose_files_meet_a_full_disk_together_makes_room_for_each(
+        small_tmpfs: Path, source: Source):
+    """The files of a prefetch batch run side by side in a fill process; on a full disk
+    several ask for room at once, each with its own ask (one ask per job used to be
+    overwritten by the next: that file waited for ever), and every one lands."""
+    earlier = source.many(12, 256 * 1024, prefix="earlier")  # 3 MiB of a 4 MiB disk
+    batch = source.many(8, 256 * 1024, prefix="batch")
+    cache_dir = small_tmpfs / "c"
+    async with pooled(config(cache_dir, size=100 << 20)) as (cache, _):
+        for o in earlier:
+            await cache.ensure(o.hash, o.size, o.location)
+        with trio.fail_after(30):
+            cache.prefetch([(o.hash, o.size, o.location) for o in batch], "ds")
+            await wait_until(lambda: all(cache.contains(o.hash) for o in batch), timeout=30,
+                             what="the batch")
+        assert cache.counters.stages.jobs == 12 + 1  # the earlier files one by one, one batch
+        assert cache.counters.total.evicted_files > 0
+        assert cache.counters.total.fill_errors == 0
+        files = store_files(cache_dir)
+        assert sum(files.values()) == cache.used and len(files) == cache.entries
+        assert tmp_files(cache_dir) == []
+        for o in batch:
+            assert Path(cache.store_path(o.hash)).read_bytes() == o.data
