@@ -1,8 +1,9 @@
-"""Batched prefetches inside the cache: queued files of one bucket filled by one job.
+"""Batched fills inside the cache: files of one bucket filled by one job.
 
 :class:`BatchFills` is the part of :class:`mountd.store.cache.Cache` that fills the files of
 the prefetch queue (:meth:`~mountd.store.protection.Protection.prefetch`: a mount's
-read-ahead) several at a time. It is a base class of ``Cache``, like
+read-ahead) several at a time, and in fill processes also the readers' misses that arrive
+together (:meth:`BatchFills._join_demand_batch`). It is a base class of ``Cache``, like
 :class:`~mountd.store.chunkfill.ChunkFills`, and uses the cache's accounting, listed below;
 every method runs in the trio thread, atomic between awaits as the cache's own.
 
@@ -90,6 +91,12 @@ class BatchFills:
     _failed: Callable[[Flight, Exception], None]
     _finish: Callable[[Flight], None]
     _notify_space: Callable[[], None]
+    _run_flight: Callable[[Flight], Awaitable[None]]
+    _nursery: trio.Nursery | None
+
+    def _init_batches(self) -> None:
+        #: Misses waiting for the next demand batch (:meth:`_join_demand_batch`).
+        self._demand_batch: list[Flight] = []
 
     def _batch_key(self, item: Prefetch) -> Hashable | None:
         """What files must share to be filled in one batch with ``item`` (its bucket, dataset
@@ -114,6 +121,46 @@ class BatchFills:
             return PREFETCH_BATCH
         workers = max(1, self.config.prefetch_concurrency)
         return max(1, min(PREFETCH_BATCH, -(-queued // workers)))
+
+    def _join_demand_batch(self, flight: Flight) -> bool:
+        """Put mountd's own new ``flight`` (a reader's miss) in the batch of this moment,
+        which a task of the cache's nursery runs at its next turn: the misses that arrive
+        before it runs (readers miss side by side, and a busy mountd reads their requests
+        in bursts) go to the fill processes as one job per bucket, dataset and uid. False:
+        ``flight`` is not one to batch (its bytes are supplied, it has a turn among a
+        claim's fetches, the cache has peers, it streams, or fills run in mountd's threads);
+        the caller runs it alone. A miss waits no longer for this: its own task would have
+        started at the same turn."""
+        if not self.fills.parallel_batches or self._nursery is None or self.peers is not None \
+                or flight.source is not None or flight.turn is not None \
+                or flight.size > self.config.chunk_size:
+            return False
+        self._demand_batch.append(flight)
+        if len(self._demand_batch) == 1:
+            self._nursery.start_soon(self._run_demand_batch)
+        return True
+
+    async def _run_demand_batch(self) -> None:
+        """Fill the misses :meth:`_join_demand_batch` gathered: a batch per bucket, dataset
+        and uid (at most :data:`PREFETCH_BATCH` files each), the first in this task, the
+        others in tasks of their own; a lone miss as a fill of its own."""
+        flights, self._demand_batch = self._demand_batch, []
+        groups: dict[Hashable, list[Flight]] = {}
+        for flight in flights:
+            groups.setdefault((flight.location.url, flight.dataset, flight.uid), []).append(flight)
+        runs = [group[at:at + PREFETCH_BATCH] for group in groups.values()
+                for at in range(0, len(group), PREFETCH_BATCH)]
+        assert self._nursery is not None
+        for later in runs[1:]:
+            self._nursery.start_soon(self._run_flights, later)
+        await self._run_flights(runs[0])
+
+    async def _run_flights(self, flights: list[Flight]) -> None:
+        """``flights`` in one batch, or a lone one as a fill of its own."""
+        if len(flights) > 1:
+            await self._fetch_batch(flights)
+        else:
+            await self._run_flight(flights[0])
 
     def _batch_flights(self, batch: list[Prefetch]) -> list[Flight]:
         """A flight for each file of ``batch`` that passes the quota check of a new flight
@@ -140,8 +187,9 @@ class BatchFills:
         url, dataset, uid = first.location.url, first.dataset, first.uid
         left = {f.hash: f for f in flights}  # flights not finished yet
         counters.fills_in_flight += len(flights)
-        for _ in flights:
-            counters.add_prefetch(dataset)
+        for flight in flights:
+            if flight.prefetch:
+                counters.add_prefetch(dataset)
         start = trio.current_time()
         total = sum(f.size for f in flights)
         try:
@@ -152,7 +200,7 @@ class BatchFills:
                     if self.fills.parallel_batches else []
                 try:
                     await self._reserve(total, uid,
-                                        demand=lambda: any(f.awaited for f in flights))
+                                        demand=lambda: any(f.demanded() for f in flights))
                     try:
                         targets = tuple(Target.of(f.hash, f.size, f.location) for f in flights)
                         results = await self._filler.fill_batch(

@@ -134,6 +134,7 @@ class Cache(Misses, ChunkFills, BatchFills, Space, Protection, Commits):
         self._listeners: list[CacheListener] = []
         self._init_protection(config)  # holds, pins' share, prefetches (protection.py)
         self._init_misses(config, fills)  # flights, fill slots, fills (misses.py)
+        self._init_batches()  # misses of one moment in one job (batchfill.py)
         self._init_space(config)  # used, reserved, quota charges, full disk (space.py)
         self._init_commits()  # group commit, checkpoints (commits.py)
 

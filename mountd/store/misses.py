@@ -98,6 +98,7 @@ class Misses:
     _open_span: Callable[[Flight], tuple[Span, list[Flight]] | None]
     _run_span: Callable[[Span, list[Flight]], Awaitable[None]]
     _queued: set[bytes]
+    _join_demand_batch: Callable[[Flight], bool]
 
     def _init_misses(self, config: CacheConfig, fills: Fills | None) -> None:
         self._flights: dict[bytes, Flight] = {}
@@ -445,11 +446,14 @@ class Misses:
 
     async def _launch(self, flight: Flight, *, inline: bool = False) -> None:
         """Run the new ``flight``: as a chunk fill with its siblings when it is a member of a
-        packed object (:meth:`ChunkFills._open_span`), else alone; in the cache's nursery when
-        :meth:`run` is running (so a cancelled requester does not cancel it for the others),
-        else, or when the caller is a task of that nursery already (``inline``: the
-        prefetches), in the caller."""
+        packed object (:meth:`ChunkFills._open_span`), with the other misses of this moment
+        in one batch (:meth:`BatchFills._join_demand_batch`), else alone; in the cache's
+        nursery when :meth:`run` is running (so a cancelled requester does not cancel it for
+        the others), else, or when the caller is a task of that nursery already
+        (``inline``: the prefetches), in the caller."""
         opened = self._open_span(flight)
+        if opened is None and not inline and self._join_demand_batch(flight):
+            return
         run = self._run_flight if opened is None else partial(self._run_span, *opened)
         args = (flight,) if opened is None else ()
         if self._nursery is not None and not inline:
