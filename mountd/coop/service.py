@@ -453,7 +453,8 @@ class CoopService:
                     self.cache.pin([arg])
             else:
                 reg.on_fetch_failed(name, ids)
-        self.wake_soon()
+        if reg.watches_the_store:
+            self.wake_soon()
 
     # -- requests ------------------------------------------------------------------------------
 

@@ -329,6 +329,16 @@ class SessionRegistry:
         return [reg.demand(name, self._modes[name], jobs[name])
                 for name, reg in self._registrations.items()]  # registration order
 
+    @property
+    def watches_the_store(self) -> bool:
+        """Whether a change of the store (a fill landed, files left) may give a tick work at
+        once: a job is open, or a dataset has chunks to manage. Otherwise the change is only
+        recorded (which files are cached), and the periodic tick is soon enough. A tick every
+        few fills cost a plain mount's shuffled cold pass ~6% of mountd's CPU (372 against
+        349 µs a fill, three alternated runs of 10,000 files, 2026-11-30)."""
+        return bool(self._jobs) or any(state.manager is not None
+                                       for state in self._datasets.values())
+
     def allocation_due(self, now: float | None = None) -> bool:
         """Whether :meth:`allocate` should run: a job arrived or left, a probe ended, a
         dataset came or went, or :attr:`reallocate_interval` passed. Without

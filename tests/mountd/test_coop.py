@@ -313,6 +313,32 @@ async def test_fills_reach_every_dataset_sharing_the_content(tmp_path: Path) -> 
         assert not env.server.coop.registry.dataset(env.dataset).is_cached(3)
 
 
+async def test_a_fill_wakes_the_tick_loop_only_when_a_job_can_use_it(tmp_path: Path) -> None:
+    """A plain mount's cold pass (no job open, nothing chunked) only records what landed:
+    waking the tick loop for it cost ~6% of mountd's CPU. Once a job is open, a fill wakes
+    it (claims, chunk loads and preloads react within TICK_COALESCE)."""
+    async with mountd_env(tmp_path, files=10) as env:
+        coop = env.server.coop
+        await coop.ensure_view(env.dataset)  # as a mount's first miss loads it
+        state = coop.registry.dataset(env.dataset)
+        wakes: list[int] = []
+        wake_soon = coop.wake_soon
+
+        def counted() -> None:
+            wakes.append(1)
+            wake_soon()
+
+        coop.wake_soon = counted
+        for cid, job_open in ((1, False), (2, True)):
+            if job_open:
+                await env.client.session_open(env.dataset, "a")
+            wakes.clear()
+            h, s, loc = env.view.item(cid)
+            await env.client.ensure(h, s, loc, env.dataset)
+            assert state.is_cached(cid)
+            assert bool(wakes) == job_open
+
+
 async def test_two_jobs_on_a_cold_cache_fetch_each_file_about_once(tmp_path: Path) -> None:
     async with mountd_env(tmp_path, files=300) as env:
         for job in ("a", "b"):
