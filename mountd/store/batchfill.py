@@ -33,13 +33,15 @@ runs at once. What a batch keeps exactly as a fill of one file:
   (:meth:`~mountd.store.fill.Filler.fill_batch`), so as many requests overlap as with a job
   per file. In mountd's own threads (``--fill-processes 0``) a batch is one thread, file
   after file, so files go in batches there only when the queue is longer than the workers
-  can start one by one. When the limits pace requests the files go one after another, the
-  first file's tokens taken before the job and each later file's by the job.
+  can start one by one.
 * **Counters.** One prefetch and one fill per file, one request per GET, as before.
 
 Not batched (filled alone, as before): packed files (a chunk fill is their batch:
 :mod:`mountd.store.chunkfill`), files larger than one chunk (they stream), files larger than
-the cache, and every prefetch of a cluster member (each asks the peers first).
+the cache, every fill of a cluster member (each asks the peers first), and every fill while
+the remote limits pace requests (``--remote-bandwidth``, ``--remote-requests``, a latency:
+the bucket is then what bounds the fills, not mountd, and each fill takes its tokens in its
+turn, so a claim's misses land in the order asked).
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ from mountd.store.fill import Filler
 from mountd.store.fillpool import Fills
 from mountd.store.fillwork import FillStopped, Target
 from mountd.store.flights import Flight
-from mountd.store.limits import SourceSlots
+from mountd.store.index import Index
+from mountd.store.limits import RemoteLimits, SourceSlots
 from mountd.store.peers import PeerSource
 from mountd.store.quota import Charges
 from mountd.store.span import ChunkMembers
@@ -83,6 +86,7 @@ class BatchFills:
     _flights: dict[bytes, Flight]
     _fill_slots: SourceSlots
     _filler: Filler
+    limits: RemoteLimits
     fills: Fills
     _chunk_members: ChunkMembers | None
     _fits: Callable[[int], bool]
@@ -92,7 +96,9 @@ class BatchFills:
     _finish: Callable[[Flight], None]
     _notify_space: Callable[[], None]
     _run_flight: Callable[[Flight], Awaitable[None]]
+    _take_slot: Callable[[Flight, str], Awaitable[None]]
     _nursery: trio.Nursery | None
+    _index: Index | None
 
     def _init_batches(self) -> None:
         #: Misses waiting for the next demand batch (:meth:`_join_demand_batch`).
@@ -102,7 +108,8 @@ class BatchFills:
         """What files must share to be filled in one batch with ``item`` (its bucket, dataset
         and uid), or None: ``item`` is filled alone (see the module docstring)."""
         hash, size, location, dataset, uid = item
-        if self.peers is not None or size > self.config.chunk_size or not self._fits(size):
+        if self.peers is not None or self.limits.paced or size > self.config.chunk_size \
+                or not self._fits(size):
             return None
         lookup = self._chunk_members
         if lookup is not None and self.config.span_max_bytes > 0 \
@@ -128,11 +135,11 @@ class BatchFills:
         before it runs (readers miss side by side, and a busy mountd reads their requests
         in bursts) go to the fill processes as one job per bucket, dataset and uid. False:
         ``flight`` is not one to batch (its bytes are supplied, it has a turn among a
-        claim's fetches, the cache has peers, it streams, or fills run in mountd's threads);
-        the caller runs it alone. A miss waits no longer for this: its own task would have
+        claim's fetches, the cache has peers, the remote limits pace requests, it streams,
+        or fills run in mountd's threads); the caller runs it alone. A miss waits no longer for this: its own task would have
         started at the same turn."""
         if not self.fills.parallel_batches or self._nursery is None or self.peers is not None \
-                or flight.source is not None or flight.turn is not None \
+                or self.limits.paced or flight.source is not None or flight.turn is not None \
                 or flight.size > self.config.chunk_size:
             return False
         self._demand_batch.append(flight)
@@ -157,6 +164,24 @@ class BatchFills:
 
     async def _run_flights(self, flights: list[Flight]) -> None:
         """``flights`` in one batch, or a lone one as a fill of its own."""
+        if len(flights) > 1:
+            await self._fetch_batch(flights)
+        else:
+            await self._run_flight(flights[0])
+
+    async def _fetch_claimed(self, batch: list[Prefetch], turn: int) -> None:
+        """A claim's misses (:meth:`~mountd.store.protection.Protection.fetch_now`) as one
+        batch with one turn among the claim's fetches: those still missing when it runs (a
+        reader may have started one meanwhile: it is left to that flight)."""
+        index = self._index
+        if index is None:
+            return
+        wanted = [item for item in batch
+                  if item[0] not in self._flights and index.size_of(item[0]) is None]
+        flights = self._batch_flights(wanted)
+        if not flights:
+            return
+        flights[0].turn = turn
         if len(flights) > 1:
             await self._fetch_batch(flights)
         else:
@@ -193,7 +218,8 @@ class BatchFills:
         start = trio.current_time()
         total = sum(f.size for f in flights)
         try:
-            async with self._fill_slots.slot(url):
+            await self._take_slot(first, url)  # in the order of its turn, when it has one
+            try:
                 # A fill slot for each file that may run at once (mountd/store/fill.py says
                 # how many do: one request slot each).
                 extra = self._fill_slots.take_more(url, len(flights) - 1) \
@@ -216,6 +242,8 @@ class BatchFills:
                         self._notify_space()
                 finally:
                     self._fill_slots.give_back(url, extra)
+            finally:
+                self._fill_slots.release(url)
         except trio.Cancelled:
             for content in left:
                 left[content].cancelled = True

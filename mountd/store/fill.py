@@ -97,18 +97,16 @@ class Filler:
         (:class:`~mountd.store.fillwork.BatchJob`), up to ``parallel`` of them at once:
         one remote slot for each that runs at once (the first waited for, the others only
         taken if free now, so a batch never holds more requests than it runs, nor waits
-        for a second slot while holding one). When the limits pace requests the files run
-        one after another, each after the first taking its tokens from the job. Returns,
-        for each of ``targets``, its final path or the error that file alone failed with
-        (a file the job did not reach because its caller was cancelled:
-        :class:`~mountd.store.fillwork.FillStopped`). The caller has reserved the files'
-        bytes and indexes the results."""
+        for a second slot while holding one). Not for paced limits (the cache fills alone
+        then: mountd/store/batchfill.py). Returns, for each of ``targets``, its final path
+        or the error that file alone failed with (a file the job did not reach because its
+        caller was cancelled: :class:`~mountd.store.fillwork.FillStopped`). The caller has
+        reserved the files' bytes and indexes the results."""
         limits = self.limits
         async with limits.request(min(targets[0].size, self.chunk_size), url):
-            extra = [] if limits.paced else limits.concurrency.take_more(
-                url, min(parallel, len(targets)) - 1)
+            extra = limits.concurrency.take_more(url, min(parallel, len(targets)) - 1)
             try:
-                job = BatchJob(url, targets, self.chunk_size, limits.paced, 1 + len(extra))
+                job = BatchJob(url, targets, self.chunk_size, 1 + len(extra))
                 outcome = await self._run(job, None, since)
             finally:
                 limits.concurrency.give_back(url, extra)

@@ -28,7 +28,7 @@ tuple, so it only ever carries our own types between a parent and the children i
   and adds them up for ``quiverfs stats``); ``(ROOM, ask, bytes)``: the disk is full, make
   this much room, then ``REPLY`` (the child then writes once more, or fails the file when
   the answer is False); ``(PACE, ask, bytes)``: the next chunk of a streamed remote object
-  (or the next file of a paced batch) is due, ``REPLY`` once the remote limits allow it.
+  is due, ``REPLY`` once the remote limits allow it.
   ``ask`` is ``(job id, n)``, one per request: the files of a batch may ask at once.
 
 Guarantees kept across the process boundary:

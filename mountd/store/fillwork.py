@@ -110,14 +110,12 @@ class BatchJob(NamedTuple):
     Read-ahead queues files by the dozen; sending them as one job costs mountd's main process
     one message, one wait and one answer for the lot, instead of one each (issue 34). The
     main process holds a remote slot for each file it lets run at once (``parallel``), so
-    as many requests overlap as if each file were a job. When the remote limits pace
-    requests (``paced``), the files go one after another and each after the first asks for
-    its tokens first, as the later chunks of a streamed object do."""
+    as many requests overlap as if each file were a job; it sends no batch while the remote
+    limits pace requests (each file then takes its tokens in its turn)."""
 
     url: str
     members: tuple[Target, ...]
     chunk_size: int = 8 << 20
-    paced: bool = False
     parallel: int = 1
 
 
@@ -339,9 +337,9 @@ class Store:
         """Run a :class:`BatchJob`: each member as :meth:`fill` runs one file, up to
         ``job.parallel`` at once: this thread and ``parallel - 1`` more started by ``spawn``
         (a thread pool's ``submit``; None: this thread alone), each taking the next member
-        not taken yet. A member after the first first passes ``gate.next_read`` (the remote
-        limits when ``job.paced``; :class:`FillStopped` once the job's caller was cancelled:
-        that member and the rest are not read)."""
+        not taken yet. A member after the first first asks ``gate.next_read`` whether to go
+        on (:class:`FillStopped` once the job's caller was cancelled: that member and the
+        rest are not read)."""
         members = job.members
         out = Outcome([""] * len(members))
         turns = itertools.count()  # next() of a count is atomic: one member per taker
@@ -355,7 +353,7 @@ class Store:
                 member = members[i]
                 if i and not stopped:
                     try:
-                        gate.next_read(min(member.size, job.chunk_size), job.paced)
+                        gate.next_read(min(member.size, job.chunk_size), False)
                     except FillStopped as exc:
                         stopped.append(exc)
                     except Exception as exc:  # noqa: BLE001 - this member's answer, the

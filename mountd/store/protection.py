@@ -21,8 +21,9 @@ import trio
 
 from mountd.errors import CacheClosed
 from mountd.store import layout
-from mountd.store.batchfill import Prefetch
+from mountd.store.batchfill import PREFETCH_BATCH, Prefetch
 from mountd.store.config import CacheConfig
+from mountd.store.fillpool import Fills
 from mountd.store.flights import Flight
 from mountd.store.holds import HOLD_SHARE, Displaced, Holds
 from mountd.store.index import Index
@@ -87,6 +88,8 @@ class Protection:
     _batch_share: Callable[[int], int]
     _batch_flights: Callable[[list[Prefetch]], list[Flight]]
     _fetch_batch: Callable[[list[Flight]], Awaitable[None]]
+    _fetch_claimed: Callable[[list[Prefetch], int], Awaitable[None]]
+    fills: Fills
     _run_flight: Callable[[Flight], Awaitable[None]]
 
     def _init_protection(self, config: CacheConfig) -> None:
@@ -187,6 +190,10 @@ class Protection:
         started: set[bytes] = set()
         holds = self.holds
         now = trio.current_time()
+        # In fill processes, neighbours that can share a job go as one batch, with one turn
+        # in the claim's order (mountd/store/batchfill.py).
+        batch: list[Prefetch] = []
+        batch_key: Hashable | None = None
         for hash, size, location in items:
             hash = layout.check_hash(hash)
             if hash in started or index.size_of(hash) is not None:
@@ -203,11 +210,22 @@ class Protection:
                         self._waiting.add(hash, (size, location, dataset, owner, now))
                     continue
                 holds.protect(hash, size, owner, (location, dataset))
-            # Two tasks for one hash (a second claim before this one's task ran) still make
-            # one remote read: the later joins the earlier's flight (single-flight).
-            self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
-                                     self._turns.ticket())
             started.add(hash)
+            item = (hash, size, location, dataset, None)
+            key = self._batch_key(item) if self.fills.parallel_batches else None
+            if key is not None and key == batch_key and len(batch) < PREFETCH_BATCH:
+                batch.append(item)
+                continue
+            if batch:
+                self._nursery.start_soon(self._fetch_claimed, batch, self._turns.ticket())
+            batch, batch_key = ([item], key) if key is not None else ([], None)
+            if key is None:
+                # Two tasks for one hash (a second claim before this one's task ran) still
+                # make one remote read: the later joins the earlier's flight (single-flight).
+                self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
+                                         self._turns.ticket())
+        if batch:
+            self._nursery.start_soon(self._fetch_claimed, batch, self._turns.ticket())
         return len(started)
 
     def _refetch_later(self, displaced: Sequence[Displaced]) -> int:

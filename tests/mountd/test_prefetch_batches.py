@@ -27,7 +27,7 @@ from tests.mountd.conftest import (
     tmp_files,
     wait_until,
 )
-from tests.mountd.test_cache_fill import SlowReads
+from tests.mountd.test_cache_fill import LandingOrder, SlowReads
 
 
 def gets(cache: Cache) -> int:
@@ -213,12 +213,13 @@ async def test_a_file_that_landed_while_queued_is_not_fetched_again(tmp_path: Pa
 
 async def test_closing_in_the_middle_of_a_batch_leaves_only_verified_indexed_files(
         tmp_path: Path, source: Source):
-    """A batch paced by the remote limits stops between two files when the cache closes:
-    no temp file is left, and every file it stored is complete, verified and indexed."""
+    """A batch whose files run two at a time stops before its next file when the cache
+    closes: no temp file is left, and every file it stored is complete, verified and
+    indexed."""
     objs = source.many(8, 50_000)
     cache_dir = tmp_path / "c"
-    cfg = config(cache_dir, remote_concurrency=1, remote_bandwidth=200_000)
-    async with pooled(cfg) as (cache, _):
+    cfg = config(cache_dir, remote_concurrency=2)
+    async with pooled(cfg, child_factory=SharedSlowReads(0.2)) as (cache, _):
         cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds")
         await wait_until(lambda: len(store_files(cache_dir)) >= 2, what="two files stored")
         await cache.aclose()
@@ -247,3 +248,36 @@ async def test_a_file_larger_than_a_chunk_is_filled_alone(tmp_path: Path, source
         assert cache.counters.stages.jobs == 4
         assert cache.counters.total.remote_requests["GET"] == 12 + 4
     assert Path(cache.store_path(large.hash)).read_bytes() == large.data
+
+
+async def test_a_claims_misses_go_in_batches(tmp_path: Path, source: Source):
+    """In fill processes a claim's misses (``fetch_now``) go as batches, each with one turn
+    among the claim's fetches: protected for their owner until read, one GET each."""
+    objs = source.many(20, 20_000)
+    async with pooled(config(tmp_path / "c")) as (cache, _):
+        items = [(o.hash, o.size, o.location) for o in objs]
+        assert cache.fetch_now(items, "ds", owner="job") == 20
+        await wait_until(lambda: all(cache.contains(o.hash) for o in objs), timeout=20,
+                         what="the claim's fetches")
+        assert cache.counters.stages.jobs == 3  # 8 + 8 + 4
+        assert gets(cache) == 20 and filled(cache) == 20
+        assert cache.counters.total.prefetches == 20
+        assert cache.protect_pending("job") == 20  # kept until the job reads them
+
+
+async def test_paced_claims_are_not_batched_and_land_in_the_order_asked(tmp_path: Path,
+                                                                        source: Source):
+    """Under a bandwidth cap the bucket bounds the fills, and each takes its tokens in its
+    turn: a claim's misses are filled one by one and land in the order asked (batched, a
+    later batch's files took the bandwidth first)."""
+    objs = source.many(12, 20_000)
+    cfg = config(tmp_path / "c", remote_bandwidth=2e6, burst_seconds=0.001)
+    async with pooled(cfg) as (cache, _):
+        order = LandingOrder()
+        cache.add_listener(order)
+        assert cache.fetch_now([(o.hash, o.size, o.location) for o in objs], "ds",
+                               owner="job") == 12
+        await wait_until(lambda: all(cache.contains(o.hash) for o in objs), timeout=20,
+                         what="the claim's fetches")
+        assert order.order == [o.hash for o in objs]
+        assert cache.counters.stages.jobs == 12
