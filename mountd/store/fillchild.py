@@ -147,11 +147,8 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
             if not data:
                 break
             kind, about, *value = pickle.loads(data)
-            if kind == CANCEL:  # about: a job; wake its asks (they stop it)
-                self.stopped.add(about)
-                for ask, event in list(self.waiting.items()):
-                    if ask[0] == about:
-                        event.set()
+            if kind == CANCEL:
+                self.cancel(about)
                 continue
             event = self.waiting.get(about)  # about: an ask
             if event is not None:
@@ -161,6 +158,14 @@ class _ChildLoop:  # pragma: no cover - runs in a fill process (tests drive it t
         self.stopping = True
         for event in list(self.waiting.values()):
             event.set()
+
+    def cancel(self, job_id: int) -> None:
+        """The caller of job ``job_id`` was cancelled: it stops at its next read (a streamed
+        file's next chunk, a batch's next file), and its asks stop waiting."""
+        self.stopped.add(job_id)
+        for ask, event in list(self.waiting.items()):
+            if ask[0] == job_id:
+                event.set()
 
     def backend(self, url: str) -> Backend:
         backend = self.backends.get(url)

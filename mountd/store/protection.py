@@ -190,10 +190,7 @@ class Protection:
         started: set[bytes] = set()
         holds = self.holds
         now = trio.current_time()
-        # In fill processes, neighbours that can share a job go as one batch, with one turn
-        # in the claim's order (mountd/store/batchfill.py).
-        batch: list[Prefetch] = []
-        batch_key: Hashable | None = None
+        chosen: list[Prefetch] = []
         for hash, size, location in items:
             hash = layout.check_hash(hash)
             if hash in started or index.size_of(hash) is not None:
@@ -211,7 +208,18 @@ class Protection:
                     continue
                 holds.protect(hash, size, owner, (location, dataset))
             started.add(hash)
-            item = (hash, size, location, dataset, None)
+            chosen.append((hash, size, location, dataset, None))
+        self._start_claimed(chosen)
+        return len(started)
+
+    def _start_claimed(self, items: list[Prefetch]) -> None:
+        """Start the fills of a claim's misses, each with a turn in the order asked: in fill
+        processes neighbours that can share a job go as one batch with one turn
+        (mountd/store/batchfill.py), the others alone."""
+        assert self._nursery is not None
+        batch: list[Prefetch] = []
+        batch_key: Hashable | None = None
+        for item in items:
             key = self._batch_key(item) if self.fills.parallel_batches else None
             if key is not None and key == batch_key and len(batch) < PREFETCH_BATCH:
                 batch.append(item)
@@ -222,11 +230,9 @@ class Protection:
             if key is None:
                 # Two tasks for one hash (a second claim before this one's task ran) still
                 # make one remote read: the later joins the earlier's flight (single-flight).
-                self._nursery.start_soon(self._fetch_now, hash, size, location, dataset,
-                                         self._turns.ticket())
+                self._nursery.start_soon(self._fetch_now, *item[:4], self._turns.ticket())
         if batch:
             self._nursery.start_soon(self._fetch_claimed, batch, self._turns.ticket())
-        return len(started)
 
     def _refetch_later(self, displaced: Sequence[Displaced]) -> int:
         """Files an on-demand miss evicted while protected (:meth:`Space._evict_protected`)
@@ -374,24 +380,31 @@ class Protection:
                     await self._await_fill(hash, size, item[2], item[3], prefetch=True,
                                            uid=item[4], absent=True)
                 continue
-            batch = [item]
-            share = self._batch_share(len(queue) + 1)
-            while len(batch) < share and queue:
-                following = queue[0]
-                if not self._prefetch_wanted(following):
-                    queue.popleft()
-                    continue
-                if self._batch_key(following) != key or not self.holds.fits(following[1]):
-                    break  # it waits for the next worker, first in line
-                queue.popleft()
-                self._queued.discard(following[0])
-                self.holds.protect(following[0], following[1])
-                batch.append(following)
-            flights = self._batch_flights(batch)
+            flights = self._batch_flights(self._batch_behind(item, key))
             if len(flights) > 1:
                 await self._fetch_batch(flights)
             elif flights:
                 await self._run_flight(flights[0])
+
+    def _batch_behind(self, item: Prefetch, key: Hashable) -> list[Prefetch]:
+        """``item`` and the files queued right behind it that share its ``key`` and fit the
+        protection share, up to a worker's share of the queue, each taken off the queue and
+        protected; the first that cannot join stays first in line."""
+        queue = self._prefetches
+        batch = [item]
+        share = self._batch_share(len(queue) + 1)
+        while len(batch) < share and queue:
+            following = queue[0]
+            if not self._prefetch_wanted(following):
+                queue.popleft()
+                continue
+            if self._batch_key(following) != key or not self.holds.fits(following[1]):
+                break
+            queue.popleft()
+            self._queued.discard(following[0])
+            self.holds.protect(following[0], following[1])
+            batch.append(following)
+        return batch
 
     def _prefetch_wanted(self, item: Prefetch) -> bool:
         """Whether a queued prefetch still has work: its hash is still queued (not landed
