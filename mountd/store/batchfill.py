@@ -136,8 +136,8 @@ class BatchFills:
         in bursts) go to the fill processes as one job per bucket, dataset and uid. False:
         ``flight`` is not one to batch (its bytes are supplied, it has a turn among a
         claim's fetches, the cache has peers, the remote limits pace requests, it streams,
-        or fills run in mountd's threads); the caller runs it alone. A miss waits no longer for this: its own task would have
-        started at the same turn."""
+        or fills run in mountd's threads); the caller runs it alone. A miss waits no longer
+        for this: its own task would have started at the same turn."""
         if not self.fills.parallel_batches or self._nursery is None or self.peers is not None \
                 or self.limits.paced or flight.source is not None or flight.turn is not None \
                 or flight.size > self.config.chunk_size:
@@ -182,10 +182,7 @@ class BatchFills:
         if not flights:
             return
         flights[0].turn = turn
-        if len(flights) > 1:
-            await self._fetch_batch(flights)
-        else:
-            await self._run_flight(flights[0])
+        await self._run_flights(flights)
 
     def _batch_flights(self, batch: list[Prefetch]) -> list[Flight]:
         """A flight for each file of ``batch`` that passes the quota check of a new flight
@@ -256,7 +253,7 @@ class BatchFills:
             for flight in left.values():
                 self._finish(flight)
 
-    def _settle(self, flight: Flight, result: str | BaseException, start: float) -> None:
+    def _settle(self, flight: Flight, result: str | Exception, start: float) -> None:
         """One file's result of a batch: indexed (its file is at its final name already:
         it must be indexed or removed here, whatever happens to the others), failed, or
         not reached because the batch's caller was cancelled."""

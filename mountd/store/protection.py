@@ -87,10 +87,9 @@ class Protection:
     _batch_key: Callable[[Prefetch], Hashable | None]
     _batch_share: Callable[[int], int]
     _batch_flights: Callable[[list[Prefetch]], list[Flight]]
-    _fetch_batch: Callable[[list[Flight]], Awaitable[None]]
+    _run_flights: Callable[[list[Flight]], Awaitable[None]]
     _fetch_claimed: Callable[[list[Prefetch], int], Awaitable[None]]
     fills: Fills
-    _run_flight: Callable[[Flight], Awaitable[None]]
 
     def _init_protection(self, config: CacheConfig) -> None:
         #: Files whose path was just answered, kept from eviction until their client opens
@@ -381,10 +380,8 @@ class Protection:
                                            uid=item[4], absent=True)
                 continue
             flights = self._batch_flights(self._batch_behind(item, key))
-            if len(flights) > 1:
-                await self._fetch_batch(flights)
-            elif flights:
-                await self._run_flight(flights[0])
+            if flights:
+                await self._run_flights(flights)
 
     def _batch_behind(self, item: Prefetch, key: Hashable) -> list[Prefetch]:
         """``item`` and the files queued right behind it that share its ``key`` and fit the
