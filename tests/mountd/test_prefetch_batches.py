@@ -65,8 +65,8 @@ async def test_a_queue_longer_than_the_workers_is_filled_in_batches(tmp_path: Pa
 
 
 async def test_a_short_queue_is_spread_over_the_workers(tmp_path: Path, source: Source):
-    """Fewer queued files than workers: one job each, so their reads overlap as before (a
-    batch's files are read one after another)."""
+    """In mountd's threads, where a batch's files are read one after another: fewer queued
+    files than workers go one job each, so their reads overlap as before."""
     objs = source.many(6, 4000)
     slow = SlowReads(0.1)
     async with running(config(tmp_path / "c", remote_concurrency=6), Backends(wrap=slow)) as cache:
