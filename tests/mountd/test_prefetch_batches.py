@@ -27,7 +27,7 @@ from tests.mountd.conftest import (
     tmp_files,
     wait_until,
 )
-from tests.mountd.test_cache_fill import LandingOrder, SlowReads
+from tests.mountd.test_cache_fill import SlowReads
 
 
 def gets(cache: Cache) -> int:
@@ -265,19 +265,27 @@ async def test_a_claims_misses_go_in_batches(tmp_path: Path, source: Source):
         assert cache.protect_pending("job") == 20  # kept until the job reads them
 
 
-async def test_paced_claims_are_not_batched_and_land_in_the_order_asked(tmp_path: Path,
-                                                                        source: Source):
+async def test_paced_claims_are_not_batched_and_take_the_bandwidth_in_the_order_asked(
+        tmp_path: Path, source: Source):
     """Under a bandwidth cap the bucket bounds the fills, and each takes its tokens in its
-    turn: a claim's misses are filled one by one and land in the order asked (batched, a
-    later batch's files took the bandwidth first)."""
+    turn: a claim's misses are filled one by one, sent to the fill processes in the order
+    asked (batched, a later batch's files took the bandwidth first). What is checked is the
+    order of the jobs sent, each right after its tokens: the order they land in also
+    depends on which fill process the machine runs first."""
     objs = source.many(12, 20_000)
     cfg = config(tmp_path / "c", remote_bandwidth=2e6, burst_seconds=0.001)
-    async with pooled(cfg) as (cache, _):
-        order = LandingOrder()
-        cache.add_listener(order)
+    async with pooled(cfg) as (cache, fills):
+        sent: list[bytes] = []
+        run = fills.run
+
+        async def recorded(job, fd=None):
+            sent.extend(t.hash for t in getattr(job, "members", (job.target,)))
+            return await run(job, fd)
+
+        fills.run = recorded
         assert cache.fetch_now([(o.hash, o.size, o.location) for o in objs], "ds",
                                owner="job") == 12
         await wait_until(lambda: all(cache.contains(o.hash) for o in objs), timeout=20,
                          what="the claim's fetches")
-        assert order.order == [o.hash for o in objs]
+        assert sent == [o.hash for o in objs]
         assert cache.counters.stages.jobs == 12
