@@ -104,12 +104,16 @@ class BatchFills:
         #: Misses waiting for the next demand batch (:meth:`_join_demand_batch`).
         self._demand_batch: list[Flight] = []
 
+    def _batchable(self, size: int) -> bool:
+        """Whether a file of ``size`` bytes may share a job at all: no peers to ask first,
+        no paced limits, and it does not stream (see the module docstring)."""
+        return self.peers is None and not self.limits.paced and size <= self.config.chunk_size
+
     def _batch_key(self, item: Prefetch) -> Hashable | None:
         """What files must share to be filled in one batch with ``item`` (its bucket, dataset
         and uid), or None: ``item`` is filled alone (see the module docstring)."""
         hash, size, location, dataset, uid = item
-        if self.peers is not None or self.limits.paced or size > self.config.chunk_size \
-                or not self._fits(size):
+        if not self._batchable(size) or not self._fits(size):
             return None
         lookup = self._chunk_members
         if lookup is not None and self.config.span_max_bytes > 0 \
@@ -138,9 +142,9 @@ class BatchFills:
         claim's fetches, the cache has peers, the remote limits pace requests, it streams,
         or fills run in mountd's threads); the caller runs it alone. A miss waits no longer
         for this: its own task would have started at the same turn."""
-        if not self.fills.parallel_batches or self._nursery is None or self.peers is not None \
-                or self.limits.paced or flight.source is not None or flight.turn is not None \
-                or flight.size > self.config.chunk_size:
+        if not self.fills.parallel_batches or self._nursery is None \
+                or flight.source is not None or flight.turn is not None \
+                or not self._batchable(flight.size):
             return False
         self._demand_batch.append(flight)
         if len(self._demand_batch) == 1:

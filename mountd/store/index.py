@@ -44,6 +44,9 @@ TOUCH_MEMORY = 200_000
 #: window and the fills in flight ever ask about at once.
 KNOWN_SIZES = 1 << 16
 
+#: :meth:`Index._size_in_memory`'s answer when only the table knows.
+_UNKNOWN = object()
+
 #: Parameters per ``IN (...)`` batch (SQLite 3.32+ allows 32766; stay well below).
 BATCH = 500
 
@@ -375,6 +378,18 @@ class Index:
 
     def size_of(self, hash: bytes) -> int | None:
         """The size of an indexed hash, or None."""
+        size = self._size_in_memory(hash)
+        if size is not _UNKNOWN:
+            return size  # type: ignore[return-value]
+        row = self._conn.execute("SELECT size FROM entries WHERE hash=?", (hash,)).fetchone()
+        if row is None:
+            return None
+        self._remember(hash, row[0])
+        return row[0]
+
+    def _size_in_memory(self, hash: bytes) -> int | None | object:
+        """What :meth:`size_of` can answer without SQLite: a row not written yet or lost,
+        a row being deleted (None), a size kept in memory; :data:`_UNKNOWN` otherwise."""
         new = self._unwritten.get(hash)
         if new is not None:
             return new.size
@@ -385,13 +400,7 @@ class Index:
         if self.deleting and hash in self.deleting:
             return None
         known = self._known.get(hash)
-        if known is not None:
-            return known
-        row = self._conn.execute("SELECT size FROM entries WHERE hash=?", (hash,)).fetchone()
-        if row is None:
-            return None
-        self._remember(hash, row[0])
-        return row[0]
+        return _UNKNOWN if known is None else known
 
     def absent(self, hashes: Sequence[bytes]) -> list[bytes]:
         """Those of ``hashes`` not indexed, in their order: what :meth:`size_of` would answer
@@ -400,14 +409,9 @@ class Index:
         unknown = []
         out: dict[bytes, bool] = {}
         for hash in hashes:
-            if hash in self._unwritten or (self._lost and hash in self._lost):
-                out[hash] = False
-            elif self.deleting and hash in self.deleting:
-                out[hash] = True
-            elif hash in self._known:
-                out[hash] = False
-            else:
-                out[hash] = True
+            size = self._size_in_memory(hash)
+            out[hash] = size is None or size is _UNKNOWN
+            if size is _UNKNOWN:
                 unknown.append(hash)
         conn = self._conn
         for at in range(0, len(unknown), BATCH):
