@@ -20,6 +20,7 @@ import typer
 
 from quiverfs.base.errors import QuiverError, UsageError
 from quiverfs.filesystem.readahead import WINDOW
+from quiverfs.filesystem.sweep import FACTOR
 from quiverfs.mount.mountd_wait import MOUNTD_WAIT
 
 _CACHE_DIR_HELP = ("Cache directory shared with mountd (default: $XDG_CACHE_HOME/quiverfs, "
@@ -39,6 +40,9 @@ MAX_MOUNTD_WAIT = 86400.0
 #: Most files a mount may read ahead (`--readahead`): far more than mountd fills at once.
 MAX_READAHEAD = 10_000
 
+#: Largest ``--sweep``: files fetched ahead per file read by a reader that is not scanning.
+MAX_SWEEP = 64
+
 
 def _check_size(cache_size: str | None, cache_dir: Path | None) -> None:
     if cache_size is not None:
@@ -51,7 +55,8 @@ def mount(
     digest: Path, mountpoint: Path, *, cache_dir: Path | None = None, cache_size: str | None = None,
     foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
     frontend: str = "native",
-    nonempty: bool = False, readahead: int = WINDOW, mountd_wait: float = MOUNTD_WAIT,
+    nonempty: bool = False, readahead: int = WINDOW, sweep: int = FACTOR,
+    mountd_wait: float = MOUNTD_WAIT,
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
@@ -68,6 +73,9 @@ def mount(
         raise UsageError(f"--frontend must be one of {', '.join(FRONTENDS)}, not {frontend!r}")
     if not 0 <= readahead <= MAX_READAHEAD:
         raise UsageError(f"--readahead must be a number of files from 0 (off) to {MAX_READAHEAD}, not {readahead}")
+    if not 0 <= sweep <= MAX_SWEEP:
+        raise UsageError(f"--sweep must be a number of files per file read from 0 (off) to {MAX_SWEEP}, "
+                         f"not {sweep}")
     if not 0 <= mountd_wait <= MAX_MOUNTD_WAIT:
         raise UsageError(f"--mountd-wait must be seconds from 0 (fail at once) to {MAX_MOUNTD_WAIT:g}, "
                          f"not {mountd_wait:g}")
@@ -76,7 +84,7 @@ def mount(
 
         frontend_pyfuse3.require()
     options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
-                           frontend, nonempty=nonempty, readahead=readahead,
+                           frontend, nonempty=nonempty, readahead=readahead, sweep=sweep,
                            mountd_wait=mountd_wait)
     if foreground:
         setup_logging(debug)
@@ -172,7 +180,13 @@ def register(app: typer.Typer) -> None:
         readahead: int = typer.Option(
             WINDOW, "--readahead", metavar="N",
             help="Files fetched ahead when the reads are a scan in digest order (cp -r, tar, a "
-                 "loader walking a directory); 0: off. Random reads are never read ahead.",
+                 "loader walking a directory); 0: off.",
+        ),
+        sweep: int = typer.Option(
+            FACTOR, "--sweep", metavar="N",
+            help="When the reads are not a scan (a shuffled epoch) and the dataset fits in the "
+                 "cache, fetch the files of the range they cover in digest order, up to N files "
+                 "(and N times the bytes) per file read; 0: off.",
         ),
         mountd_wait: float = typer.Option(
             MOUNTD_WAIT, "--mountd-wait", metavar="SECONDS",
@@ -190,7 +204,7 @@ def register(app: typer.Typer) -> None:
         debug = "--debug" in sys.argv  # the global --debug (run_app removes it from the args)
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
                      foreground=foreground, allow_other=allow_other, debug=debug, workers=workers,
-                     frontend=frontend, nonempty=nonempty, readahead=readahead,
+                     frontend=frontend, nonempty=nonempty, readahead=readahead, sweep=sweep,
                      mountd_wait=mountd_wait)
         if not foreground:
             typer.echo(line)
@@ -242,7 +256,7 @@ IGNORED_OPTIONS = frozenset({
 
 HELPER = "mount.fuse.quiverfs"
 HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
-                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,readahead=N,mountd_wait=SECONDS,"
+                "[-o cache_dir=DIR,cache_size=SIZE,workers=N,readahead=N,sweep=N,mountd_wait=SECONDS,"
                 "frontend=native|pyfuse3,allow_other,nonempty,"
                 "foreground,debug]")
 
@@ -276,7 +290,8 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {"digest": Path(positional[0]), "mountpoint": Path(positional[1]),
                               "cache_dir": None, "cache_size": None, "allow_other": False,
                               "foreground": False, "debug": False, "workers": 0, "frontend": "native",
-                              "nonempty": False, "readahead": WINDOW, "mountd_wait": MOUNTD_WAIT,
+                              "nonempty": False, "readahead": WINDOW, "sweep": FACTOR,
+                              "mountd_wait": MOUNTD_WAIT,
                               "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
@@ -297,6 +312,11 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
         elif key == "readahead":
             if not eq or not value.isdigit():
                 raise UsageError(f"option readahead needs a number of files (readahead=N, 0: off), not {opt!r}")
+            result[key] = int(value)
+        elif key == "sweep":
+            if not eq or not value.isdigit():
+                raise UsageError(f"option sweep needs a number of files per file read (sweep=N, 0: off), "
+                                 f"not {opt!r}")
             result[key] = int(value)
         elif key == "mountd_wait":
             try:

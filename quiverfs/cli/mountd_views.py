@@ -69,10 +69,10 @@ def _rows(report: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
 def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = None) -> None:
     """One row per mount with the digest file it mounted (the user's, not the private copy it
     serves), that mount's own counters (from ``mount_cli.mount_stats``), and the files
-    (bytes) its read-ahead sent to mountd."""
+    (bytes) its read-ahead and its sweep sent to mountd."""
     table = Table(title="mounts", title_justify="left")
     for column in ("mount point", "digest", "dataset", "pid", "opens", "hits", "misses", "reads", "bytes",
-                   "errors", "read ahead"):
+                   "errors", "read ahead", "sweep"):
         if column == "digest":  # a path: folded where it must, whatever its characters
             table.add_column(column, justify="left", overflow="fold")
             continue
@@ -86,6 +86,7 @@ def print_mounts(rows: Iterable[Mapping[str, Any]], console: Console | None = No
         table.add_row(
             str(row.get("mountpoint") or "-"), str(row.get("digest") or "-"),
             str(row.get("dataset", ""))[:SHORT_ID], str(row.get("pid", "")), *figures, _read_ahead(stats),
+            _sweep(stats),
         )
     (console or _console()).print(table)
 
@@ -99,6 +100,18 @@ def _read_ahead(stats: Mapping[str, Any]) -> str:
     nbytes = stats.get("readahead_bytes")  # absent from an older mount
     files = stats.get("readahead_files", 0)
     return str(files) if nbytes is None else f"{files} ({human_bytes(nbytes)})"
+
+
+def _sweep(stats: Mapping[str, Any]) -> str:
+    """A mount's sweep: ``off``, ``idle`` (its dataset is larger than the cache), or files sent
+    to mountd and their bytes."""
+    if "sweep" not in stats:
+        return "-"  # an older mount
+    if not stats["sweep"]:
+        return "off"
+    if not stats.get("sweep_running"):
+        return "idle"
+    return f"{stats['sweep_files']} ({human_bytes(stats['sweep_bytes'])})"
 
 
 def _user_name(uid: str) -> str:

@@ -44,6 +44,7 @@ from quiverfs.base.errors import CorruptObject, FsError, errno_for
 from quiverfs.filesystem.control_channel import ControlChannel, SessionClient
 from quiverfs.filesystem.readahead import ReadAhead, window_bytes
 from quiverfs.filesystem.reads import COUNTERS, ERRORS, SharedCounters, StoreReads
+from quiverfs.filesystem.sweep import Sweep
 from quiverfs.filesystem.tree import ROOT_INODE, Tree
 from quiverfs.protocol import fuse_wire as w
 from quiverfs.protocol.control import CONTROL_PREFIX  # names on the root that are control requests
@@ -140,7 +141,9 @@ class QuiverOperations:
     (slot 0 is ours); ``extra_stats`` (optional) adds fields to ``user.quiver.stats`` (the mount
     adds its pid, mountpoint and mountd state). With a ``prefetcher`` and ``readahead`` > 0, scans
     in digest order are read ahead by up to that many files (and an eighth of the cache), once
-    :meth:`send_prefetches` runs and has learnt the cache's size (quiverfs/filesystem/readahead.py).
+    :meth:`send_prefetches` runs and has learnt the cache's size (quiverfs/filesystem/readahead.py);
+    with ``sweep`` > 0, the files of a dataset that fits in the cache are fetched ahead of reads
+    that are not a scan, up to ``sweep`` times what was read (quiverfs/filesystem/sweep.py).
     ``kept_bytes``: most bytes of store files this process keeps open (its share of the mount's:
     :func:`quiverfs.filesystem.reads.kept_bytes`; None: the default).
     """
@@ -158,6 +161,7 @@ class QuiverOperations:
         extra_stats: Callable[[], dict] | None = None,
         prefetcher: Prefetcher | None = None,
         readahead: int = 0,
+        sweep: int = 0,
         kept_bytes: int | None = None,
     ) -> None:
         self.digest = digest
@@ -183,14 +187,20 @@ class QuiverOperations:
         self._served: dict[bytes, tuple[int, ...]] = {}
         #: the scan detector, made by send_prefetches (None: read-ahead off, or not yet)
         self.readahead: ReadAhead | None = None
+        #: the sweep of shuffled reads, made by send_prefetches (None: off, or not yet)
+        self.sweep: Sweep | None = None
         self._readahead_files = readahead
+        self._sweep_factor = sweep
         self._prefetcher = prefetcher
-        #: file ids the detector named, not yet sent to mountd (ascending runs)
+        #: file ids read-ahead and the sweep named, not yet sent to mountd (ascending runs)
         self._to_prefetch: list[int] = []
+        self._to_sweep: list[int] = []
         self._prefetch_wanted = trio.Event()
-        #: files sent to mountd for read-ahead so far, and their bytes
+        #: files sent to mountd for read-ahead so far, and their bytes; the same for the sweep
         self._prefetched = 0
         self._prefetched_bytes = 0
+        self._swept = 0
+        self._swept_bytes = 0
 
     def close(self) -> None:
         """Release what the operations hold (not the digest: its owner closes it)."""
@@ -207,12 +217,18 @@ class QuiverOperations:
         if report:
             self._pending_bytes += nbytes
         readahead = self.readahead
-        for content_hash, inode in HIT_RECORD.iter_unpack(message[8:]):
+        records = list(HIT_RECORD.iter_unpack(message[8:]))
+        for content_hash, inode in records:
             if report:
                 self._pending_hashes.append(content_hash)
             self._served_from(content_hash, inode)
             if readahead is not None and readahead.sequential:
                 self._read_ahead(readahead.reported(inode))
+        sweep = self.sweep
+        if sweep is not None:
+            sweep.read_many([inode for _, inode in records], nbytes)
+            if readahead is None or not readahead.sequential:
+                self._sweep_ahead(sweep.step())
 
     def _served_from(self, content_hash: bytes, inode: int) -> None:
         """Remember that the kernel may now keep ``inode``'s pages, read from ``content_hash``."""
@@ -250,7 +266,11 @@ class QuiverOperations:
                      "readahead_cap_bytes": readahead.max_bytes if readahead is not None else 0,
                      "readahead_window_files": files, "readahead_window_bytes": nbytes,
                      "readahead_files": self._prefetched,
-                     "readahead_bytes": self._prefetched_bytes}
+                     "readahead_bytes": self._prefetched_bytes,
+                     "sweep": self._sweep_factor if self._prefetcher is not None else 0,
+                     "sweep_running": self.sweep is not None,
+                     "sweep_files": self._swept, "sweep_bytes": self._swept_bytes,
+                     "sweep_restarts": self.sweep.restarts if self.sweep is not None else 0}
         if self._extra_stats is not None:
             out.update(self._extra_stats())
         return out
@@ -300,8 +320,8 @@ class QuiverOperations:
             entry = self.tree.file(inode)
             if entry.size == 0:
                 return b""
-            if offset == 0 and self.readahead is not None:
-                self._read_ahead(self.readahead.observe(inode, reader))
+            if offset == 0:
+                self._observe(entry, reader)
             fd, hit = await self._open(entry)
             if offset == 0:
                 if inode in self._miss_to_count:
@@ -378,14 +398,34 @@ class QuiverOperations:
 
     # -- read-ahead --------------------------------------------------------------------------
 
+    def _observe(self, entry: FileEntry, reader: int) -> None:
+        """Show a first read of ``entry`` that came here (a miss, as a rule) to read-ahead
+        and the sweep, and queue what they name."""
+        readahead, sweep = self.readahead, self.sweep
+        if readahead is not None:
+            self._read_ahead(readahead.observe(entry.id, reader))
+        if sweep is not None:
+            if sweep.lost(entry.id) and not os.path.exists(self.tree.store_path(entry.hash)):
+                sweep.start_over()  # a file read before is missing: the cache lost files
+            sweep.read(entry.id, entry.size)
+            if readahead is None or not readahead.sequential:
+                self._sweep_ahead(sweep.step())
+
     def _read_ahead(self, ids: list[int]) -> None:
         """Queue the file ids the detector named for :meth:`send_prefetches`."""
         if ids:
             self._to_prefetch.extend(ids)
             self._prefetch_wanted.set()
 
+    def _sweep_ahead(self, ids: list[int]) -> None:
+        """Queue the file ids the sweep named for :meth:`send_prefetches`."""
+        if ids:
+            self._to_sweep.extend(ids)
+            self._prefetch_wanted.set()
+
     async def send_prefetches(self) -> None:
-        """Send the files read-ahead names to mountd, as they come (runs until cancelled).
+        """Send the files read-ahead and the sweep name to mountd, as they come (runs until
+        cancelled).
 
         What gathers while one notification is sent goes in the next, so a burst of reads
         costs a few notifications, not one each. Files already in the store and empty files
@@ -393,25 +433,41 @@ class QuiverOperations:
         costs mountd nothing.
         """
         prefetcher, digest = self._prefetcher, self.digest
-        if prefetcher is None or self._readahead_files <= 0 or not digest.file_count:
+        if prefetcher is None or not digest.file_count:
             return
-        # The window's cap in bytes depends on the cache's size, so read-ahead starts once
-        # that is known (reads before are not shown to it). File ids are inode numbers,
-        # dir_count + 1 .. dir_count + file_count.
-        cap = window_bytes(await prefetcher.cache_bytes())
-        self.readahead = ReadAhead(digest.dir_count + 1, digest.dir_count + digest.file_count,
-                                   self._sizes, self._readahead_files, cap)
+        if self._readahead_files <= 0 and self._sweep_factor <= 0:
+            return
+        # The window's cap in bytes and whether the dataset fits depend on the cache's size,
+        # so both start once that is known (reads before are not shown to them). File ids are
+        # inode numbers, dir_count + 1 .. dir_count + file_count.
+        cache_bytes = await prefetcher.cache_bytes()
+        first, last = digest.dir_count + 1, digest.dir_count + digest.file_count
+        if self._readahead_files > 0:
+            self.readahead = ReadAhead(first, last, self._sizes, self._readahead_files,
+                                       window_bytes(cache_bytes))
+        if self._sweep_factor > 0 and cache_bytes is not None and digest.total_bytes <= cache_bytes:
+            self.sweep = Sweep(first, last, self._sizes, self._sweep_factor)
         while True:
             await self._prefetch_wanted.wait()
             self._prefetch_wanted = trio.Event()
             ids, self._to_prefetch = self._to_prefetch, []
-            entries = [entry for entry in self._entries(ids)
-                       if entry.size and not os.path.exists(self.tree.store_path(entry.hash))]
-            for start in range(0, len(entries), PREFETCH_BATCH):
-                batch = entries[start:start + PREFETCH_BATCH]
+            swept, self._to_sweep = self._to_sweep, []
+            for batch in self._to_send(ids):
                 self._prefetched += len(batch)
                 self._prefetched_bytes += sum(entry.size for entry in batch)
                 await prefetcher.prefetch(batch)
+            for batch in self._to_send(swept):
+                self._swept += len(batch)
+                self._swept_bytes += sum(entry.size for entry in batch)
+                await prefetcher.prefetch(batch)
+
+    def _to_send(self, ids: list[int]) -> list[list[FileEntry]]:
+        """The entries of ``ids`` not in the store and not empty, in notifications of at
+        most :data:`PREFETCH_BATCH`."""
+        entries = [entry for entry in self._entries(ids)
+                   if entry.size and not os.path.exists(self.tree.store_path(entry.hash))]
+        return [entries[start:start + PREFETCH_BATCH]
+                for start in range(0, len(entries), PREFETCH_BATCH)]
 
     def _entries(self, ids: list[int]) -> list[FileEntry]:
         """The file entries of ``ids``, one tree range per run of consecutive ids (read-ahead

@@ -37,6 +37,7 @@ from quiverfs.base.errors import QuiverError
 from quiverfs.filesystem import reads
 from quiverfs.filesystem.readahead import WINDOW, WINDOW_BYTES
 from quiverfs.filesystem.supply import Supplier
+from quiverfs.filesystem.sweep import FACTOR
 from quiverfs.fuse import channel as fuse_channel
 from quiverfs.fuse import worker as fuse_worker
 from quiverfs.fuse.worker_pool import MAX_RESTARTS, RESTART_WINDOW, WorkerPool
@@ -93,6 +94,7 @@ class MountOptions:
     frontend: str = NATIVE  #: who speaks FUSE, one of FRONTENDS
     nonempty: bool = False  #: mount over a directory that has entries (hiding them)
     readahead: int = WINDOW  #: files read ahead of a scan in digest order; 0: off
+    sweep: int = FACTOR  #: files fetched ahead of reads that are not a scan, per file read; 0: off
     mountd_wait: float = MOUNTD_WAIT  #: seconds a miss or control request waits for mountd
 
     def resolved(self) -> MountOptions:
@@ -327,7 +329,8 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
         ops = QuiverOperations(digest, cache_dir, fetcher, counters,
                                sessions=PatientSessions(client, wait),
                                extra_stats=extra_stats, prefetcher=fetcher,
-                               readahead=options.readahead, kept_bytes=kept)
+                               readahead=options.readahead, sweep=options.sweep,
+                               kept_bytes=kept)
         fuse_options = {"ro", "nosuid", "nodev", "default_permissions",
                         f"fsname=quiverfs:{dataset[:16]}", "subtype=quiverfs"}
         if options.allow_other:

@@ -17,7 +17,9 @@ in one run, best of ``--rounds`` rounds per row (the VM's ratios swing by ±20%)
   floor a fill costs on this machine, with no cache around it;
 * cold, in order: reader k reads files k, k+R, k+2R, ... of the digest's (sorted path) order,
   so the pass as a whole is a scan in digest order (read-ahead's case);
-* cold, shuffled: the same shares of a random permutation (every read a miss on demand);
+* cold, shuffled: the same shares of a random permutation (the mount's sweep fetches the files
+  between those read ahead of the readers: docs/mount.md "The sweep");
+* cold, shuffled, ``--sweep 0``: every read a miss on demand, as before the sweep;
 * cold, in order, ``--readahead 0``;
 * cold, in order, ``--fill-processes 0``: fills in mountd's own threads, the way they ran
   before fill processes (issue 34's "before");
@@ -412,29 +414,44 @@ def print_stages(row: Row) -> None:
 # -- the sections ----------------------------------------------------------------------------------
 
 
-def variants(readahead: bool) -> list[tuple[str, list[str], bool, int | None]]:
-    """(row name, mount arguments, shuffled, mountd --fill-processes) of the cold passes."""
+#: The mount flags some rows need (an older tree, measured for comparison, may lack them).
+OPTIONAL_FLAGS = frozenset({"--readahead", "--sweep"})
+
+
+def variants(flags: frozenset[str]) -> list[tuple[str, list[str], bool, int | None]]:
+    """(row name, mount arguments, shuffled, mountd --fill-processes) of the cold passes this
+    tree's ``quiverfs mount`` can run (``flags``: the optional flags it takes)."""
     out: list[tuple[str, list[str], bool, int | None]] = [
         ("cold, in order", [], False, None), ("cold, shuffled", [], True, None)]
-    if readahead:
+    if "--sweep" in flags:
+        out.append(("cold, shuffled, --sweep 0", ["--sweep", "0"], True, None))
+    if "--readahead" in flags:
         out.append(("cold, in order, --readahead 0", ["--readahead", "0"], False, None))
     out.append(("cold, in order, --fill-processes 0", [], False, 0))
     return out
 
 
-def readahead_supported() -> bool:
-    """Whether this tree's ``quiverfs mount`` takes ``--readahead``."""
+def cold_rows(flags: frozenset[str]) -> dict[str, Row]:
+    """A row for every cold pass; those this tree cannot run marked skipped."""
+    rows = {name: Row(name) for name, *_ in variants(OPTIONAL_FLAGS)}
+    runnable = {name for name, *_ in variants(flags)}
+    for name, row in rows.items():
+        if name not in runnable:
+            row.skipped = "this mount lacks the flag: skipped"
+    return rows
+
+
+def supported_flags() -> frozenset[str]:
+    """Which of :data:`OPTIONAL_FLAGS` this tree's ``quiverfs mount`` takes."""
     out = subprocess.run(quiverfs("mount", "--help"), capture_output=True, text=True, cwd=REPO,
                          env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}, check=False)
-    return "--readahead" in out.stdout + out.stderr
+    return frozenset(flag for flag in OPTIONAL_FLAGS if flag in out.stdout + out.stderr)
 
 
-def file_section(args: argparse.Namespace, source: Path, dataset: Dataset, readahead: bool) -> None:
+def file_section(args: argparse.Namespace, source: Path, dataset: Dataset, flags: frozenset[str]) -> None:
     direct = Row("direct reads of the source files")
     bare = Row("bare fill loop (one process)")
-    cold = {name: Row(name) for name, *_ in variants(True)}
-    if not readahead:
-        cold["cold, in order, --readahead 0"].skipped = "this mount has no --readahead: skipped"
+    cold = cold_rows(flags)
     warm = Row("warm second pass (in-order mount)")
     first = Row("warm first pass (fresh mount, all cached)")
     source_paths = [str(source / rel) for rel in dataset.rels]
@@ -448,7 +465,7 @@ def file_section(args: argparse.Namespace, source: Path, dataset: Dataset, reada
         rate, cpu_ms = bare_fill_loop(source, dataset)
         bare.add(rate, total_ms=cpu_ms)
         progress(f"  {bare.name}: {rate:,.0f} files/s, {cpu_ms:.3f} ms of CPU a file")
-        for name, mount_args, shuffled, processes in variants(readahead):
+        for name, mount_args, shuffled, processes in variants(flags):
             cold_round(dataset, cold[name], mount_args, args.readers, args.concurrency,
                        seed=r if shuffled else None, fill_processes=processes,
                        warm=(warm, first) if name == "cold, in order" else None)
@@ -505,7 +522,7 @@ def environ(changes: dict[str, str], drop: tuple[str, ...]) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def s3_section(args: argparse.Namespace, source: Path, dataset: Dataset, readahead: bool) -> None:
+def s3_section(args: argparse.Namespace, source: Path, dataset: Dataset, flags: frozenset[str]) -> None:
     from digests.build import build
     from quiverfs.testing.emulators import run_moto
 
@@ -532,15 +549,13 @@ def s3_section(args: argparse.Namespace, source: Path, dataset: Dataset, readahe
         keys = [f"{PREFIX}/{rel}" for rel in rels]
 
         boto = Row(f"plain boto3 reader, {args.readers} processes")
-        cold = {name: Row(name) for name, *_ in variants(True)}
-        if not readahead:
-            cold["cold, in order, --readahead 0"].skipped = "this mount has no --readahead: skipped"
+        cold = cold_rows(flags)
         for r in range(args.rounds):
             progress(f"s3 round {r + 1}/{args.rounds}")
             rate = read_pass(keys, hashes, args.readers, s3=target)
             boto.add(rate)
             progress(f"  {boto.name}: {rate:,.0f} files/s")
-            for name, mount_args, shuffled, processes in variants(readahead):
+            for name, mount_args, shuffled, processes in variants(flags):
                 cold_round(s3_data, cold[name], mount_args, args.readers, args.concurrency,
                            seed=r if shuffled else None, env=env, fill_processes=processes)
     print_table(f"cold reads, S3 emulator (moto server on loopback) as the source: {len(rels):,} objects "
@@ -550,14 +565,14 @@ def s3_section(args: argparse.Namespace, source: Path, dataset: Dataset, readahe
     print_stages(cold["cold, in order"])
 
 
-def run_sections(args: argparse.Namespace, source: Path, dataset: Dataset, readahead: bool) -> None:
+def run_sections(args: argparse.Namespace, source: Path, dataset: Dataset, flags: frozenset[str]) -> None:
     if args.only in (None, "file"):
-        file_section(args, source, dataset, readahead)
+        file_section(args, source, dataset, flags)
     if args.only in (None, "s3"):
         from quiverfs.testing.emulators import EmulatorError
 
         try:
-            s3_section(args, source, dataset, readahead)
+            s3_section(args, source, dataset, flags)
         except EmulatorError as exc:
             if args.only == "s3":
                 raise SystemExit(f"S3 emulator: {exc}") from None
@@ -591,12 +606,12 @@ def main() -> None:
     WORK.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(WORLD, ignore_errors=True)  # the logs hold this invocation only
     source, dataset = prepare_source(args.files)
-    readahead = readahead_supported()
+    flags = supported_flags()
     try:
         with dedicated_cache_fs(CACHE_FS, CACHE_FS_IMAGE, not args.cache_on_root,
                                 fallback=WORK, say=progress) as cache_root:
             CACHE_ROOT = cache_root
-            run_sections(args, source, dataset, readahead)
+            run_sections(args, source, dataset, flags)
     except KeyboardInterrupt:
         sweep()  # the interrupt may have cut a teardown short
         raise SystemExit("interrupted: mounts and processes stopped") from None

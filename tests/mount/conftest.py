@@ -315,16 +315,16 @@ def build_digest(source: Path, out: Path) -> str:
 
 @contextmanager
 def serving(source: Path, work: Path, name: str, cache_size: str = "8G",
-            *mountd_options: str) -> Iterator[Path]:
+            *mountd_options: str, mount_options: tuple[str, ...] = ()) -> Iterator[Path]:
     """Build ``source``'s digest under ``work``, start a mountd of its own (``cache_size``,
     ``mountd_options``; its cache directory is ``work/NAME-cache``) and mount the digest (as
-    ``name``); the mount point. Everything is stopped on the way out."""
+    ``name``, with ``mount_options``); the mount point. Everything is stopped on the way out."""
     digest = work / f"{name}.qd"
     build_digest(source, digest)
     cache = work / f"{name}-cache"
     mountd = MountdProcess(cache, cache_size, *mountd_options).start()
     try:
-        with MountProcess(digest, work / f"{name}-mnt", cache) as mount:
+        with MountProcess(digest, work / f"{name}-mnt", cache, *mount_options) as mount:
             yield mount.mountpoint
     finally:
         mountd.stop()

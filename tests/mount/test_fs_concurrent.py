@@ -1,4 +1,6 @@
-"""Eight reader processes at once over one mount, half the files cached and half not."""
+"""Eight reader processes at once over one mount, half the files cached and half not: with the
+sweep off (every cold file a miss on demand, concurrent first opens waiting for one fetch) and
+on (fills asked for ahead racing the readers' own misses)."""
 
 from __future__ import annotations
 
@@ -32,13 +34,13 @@ def _files() -> dict[str, bytes]:
 FILES = _files()
 
 
-@pytest.fixture(scope="module")
-def mounted(fuse, module_tmp: Path):
+@pytest.fixture(scope="module", params=["sweep-off", "sweep-on"])
+def mounted(fuse, module_tmp: Path, request):
     source = module_tmp / "source"
     write_tree(source, FILES)
     digest = module_tmp / "d.qd"
     build_digest(source, digest)
-    cache = module_tmp / "cache"
+    cache = module_tmp / f"cache-{request.param}"
     mountd = MountdProcess(cache).start()
     try:
         # Warm every other file straight through mountd: the readers meet hits and misses.
@@ -48,7 +50,8 @@ def mounted(fuse, module_tmp: Path):
                 data = FILES[rel]
                 location = {"url": "file://" + str(source), "key": rel, "offset": 0, "length": len(data)}
                 client.ensure(blake3.blake3(data).digest(), len(data), location)
-        with MountProcess(digest, module_tmp / "mnt", cache) as mount:
+        args = ["--sweep", "0"] if request.param == "sweep-off" else []
+        with MountProcess(digest, module_tmp / f"mnt-{request.param}", cache, *args) as mount:
             yield mount.mountpoint, cache, warm
     finally:
         mountd.stop()
@@ -78,8 +81,12 @@ def test_eight_concurrent_readers_get_every_byte(mounted) -> None:
         assert result == expected
     stats = json.loads(os.getxattr(mnt, "user.quiver.stats"))
     assert stats["errors"] == 0
-    assert stats["misses"] >= len(cold)  # concurrent first opens of a cold file all wait for it
-    assert stats["hits"] >= len(warm_hashes)
+    if stats["sweep"] == 0:
+        assert stats["misses"] >= len(cold)  # concurrent first opens of a cold file all wait for it
+        assert stats["hits"] >= len(warm_hashes)
+    else:  # the sweep fetched cold files ahead of some readers: they were hits
+        assert stats["sweep_files"] > 0 and stats["misses"] < len(cold)
+        assert stats["hits"] + stats["misses"] >= sum(1 for data in FILES.values() if data)  # each once at least
     # (the empty file is in the store only because the warm-up asked mountd for it)
     distinct = {blake3.blake3(d).hexdigest(): len(d) for d in FILES.values()}
     assert store_files(cache) == distinct

@@ -10,7 +10,9 @@ machine: t_hit 0.078 s, t_miss 0.022 s). The shim now reads the depth from its D
 
 Here: a real mount, mountd's default (benefit-aware) policy, 60% of the dataset cached, a
 bucket that serves 40 files/s, one job with a 2-worker DataLoader and no compute: every miss
-is a wait. Its probe must measure ``t_miss`` well above ``t_hit``.
+is a wait. Its probe must measure ``t_miss`` well above ``t_hit``. The mount's sweep is off
+(``--sweep 0``): the dataset fits in the cache, and the sweep would fetch the rest of it ahead
+of the job, leaving it no misses to measure.
 """
 
 from __future__ import annotations
@@ -45,8 +47,8 @@ def mounted(fuse, module_tmp: Path):
     rng = random.Random(5)
     rels = [f"class_{i % 4}/img_{i:04d}.bin" for i in range(FILES)]
     write_tree(module_tmp / "source", {rel: rng.randbytes(FILE_SIZE) for rel in rels})
-    with serving(module_tmp / "source", module_tmp, "d", "64M",
-                 "--remote-requests", "40") as mountpoint:
+    with serving(module_tmp / "source", module_tmp, "d", "64M", "--remote-requests", "40",
+                 mount_options=("--sweep", "0")) as mountpoint:
         yield mountpoint, rels, module_tmp / "d-cache"
 
 

@@ -47,18 +47,25 @@ def test_an_older_mountd_without_bytes_shows_files() -> None:
         "(timeout 2)")
 
 
-def test_the_mounts_table_shows_each_mounts_read_ahead() -> None:
+def test_the_mounts_table_shows_each_mounts_read_ahead_and_sweep() -> None:
     rows = [
         {"mountpoint": "/mnt/on", "dataset": "a" * 64, "pid": 10,
          "stats": {"opens": 5, "hits": 4, "misses": 1, "reads": 9, "bytes": 100, "errors": 0,
-                   "readahead": 64, "readahead_files": 12, "readahead_bytes": 3 * MIB}},
+                   "readahead": 64, "readahead_files": 12, "readahead_bytes": 3 * MIB,
+                   "sweep": 8, "sweep_running": True, "sweep_files": 40, "sweep_bytes": 5 * MIB}},
         {"mountpoint": "/mnt/off", "dataset": "b" * 64, "pid": 11,
          "stats": {"opens": 1, "hits": 0, "misses": 1, "reads": 1, "bytes": 1, "errors": 0,
-                   "readahead": 0, "readahead_files": 0, "readahead_bytes": 0}},
+                   "readahead": 0, "readahead_files": 0, "readahead_bytes": 0,
+                   "sweep": 0, "sweep_running": False, "sweep_files": 0, "sweep_bytes": 0}},
+        {"mountpoint": "/mnt/big", "dataset": "d" * 64, "pid": 13,
+         "stats": {"opens": 1, "hits": 0, "misses": 1, "reads": 1, "bytes": 1, "errors": 0,
+                   "readahead": 64, "readahead_files": 0, "readahead_bytes": 0,
+                   "sweep": 8, "sweep_running": False, "sweep_files": 0, "sweep_bytes": 0}},
         {"mountpoint": "/mnt/gone", "dataset": "c" * 64, "pid": 12, "stats": None,
          "stats_error": "not a mount point"},
     ]
     lines = shown(print_mounts, rows).splitlines()
-    cells = {line.split("│")[1].strip(): line.split("│")[-2].strip()
+    cells = {line.split("│")[1].strip(): (line.split("│")[-3].strip(), line.split("│")[-2].strip())
              for line in lines if "/mnt/" in line}
-    assert cells == {"/mnt/on": "12 (3.0 MiB)", "/mnt/off": "off", "/mnt/gone": "-"}
+    assert cells == {"/mnt/on": ("12 (3.0 MiB)", "40 (5.0 MiB)"), "/mnt/off": ("off", "off"),
+                     "/mnt/big": ("0 (0 B)", "idle"), "/mnt/gone": ("-", "-")}

@@ -16,18 +16,20 @@ def test_fstab_style_options() -> None:
     args = parse_helper_args(
         ["/data/imagenet.qd", "/mnt/imagenet", "-o",
          "rw,noauto,_netdev,x-systemd.automount,cache_size=200G,cache_dir=/var/cache/quiverfs,allow_other,workers=3,"
-         "frontend=pyfuse3,readahead=16,mountd_wait=2.5"]
+         "frontend=pyfuse3,readahead=16,sweep=4,mountd_wait=2.5"]
     )
     assert args == {
         "digest": Path("/data/imagenet.qd"), "mountpoint": Path("/mnt/imagenet"),
         "cache_dir": Path("/var/cache/quiverfs"), "cache_size": "200G", "allow_other": True,
         "foreground": False, "debug": False, "workers": 3, "frontend": "pyfuse3", "nonempty": False,
-        "readahead": 16, "mountd_wait": 2.5, "fake": False,
+        "readahead": 16, "sweep": 4, "mountd_wait": 2.5, "fake": False,
     }
     assert parse_helper_args(["d.qd", "/m"])["frontend"] == "native"
     assert parse_helper_args(["d.qd", "/m", "-o", "nonempty"])["nonempty"] is True
     assert parse_helper_args(["d.qd", "/m"])["readahead"] == 64  # on by default
     assert parse_helper_args(["d.qd", "/m", "-o", "readahead=0"])["readahead"] == 0
+    assert parse_helper_args(["d.qd", "/m"])["sweep"] == 8  # on by default
+    assert parse_helper_args(["d.qd", "/m", "-o", "sweep=0"])["sweep"] == 0
     assert parse_helper_args(["d.qd", "/m"])["mountd_wait"] == 60.0  # misses wait out a restart
     assert parse_helper_args(["d.qd", "/m", "-o", "mountd_wait=0"])["mountd_wait"] == 0.0
 
@@ -44,7 +46,8 @@ def test_flags_and_joined_options() -> None:
      ["a", "b", "-o", "bogus=1"], ["a", "b", "-o", "allow_other=yes"], ["a", "b", "-o", "workers"],
      ["a", "b", "-o", "workers=two"], ["a", "b", "-o", "workers=-1"], ["a", "b", "-o", "frontend"],
      ["a", "b", "-o", "frontend=fuse2"], ["a", "b", "-o", "nonempty=1"], ["a", "b", "-o", "readahead"],
-     ["a", "b", "-o", "readahead=many"], ["a", "b", "-o", "readahead=-1"], ["a", "b", "-o", "mountd_wait"],
+     ["a", "b", "-o", "readahead=many"], ["a", "b", "-o", "readahead=-1"], ["a", "b", "-o", "sweep"],
+     ["a", "b", "-o", "sweep=lots"], ["a", "b", "-o", "sweep=-2"], ["a", "b", "-o", "mountd_wait"],
      ["a", "b", "-o", "mountd_wait=soon"], ["a", "b", "-o", "mountd_wait=-1"], ["a", "b", "-o", "mountd_wait=nan"]],
 )
 def test_bad_command_lines(argv) -> None:
@@ -69,6 +72,16 @@ def test_readahead_out_of_range_is_one_line(readahead, tmp_path) -> None:
         mount_api(tmp_path / "d.qd", tmp_path, readahead=readahead)
     assert str(caught.value) == (f"--readahead must be a number of files from 0 (off) to 10000, "
                                  f"not {readahead}")
+
+
+@pytest.mark.parametrize("sweep", [-1, 65])
+def test_sweep_out_of_range_is_one_line(sweep, tmp_path) -> None:
+    from quiverfs.cli.mount_cli import mount as mount_api
+
+    with pytest.raises(UsageError) as caught:
+        mount_api(tmp_path / "d.qd", tmp_path, sweep=sweep)
+    assert str(caught.value) == (f"--sweep must be a number of files per file read from 0 (off) to 64, "
+                                 f"not {sweep}")
 
 
 def test_helper_exit_codes(capsys, tmp_path) -> None:

@@ -935,9 +935,11 @@ def names(body: bytes) -> list[bytes]:
     return body.split(b"\0")[:-1]
 
 
-#: ``user.quiver.stats``' read-ahead fields of a mount without read-ahead (docs/mount.md).
+#: ``user.quiver.stats``' read-ahead and sweep fields of a mount without either (docs/mount.md).
 READAHEAD_OFF = {"readahead": 0, "readahead_cap_bytes": 0, "readahead_window_files": 0,
-                 "readahead_window_bytes": 0, "readahead_files": 0, "readahead_bytes": 0}
+                 "readahead_window_bytes": 0, "readahead_files": 0, "readahead_bytes": 0,
+                 "sweep": 0, "sweep_running": False, "sweep_files": 0, "sweep_bytes": 0,
+                 "sweep_restarts": 0}
 
 
 async def test_xattrs(env: Env) -> None:

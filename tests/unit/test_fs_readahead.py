@@ -20,6 +20,7 @@ from mountd.store import layout
 from quiverfs.filesystem.fs import SIZES_AHEAD, QuiverOperations
 from quiverfs.filesystem.readahead import START_BYTES, window_bytes
 from quiverfs.filesystem.reads import SharedCounters
+from quiverfs.filesystem.sweep import START_READS
 from quiverfs.protocol import fuse_wire as w
 from quiverfs.protocol import worker_messages
 from tests.unit.test_fs_ops import FakeFetcher, b3, read_request
@@ -53,11 +54,11 @@ def digest(tmp_path: Path):
 
 
 def operations(digest: Digest, cache: Path, readahead: int = 8, cache_size: int | None = 1 << 30,
-               files: dict[str, bytes] = FILES) -> tuple[QuiverOperations, FakePrefetcher]:
+               files: dict[str, bytes] = FILES, sweep: int = 0) -> tuple[QuiverOperations, FakePrefetcher]:
     prefetcher = FakePrefetcher(cache_size)
     fetcher = FakeFetcher(cache, {b3(d): d for d in files.values()})
     ops = QuiverOperations(digest, cache, fetcher, SharedCounters(2), prefetcher=prefetcher,
-                           readahead=readahead)
+                           readahead=readahead, sweep=sweep)
     return ops, prefetcher
 
 
@@ -144,12 +145,89 @@ async def test_worker_hit_reports_move_the_window(digest: Digest, tmp_path: Path
     ops.close()
 
 
-async def test_shuffled_misses_prefetch_nothing(digest: Digest, tmp_path: Path) -> None:
+async def test_shuffled_misses_prefetch_nothing_without_the_sweep(digest: Digest, tmp_path: Path) -> None:
     ops, prefetcher = operations(digest, tmp_path / "cache")
     order = [i for i in range(400) if i != 30]
     random.Random(5).shuffle(order)
     sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, order))
     assert sent == [] and ops.stats()["readahead_files"] == 0
+    assert ops.stats()["sweep"] == 0 and ops.sweep is None
+    ops.close()
+
+
+def hits(digest: Digest, numbers) -> bytes:
+    """A worker's hit report of ``d/fNNN`` for each number (10 bytes each)."""
+    records = b"".join(worker_messages.HIT_RECORD.pack(b3(FILES[f"d/f{i:03d}"]), ino(digest, i))
+                       for i in numbers)
+    return struct.pack("<Q", 10 * len(numbers)) + records
+
+
+async def test_shuffled_misses_sweep_the_files_between_them(digest: Digest, tmp_path: Path) -> None:
+    ops, prefetcher = operations(digest, tmp_path / "cache", sweep=4)
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+    read = order[:START_READS]
+    sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, read))
+    # 16 misses: 4 x 16 files of the range they span, from the first one read on, none read.
+    low, high = min(read), max(read)
+    named = [i for i in range(read[0], high + 1) if i not in read][:4 * START_READS]
+    assert sent == [[f"d/f{i:03d}" for i in named if i != 30]]  # the empty file is not sent
+    assert low < read[0]  # the range below the first read comes when the budget allows
+    stats = ops.stats()
+    assert (stats["sweep"], stats["sweep_running"]) == (4, True)
+    assert (stats["sweep_files"], stats["sweep_bytes"]) == (len(sent[0]), 10 * len(sent[0]))
+    assert stats["readahead_files"] == 0  # not a scan: read-ahead asked for nothing
+    ops.close()
+
+
+async def test_hits_the_workers_report_widen_the_sweep(digest: Digest, tmp_path: Path) -> None:
+    ops, prefetcher = operations(digest, tmp_path / "cache", sweep=4)
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+
+    async def work() -> None:
+        await read_files(ops, digest, order[:START_READS])
+        ops.add_hits(hits(digest, order[START_READS:START_READS + 16]))
+
+    sent = await sent_after(ops, prefetcher, work)
+    # 32 reads at 4 files each: 64 named after the misses (the empty f030 among them, not
+    # sent) and 64 more after the report.
+    assert [len(batch) for batch in sent] == [63, 64]
+    flat = [path for batch in sent for path in batch]
+    assert len(flat) == len(set(flat))
+    assert not {f"d/f{i:03d}" for i in order[:START_READS]} & set(flat)
+    ops.close()
+
+
+async def test_a_miss_after_the_sweep_was_done_starts_it_over(digest: Digest, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    ops, prefetcher = operations(digest, cache, sweep=8)
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+
+    async def work() -> None:
+        await read_files(ops, digest, order)  # every file once: misses, then in the store
+        assert ops.sweep is not None and ops.sweep.done
+        await read_files(ops, digest, order[:20])  # hits (the kernel dropped its pages)
+        assert ops.stats()["sweep_restarts"] == 0
+        # mountd evicted a file, and it is read again: the sweep starts over.
+        layout.store_path(cache, b3(FILES[f"d/f{order[0]:03d}"])).unlink()
+        await read_files(ops, digest, order[:1])
+        assert ops.stats()["sweep_restarts"] == 1 and not ops.sweep.done
+
+    await sent_after(ops, prefetcher, work)
+    ops.close()
+
+
+async def test_a_dataset_larger_than_the_cache_is_not_swept(digest: Digest, tmp_path: Path) -> None:
+    # 399 files of 10 bytes against a cache of 1,000 bytes: an epoch cycles through the cache
+    # anyway, and files fetched early would push out the ones about to be read.
+    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+    sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, order[:100]))
+    assert sent == [] and ops.sweep is None
+    assert (ops.stats()["sweep"], ops.stats()["sweep_running"]) == (8, False)
     ops.close()
 
 

@@ -1,0 +1,214 @@
+"""The sweep: a shuffled reader's files fetched ahead in digest order, paced by its reads.
+
+Why: a training job that shuffles (``ImageFolder`` with a ``DataLoader(shuffle=True)``) reads
+every file of the dataset once per epoch in an order nobody can guess, so read-ahead
+(quiverfs/filesystem/readahead.py) never sees a scan, and on a cold cache every read is a miss
+on demand: a message from the worker to the main process, an ``ensure`` to mountd, a fill of
+its own, an answer, each reader waiting for each. That costs two to three times the CPU of a
+fill that read-ahead asked for (measured, issue 34: ~1.0 ms of all quiverfs processes a file
+shuffled against ~0.5 ms in digest order, where mountd fills the queue in batches). The
+order of the epoch is random, but its *set* is not: the files in the range the reads cover.
+So when the reads are not a scan, the sweep asks mountd to ``prefetch`` the files of that range
+in digest order, the cheap path, and the reads that land on files it brought are hits.
+
+**When.** Only while the reads are not a scan (read-ahead has those), only for a dataset that
+fits in mountd's cache (a shuffled epoch over a larger one brings it all through the cache
+anyway, and the files swept early would push out the ones about to be read: that is the
+shim's case, docs/substitutable-reads.md), and only after :data:`START_READS` reads.
+
+**What.** The ids between the lowest and the highest id read so far, never one read or asked
+for before (a bitmap of the dataset's files, one byte each), from where the sweep stopped
+last, wrapping round to the low end (the range grows as reads land outside it). A reader of
+one folder in random order sweeps that folder; a shuffle over the dataset sweeps the dataset.
+
+**How much.** At most ``factor`` (``--sweep``, default :data:`FACTOR`) times the files and
+the bytes read so far (plus :data:`START_BYTES`): a reader that stops, stops the sweep, and
+what it left fetched and unread is bounded by what it read (the rule of read-ahead's window,
+with more room: a shuffled reader reads the range in no order), and at most
+:data:`LEAD_SECONDS` of the reader's reads (at the rate of the last :data:`RATE_WINDOW`
+seconds; at least :data:`MIN_LEAD` files) asked and not read yet: mountd keeps a fetched-ahead
+file from eviction until it is read or for ``--protect-seconds`` (30 s by default), so a sweep
+that stays within a third of that never has its files evicted before they are read, also when
+several datasets share a cache too small for them all. With fills that land at once,
+a shuffled epoch then reads ~7% of its files as misses (a simulation of uniformly random
+reads; 14% with a factor of 4, 30% with 2); measured through the mount, 8 shuffled readers of
+2,000 files went from 0.21 to 0.42–0.45 of the bare fill loop (docs/benchmark-history.md). The
+sweep asks in steps of at least :data:`STEP` files and at most :data:`MAX_STEP`, so that mountd
+gets a few notifications, not one per read.
+
+**Again.** Once every file of the dataset was read or asked for, the sweep is done. A miss
+after that on a file read since the sweep started (:meth:`Sweep.lost`: the cache lost it, to
+evictions or to a mountd restarted on another cache; a file only asked for may simply not
+have landed yet) makes the caller start it over (:meth:`Sweep.start_over`) with an empty
+bitmap. The caller leaves out files that are in the store, and mountd those it
+holds or fetches, so a sweep over cached files costs a ``stat`` each and no fetch.
+
+Pure: ids in, ids out; the caller (quiverfs/filesystem/fs.py) feeds it every first read of a
+file (misses as they come, the workers' hits as they report them) and sends what it names.
+Not thread-safe; in the mount it lives in the main process's trio thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+#: Files and bytes the sweep may ask for per file and byte read (see the module docstring).
+FACTOR = 8
+
+#: Bytes the sweep may ask for beyond ``FACTOR`` times those read: the first steps of a sweep
+#: over large files.
+START_BYTES = 4 << 20
+
+#: Reads seen before the sweep asks for anything: enough for the range they cover to say
+#: what the reader reads (16 uniform reads of a dataset span ~88% of it).
+START_READS = 16
+
+#: Fewest files one step asks for (unless fewer are left in the range), and most.
+STEP = 32
+MAX_STEP = 1024
+
+#: Most seconds of the reader's reads the sweep may have asked for and not seen read, and
+#: the fewest files that allows; the window the reading rate is measured over, in seconds.
+LEAD_SECONDS = 10.0
+MIN_LEAD = 256
+RATE_WINDOW = 10.0
+
+#: A file's state in the sweep's bitmap (0: neither).
+_ASKED = 1
+_READ = 2
+_ASKED_RUN = bytes([_ASKED])
+
+#: ``sizes(first, last)``: the sizes in bytes of the files with ids ``first .. last``.
+Sizes = Callable[[int, int], Sequence[int]]
+
+
+class Sweep:
+    """The sweep over the file ids ``first .. last`` (see the module docstring). ``sizes``
+    gives the files' sizes, asked about the ranges a step takes; ``clock`` the time in
+    seconds (for the reading rate)."""
+
+    def __init__(self, first: int, last: int, sizes: Sizes, factor: int = FACTOR,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if factor < 1:
+            raise ValueError(f"the sweep factor must be at least 1, not {factor}")
+        self.first = first
+        self.last = last
+        self.factor = factor
+        self._sizes = sizes
+        self._clock = clock
+        #: ids asked for by the sweep since the mount started, and their bytes
+        self.requested = 0
+        self.requested_bytes = 0
+        #: sweeps started over (a miss after the sweep covered the dataset)
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
+        self._covered = bytearray(self.last - self.first + 1)  # _ASKED or _READ, else 0
+        self._left = len(self._covered)  # ids not covered yet
+        self._low = self._high = -1  # the range read, as offsets (-1: nothing read yet)
+        self._cursor = 0  # where the next step looks first
+        self._reads = self._read_bytes = 0
+        self._asked = self._asked_bytes = 0
+        self._asked_read = 0  # reads of files the sweep had asked for
+        self._rates: deque[tuple[float, int]] = deque()  # (time, reads) samples
+
+    @property
+    def done(self) -> bool:
+        """Every file was read or asked for."""
+        return self._left == 0
+
+    def lost(self, file_id: int) -> bool:
+        """Whether a miss of ``file_id`` means that the cache lost files the sweep is done
+        with: it is done, and ``file_id`` was read since it started."""
+        if self._left or not self.first <= file_id <= self.last:
+            return False
+        return self._covered[file_id - self.first] == _READ
+
+    def start_over(self) -> None:
+        """Sweep again, with nothing read yet (the cache lost files: :meth:`lost`)."""
+        self.restarts += 1
+        self._start()
+
+    def read(self, file_id: int, size: int) -> None:
+        """Note a first read of ``file_id`` (``size`` bytes)."""
+        if not self.first <= file_id <= self.last:
+            return
+        offset = file_id - self.first
+        self._reads += 1
+        self._read_bytes += size
+        state = self._covered[offset]
+        if not state:
+            self._left -= 1
+        elif state == _ASKED:
+            self._asked_read += 1
+        self._covered[offset] = _READ
+        if self._low < 0:
+            self._low = self._high = self._cursor = offset
+        elif offset < self._low:
+            self._low = offset
+        elif offset > self._high:
+            self._high = offset
+
+    def read_many(self, file_ids: Sequence[int], nbytes: int) -> None:
+        """Note first reads of ``file_ids`` (hits the workers reported), ``nbytes`` in all."""
+        for file_id in file_ids:
+            self.read(file_id, 0)
+        self._read_bytes += nbytes
+
+    def _rate(self) -> float:
+        """Files read per second over about the last :data:`RATE_WINDOW` seconds (sampled
+        at most twice a second, when asked)."""
+        now, rates = self._clock(), self._rates
+        if not rates or now - rates[-1][0] >= 0.5:
+            rates.append((now, self._reads))
+        while len(rates) > 1 and now - rates[1][0] >= RATE_WINDOW:
+            rates.popleft()
+        since, reads = rates[0]
+        return (self._reads - reads) / max(1.0, now - since)
+
+    def step(self) -> list[int]:
+        """The ids to ask for now, ascending runs from the cursor on (usually none: fewer
+        reads than :data:`START_READS`, the budget used, or nothing left in the range)."""
+        if self._reads < START_READS or self._left == 0:
+            return []
+        lead = max(MIN_LEAD, int(self._rate() * LEAD_SECONDS)) - (self._asked - self._asked_read)
+        budget = min(MAX_STEP, self.factor * self._reads - self._asked, lead)
+        byte_budget = self.factor * self._read_bytes + START_BYTES - self._asked_bytes
+        if budget < min(STEP, self._left) or byte_budget <= 0:
+            return []
+        out: list[int] = []
+        covered, first = self._covered, self.first
+        wrapped = False
+        while budget > 0 and byte_budget > 0:
+            offset = covered.find(0, self._cursor, self._high + 1)
+            if offset < 0:
+                if wrapped:
+                    break
+                wrapped = True
+                self._cursor = self._low
+                continue
+            # The run of uncovered ids from here, as far as the budget reaches.
+            end = offset + 1
+            limit = min(self._high + 1, offset + budget)
+            while end < limit and not covered[end]:
+                end += 1
+            sizes = self._sizes(first + offset, first + end - 1)
+            for i, size in enumerate(sizes):
+                if size > byte_budget and (out or i):
+                    end = offset + i
+                    byte_budget = 0
+                    break
+                byte_budget -= size
+                self._asked_bytes += size
+                self.requested_bytes += size
+            covered[offset:end] = _ASKED_RUN * (end - offset)
+            out.extend(range(first + offset, first + end))
+            self._left -= end - offset
+            budget -= end - offset
+            self._cursor = end
+        self._asked += len(out)
+        self.requested += len(out)
+        return out

@@ -1,0 +1,157 @@
+"""The sweep (quiverfs/filesystem/sweep.py) on its own: which ids it names for which reads.
+
+Ids here are 1 .. 1000 and every file is 100 bytes unless a test says otherwise; the mount's
+use of it (what is sent to mountd) is in test_fs_readahead.py, a real mount in
+tests/mount/test_readahead.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from quiverfs.filesystem.sweep import (
+    LEAD_SECONDS,
+    MAX_STEP,
+    MIN_LEAD,
+    START_BYTES,
+    START_READS,
+    STEP,
+    Sweep,
+)
+
+
+def sweep(factor: int = 8, size: int = 100, last: int = 1000, sizes=None, clock=None) -> Sweep:
+    return Sweep(1, last, sizes or (lambda first, end: [size] * (end - first + 1)), factor,
+                 clock or (lambda: 0.0))
+
+
+def read(s: Sweep, ids, size: int = 100, seen: set[int] | None = None) -> list[int]:
+    """Read ``ids`` one by one; every id the sweep named on the way. ``seen``: the ids read
+    before, which it must never name (updated)."""
+    named: list[int] = []
+    seen = set() if seen is None else seen
+    for file_id in ids:
+        s.read(file_id, size)
+        seen.add(file_id)
+        step = s.step()
+        assert not seen & set(step), "named a file already read"
+        named += step
+    return named
+
+
+def test_nothing_is_asked_before_enough_reads() -> None:
+    s = sweep()
+    assert read(s, range(100, 100 + START_READS * 10, 10)[:START_READS - 1]) == []
+    assert s.requested == 0
+
+
+def test_only_ids_between_the_lowest_and_highest_read_are_asked() -> None:
+    s = sweep()
+    reads = list(range(300, 400, 6))[:START_READS]  # 300 .. 390
+    named = read(s, reads)
+    assert named == [i for i in range(300, 391) if i not in reads]  # the range, nothing else
+    assert s.requested == len(named)
+
+
+def test_the_budget_is_factor_times_the_reads() -> None:
+    s = sweep(factor=2)
+    reads = [1, 1000] + list(range(500, 500 + START_READS - 2))
+    named = read(s, reads)
+    # 16 reads at factor 2: 32 ids, the first uncovered ones from the first read on.
+    assert named == list(range(2, 34))
+    # A read gives 2 more ids: too few for a step (STEP ids), until 16 more reads.
+    assert read(s, range(600, 600 + STEP // 2 - 1)) == []
+    assert read(s, [700]) == list(range(34, 34 + STEP))
+
+
+def test_the_bytes_asked_are_bounded_by_the_bytes_read() -> None:
+    # Large files ahead of small reads: the budget in bytes stops the step first.
+    sizes = lambda first, end: [1 << 20] * (end - first + 1)  # noqa: E731
+    s = sweep(factor=8, sizes=sizes)
+    named = read(s, [1, 1000] + list(range(500, 500 + START_READS - 2)), size=1000)
+    # 8 x 16,000 bytes read + START_BYTES: four files of 1 MiB, a fifth would pass it.
+    assert len(named) == START_BYTES // (1 << 20) == 4
+    assert s.requested_bytes == len(named) << 20
+
+
+class Clock:
+    """A clock the test sets."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_step_takes_at_most_max_step_ids() -> None:
+    clock = Clock()
+    s = sweep(factor=64, last=100_000, clock=clock)
+    assert len(read(s, [1, 100_000] + list(range(50_000, 50_000 + START_READS - 2)))) == MIN_LEAD
+    clock.now = 1.0
+    for file_id in range(60_000, 60_200):  # 200 files a second: a lead of 2,000 files
+        s.read(file_id, 100)
+    assert len(s.step()) == MAX_STEP
+
+
+def test_the_sweep_stays_within_seconds_of_a_slow_reader() -> None:
+    # 30 files a second, shuffled over 100,000 files: the factor alone would let the sweep ask
+    # for 64 files per file read; the lead keeps what it asked and nobody read yet to about
+    # LEAD_SECONDS of reads (300 files), so that none outlives mountd's protection unread.
+    clock = Clock()
+    s = sweep(factor=64, last=100_000, clock=clock)
+    reads = random.Random(1).sample(range(1, 100_001), 3000)
+    named: set[int] = set()
+    unread = most = 0
+    for i, file_id in enumerate(reads):
+        clock.now = i / 30
+        unread -= file_id in named
+        s.read(file_id, 100)
+        step = s.step()
+        named.update(step)
+        unread += len(step)
+        most = max(most, unread)
+    assert 30 * LEAD_SECONDS - STEP <= most <= 30 * LEAD_SECONDS + STEP
+    assert len(named) < 2 * len(reads)  # the factor alone: 64 x 3,000
+
+
+def test_the_range_growing_below_the_cursor_is_swept_too() -> None:
+    s = sweep(factor=4)
+    reads = list(range(500, 516))  # the range 500 .. 515, all read: nothing to ask
+    assert read(s, reads) == []
+    # A read at 400 widens the range downwards: the sweep wraps round to its low end.
+    assert read(s, [400]) == list(range(401, 469))  # 4 x 17 = 68 ids
+    assert s.requested == 68
+
+
+def test_a_shuffled_epoch_is_swept_whole_and_can_start_over() -> None:
+    s = sweep(factor=8)
+    never_read = set(range(500, 505))  # the reader skips these: they are only ever asked for
+    order = [i for i in range(1, 1001) if i not in never_read]
+    random.Random(4).shuffle(order)
+    first, seen = order[:200], set()
+    named = read(s, first, seen=seen)
+    # Every id between the lowest and the highest read was read or named; none named twice.
+    assert set(named) | set(first) == set(range(min(first), max(first) + 1))
+    assert len(named) == len(set(named)) == s.requested
+    # The rest are hits (the sweep's files, and a few outside that range, named as the
+    # range widens): then every id was read or named, and the sweep is done.
+    named += read(s, order[200:], seen=seen)
+    assert s.done and len(named) == len(set(named)) == s.requested
+    assert never_read <= set(named)
+    assert read(s, order[:START_READS]) == [] and s.done  # nothing left to ask
+    # A file read before that misses now was lost by the cache; one only asked for may not
+    # have landed yet.
+    assert s.lost(order[0]) and not any(s.lost(i) for i in never_read)
+    s.start_over()
+    assert not s.lost(order[0])
+    assert not s.done and s.restarts == 1
+    assert read(s, order[:START_READS]) != []
+
+
+@pytest.mark.parametrize("factor", [0, -1])
+def test_a_factor_below_one_is_refused(factor: int) -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        sweep(factor=factor)
