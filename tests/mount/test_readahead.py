@@ -77,7 +77,7 @@ def test_a_shuffled_read_without_the_sweep_prefetches_nothing(world: dict, mount
     with MountProcess(world["digest"], mountpoint, world["cache"], "--sweep", "0"):
         read_in(mountpoint, shuffled)
         stats = mount_stats(mountpoint)
-    assert stats["readahead"] == 64  # on, by default
+    assert stats["readahead"] == 256  # on, by default
     assert stats["readahead_files"] == 0 and stats["readahead_bytes"] == 0
     assert stats["sweep"] == 0 and stats["sweep_files"] == 0
     assert stats["misses"] == len(ORDER)

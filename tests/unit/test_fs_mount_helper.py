@@ -26,7 +26,7 @@ def test_fstab_style_options() -> None:
     }
     assert parse_helper_args(["d.qd", "/m"])["frontend"] == "native"
     assert parse_helper_args(["d.qd", "/m", "-o", "nonempty"])["nonempty"] is True
-    assert parse_helper_args(["d.qd", "/m"])["readahead"] == 64  # on by default
+    assert parse_helper_args(["d.qd", "/m"])["readahead"] == 256  # on by default
     assert parse_helper_args(["d.qd", "/m", "-o", "readahead=0"])["readahead"] == 0
     assert parse_helper_args(["d.qd", "/m"])["sweep"] == 8  # on by default
     assert parse_helper_args(["d.qd", "/m", "-o", "sweep=0"])["sweep"] == 0
