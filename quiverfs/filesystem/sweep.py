@@ -22,17 +22,20 @@ last, wrapping round to the low end (the range grows as reads land outside it). 
 one folder in random order sweeps that folder; a shuffle over the dataset sweeps the dataset.
 
 **How much.** At most ``factor`` (``--sweep``, default :data:`FACTOR`) times the files and
-the bytes read so far (plus :data:`START_BYTES`): a reader that stops, stops the sweep, and
-what it left fetched and unread is bounded by what it read (the rule of read-ahead's window,
-with more room: a shuffled reader reads the range in no order), and at most
+the bytes read so far (plus read-ahead's ``START_BYTES``): a reader that stops, stops the
+sweep, and what it left fetched and unread is bounded by what it read (the rule of
+read-ahead's window, with more room: a shuffled reader reads the range in no order), and at most
 :data:`LEAD_SECONDS` of the reader's reads (at the rate of the last :data:`RATE_WINDOW`
 seconds; at least :data:`MIN_LEAD` files) asked and not read yet: mountd keeps a fetched-ahead
 file from eviction until it is read or for ``--protect-seconds`` (30 s by default), so a sweep
 that stays within a third of that never has its files evicted before they are read, also when
-several datasets share a cache too small for them all. With fills that land at once,
+several datasets share a cache too small for them all. The same bound stops the sweep for a
+job that reads only a random subset, whose swept files are never read: what it has fetched
+for nothing stays at about ``LEAD_SECONDS`` of its reads. With fills that land at once,
 a shuffled epoch then reads ~7% of its files as misses (a simulation of uniformly random
 reads; 14% with a factor of 4, 30% with 2); measured through the mount, 8 shuffled readers of
-2,000 files went from 0.21 to 0.42–0.45 of the bare fill loop (docs/benchmark-history.md). The
+2,000 files went from 0.22–0.25 to 0.42–0.49 of the bare fill loop (docs/benchmark-history.md,
+`mount_cold.py` on 2026-11-30). The
 sweep asks in steps of at least :data:`STEP` files and at most :data:`MAX_STEP`, so that mountd
 gets a few notifications, not one per read.
 
@@ -54,12 +57,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+# START_BYTES: what the sweep may ask for beyond ``factor`` times the bytes read, as read-ahead's
+# window before any read (the first steps of a sweep over large files).
+from quiverfs.filesystem.readahead import START_BYTES, Sizes
+
 #: Files and bytes the sweep may ask for per file and byte read (see the module docstring).
 FACTOR = 8
-
-#: Bytes the sweep may ask for beyond ``FACTOR`` times those read: the first steps of a sweep
-#: over large files.
-START_BYTES = 4 << 20
 
 #: Reads seen before the sweep asks for anything: enough for the range they cover to say
 #: what the reader reads (16 uniform reads of a dataset span ~88% of it).
@@ -79,9 +82,6 @@ RATE_WINDOW = 10.0
 _ASKED = 1
 _READ = 2
 _ASKED_RUN = bytes([_ASKED])
-
-#: ``sizes(first, last)``: the sizes in bytes of the files with ids ``first .. last``.
-Sizes = Callable[[int, int], Sequence[int]]
 
 
 class Sweep:

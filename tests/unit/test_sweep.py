@@ -97,9 +97,11 @@ def test_a_step_takes_at_most_max_step_ids() -> None:
 
 
 def test_the_sweep_stays_within_seconds_of_a_slow_reader() -> None:
-    # 30 files a second, shuffled over 100,000 files: the factor alone would let the sweep ask
-    # for 64 files per file read; the lead keeps what it asked and nobody read yet to about
-    # LEAD_SECONDS of reads (300 files), so that none outlives mountd's protection unread.
+    # 30 files a second, a random 3% of 100,000 files (a subset it reads, or the start of an
+    # epoch): the factor alone would let the sweep ask for 64 files per file read; the lead
+    # keeps what it asked and nobody read yet to about LEAD_SECONDS of reads (300 files), so
+    # that none outlives mountd's protection unread, and a subset reader does not have the
+    # rest of the dataset fetched.
     clock = Clock()
     s = sweep(factor=64, last=100_000, clock=clock)
     reads = random.Random(1).sample(range(1, 100_001), 3000)
