@@ -22,16 +22,16 @@ last, wrapping round to the low end (the range grows as reads land outside it). 
 one folder in random order sweeps that folder; a shuffle over the dataset sweeps the dataset.
 
 **How much.** At most ``factor`` (``--sweep``, default :data:`FACTOR`) times the files and
-the bytes read so far (plus read-ahead's ``START_BYTES``): a reader that stops, stops the
-sweep, and what it left fetched and unread is bounded by what it read (the rule of
-read-ahead's window, with more room: a shuffled reader reads the range in no order), and at most
-:data:`LEAD_SECONDS` of the reader's reads (at the rate of the last :data:`RATE_WINDOW`
-seconds; at least :data:`MIN_LEAD` files) asked and not read yet: mountd keeps a fetched-ahead
-file from eviction until it is read or for ``--protect-seconds`` (30 s by default), so a sweep
-that stays within a third of that never has its files evicted before they are read, also when
-several datasets share a cache too small for them all. The same bound stops the sweep for a
-job that reads only a random subset, whose swept files are never read: what it has fetched
-for nothing stays at about ``LEAD_SECONDS`` of its reads. With fills that land at once,
+the bytes read so far for the first time since the sweep started (plus read-ahead's
+``START_BYTES``): a reader that stops, stops the sweep, and what it left fetched and unread is
+bounded by what it read (the rule of read-ahead's window, with more room: a shuffled reader
+reads the range in no order). Reading a file again does not count, so a job that reads only
+a random subset of the dataset, epoch after epoch, has at most ``factor`` times that subset
+swept, once. A bound in time was tried instead (what was asked and not read yet within ten
+seconds of the reader's reads) and taken back: in a shuffled epoch a swept file is read at a
+random moment of the rest of the epoch, so most of what is swept waits far longer than that,
+and the bound stalled the sweep (a 20,000-image epoch from a bucket: 151 images/s with it,
+264 without, docs/benchmark-history.md). With fills that land at once,
 a shuffled epoch then reads ~7% of its files as misses (a simulation of uniformly random
 reads; 14% with a factor of 4, 30% with 2); measured through the mount, 8 shuffled readers of
 2,000 files went from 0.22–0.25 to 0.42–0.49 of the bare fill loop (docs/benchmark-history.md,
@@ -53,9 +53,7 @@ Not thread-safe; in the mount it lives in the main process's trio thread.
 
 from __future__ import annotations
 
-import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 # START_BYTES: what the sweep may ask for beyond ``factor`` times the bytes read, as read-ahead's
 # window before any read (the first steps of a sweep over large files).
@@ -72,12 +70,6 @@ START_READS = 16
 STEP = 32
 MAX_STEP = 1024
 
-#: Most seconds of the reader's reads the sweep may have asked for and not seen read, and
-#: the fewest files that allows; the window the reading rate is measured over, in seconds.
-LEAD_SECONDS = 10.0
-MIN_LEAD = 256
-RATE_WINDOW = 10.0
-
 #: A file's state in the sweep's bitmap (0: neither).
 _ASKED = 1
 _READ = 2
@@ -86,18 +78,15 @@ _ASKED_RUN = bytes([_ASKED])
 
 class Sweep:
     """The sweep over the file ids ``first .. last`` (see the module docstring). ``sizes``
-    gives the files' sizes, asked about the ranges a step takes; ``clock`` the time in
-    seconds (for the reading rate)."""
+    gives the files' sizes, asked about the ranges a step takes."""
 
-    def __init__(self, first: int, last: int, sizes: Sizes, factor: int = FACTOR,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, first: int, last: int, sizes: Sizes, factor: int = FACTOR) -> None:
         if factor < 1:
             raise ValueError(f"the sweep factor must be at least 1, not {factor}")
         self.first = first
         self.last = last
         self.factor = factor
         self._sizes = sizes
-        self._clock = clock
         #: ids asked for by the sweep since the mount started, and their bytes
         self.requested = 0
         self.requested_bytes = 0
@@ -110,10 +99,8 @@ class Sweep:
         self._left = len(self._covered)  # ids not covered yet
         self._low = self._high = -1  # the range read, as offsets (-1: nothing read yet)
         self._cursor = 0  # where the next step looks first
-        self._reads = self._read_bytes = 0
+        self._reads = self._read_bytes = 0  # files read for the first time, and their bytes
         self._asked = self._asked_bytes = 0
-        self._asked_read = 0  # reads of files the sweep had asked for
-        self._rates: deque[tuple[float, int]] = deque()  # (time, reads) samples
 
     @property
     def done(self) -> bool:
@@ -132,50 +119,42 @@ class Sweep:
         self.restarts += 1
         self._start()
 
-    def read(self, file_id: int, size: int) -> None:
-        """Note a first read of ``file_id`` (``size`` bytes)."""
+    def read(self, file_id: int, size: int) -> bool:
+        """Note a read of ``file_id`` (``size`` bytes); whether it is its first since the
+        sweep started (only those widen the sweep)."""
         if not self.first <= file_id <= self.last:
-            return
+            return False
         offset = file_id - self.first
-        self._reads += 1
-        self._read_bytes += size
         state = self._covered[offset]
+        if state == _READ:
+            return False
         if not state:
             self._left -= 1
-        elif state == _ASKED:
-            self._asked_read += 1
         self._covered[offset] = _READ
+        self._reads += 1
+        self._read_bytes += size
         if self._low < 0:
             self._low = self._high = self._cursor = offset
         elif offset < self._low:
             self._low = offset
         elif offset > self._high:
             self._high = offset
+        return True
 
     def read_many(self, file_ids: Sequence[int], nbytes: int) -> None:
-        """Note first reads of ``file_ids`` (hits the workers reported), ``nbytes`` in all."""
-        for file_id in file_ids:
-            self.read(file_id, 0)
-        self._read_bytes += nbytes
-
-    def _rate(self) -> float:
-        """Files read per second over about the last :data:`RATE_WINDOW` seconds (sampled
-        at most twice a second, when asked)."""
-        now, rates = self._clock(), self._rates
-        if not rates or now - rates[-1][0] >= 0.5:
-            rates.append((now, self._reads))
-        while len(rates) > 1 and now - rates[1][0] >= RATE_WINDOW:
-            rates.popleft()
-        since, reads = rates[0]
-        return (self._reads - reads) / max(1.0, now - since)
+        """Note reads of ``file_ids`` (hits the workers reported), ``nbytes`` in all; the
+        bytes count in the share of the files read for the first time (a report gives only
+        their sum)."""
+        if file_ids:
+            first = sum(self.read(file_id, 0) for file_id in file_ids)
+            self._read_bytes += nbytes * first // len(file_ids)
 
     def step(self) -> list[int]:
         """The ids to ask for now, ascending runs from the cursor on (usually none: fewer
         reads than :data:`START_READS`, the budget used, or nothing left in the range)."""
         if self._reads < START_READS or self._left == 0:
             return []
-        lead = max(MIN_LEAD, int(self._rate() * LEAD_SECONDS)) - (self._asked - self._asked_read)
-        budget = min(MAX_STEP, self.factor * self._reads - self._asked, lead)
+        budget = min(MAX_STEP, self.factor * self._reads - self._asked)
         byte_budget = self.factor * self._read_bytes + START_BYTES - self._asked_bytes
         if budget < min(STEP, self._left) or byte_budget <= 0:
             return []

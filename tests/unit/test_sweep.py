@@ -12,9 +12,7 @@ import random
 import pytest
 
 from quiverfs.filesystem.sweep import (
-    LEAD_SECONDS,
     MAX_STEP,
-    MIN_LEAD,
     START_BYTES,
     START_READS,
     STEP,
@@ -22,9 +20,8 @@ from quiverfs.filesystem.sweep import (
 )
 
 
-def sweep(factor: int = 8, size: int = 100, last: int = 1000, sizes=None, clock=None) -> Sweep:
-    return Sweep(1, last, sizes or (lambda first, end: [size] * (end - first + 1)), factor,
-                 clock or (lambda: 0.0))
+def sweep(factor: int = 8, size: int = 100, last: int = 1000, sizes=None) -> Sweep:
+    return Sweep(1, last, sizes or (lambda first, end: [size] * (end - first + 1)), factor)
 
 
 def read(s: Sweep, ids, size: int = 100, seen: set[int] | None = None) -> list[int]:
@@ -76,47 +73,37 @@ def test_the_bytes_asked_are_bounded_by_the_bytes_read() -> None:
     assert s.requested_bytes == len(named) << 20
 
 
-class Clock:
-    """A clock the test sets."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_step_takes_at_most_max_step_ids() -> None:
-    clock = Clock()
-    s = sweep(factor=64, last=100_000, clock=clock)
-    assert len(read(s, [1, 100_000] + list(range(50_000, 50_000 + START_READS - 2)))) == MIN_LEAD
-    clock.now = 1.0
-    for file_id in range(60_000, 60_200):  # 200 files a second: a lead of 2,000 files
-        s.read(file_id, 100)
-    assert len(s.step()) == MAX_STEP
+    s = sweep(factor=64, last=100_000)
+    named = read(s, [1, 100_000] + list(range(50_000, 50_000 + START_READS - 2)))
+    assert len(named) == MAX_STEP  # 64 x 16 reads = 1,024 ids, in one step
 
 
-def test_the_sweep_stays_within_seconds_of_a_slow_reader() -> None:
-    # 30 files a second, a random 3% of 100,000 files (a subset it reads, or the start of an
-    # epoch): the factor alone would let the sweep ask for 64 files per file read; the lead
-    # keeps what it asked and nobody read yet to about LEAD_SECONDS of reads (300 files), so
-    # that none outlives mountd's protection unread, and a subset reader does not have the
-    # rest of the dataset fetched.
-    clock = Clock()
-    s = sweep(factor=64, last=100_000, clock=clock)
-    reads = random.Random(1).sample(range(1, 100_001), 3000)
-    named: set[int] = set()
-    unread = most = 0
-    for i, file_id in enumerate(reads):
-        clock.now = i / 30
-        unread -= file_id in named
-        s.read(file_id, 100)
-        step = s.step()
-        named.update(step)
-        unread += len(step)
-        most = max(most, unread)
-    assert 30 * LEAD_SECONDS - STEP <= most <= 30 * LEAD_SECONDS + STEP
-    assert len(named) < 2 * len(reads)  # the factor alone: 64 x 3,000
+def test_reading_files_again_does_not_widen_the_sweep() -> None:
+    # A job that reads a random subset of 100 files every epoch: the first epoch's reads
+    # let the sweep ask for 4 x 100 files, and no epoch after it asks for more.
+    s = sweep(factor=4, last=100_000)
+    subset = random.Random(2).sample(range(1, 100_001), 100)
+    first_epoch = read(s, subset)
+    assert 4 * 100 - STEP < len(first_epoch) <= 4 * 100  # the rest is less than a step
+    for epoch in range(3):
+        order = random.Random(epoch).sample(subset, len(subset))
+        assert read(s, order) == []
+        s.read_many(order, 100 * len(order))  # the same files reported again as hits
+        assert s.step() == []
+    assert s.requested == len(first_epoch)
+
+
+def test_reported_hits_count_their_bytes_for_the_files_read_first() -> None:
+    # Files read: 1 MiB each (the reports say so); files to sweep: 8 MiB each.
+    s = sweep(factor=2, size=8 << 20, last=100_000)
+    s.read_many(list(range(1, 17)), 16 << 20)  # 16 files, first reads
+    s.read_many(list(range(1, 17)), 16 << 20)  # the same again: neither files nor bytes
+    assert s.step() == []  # nothing between them unread
+    s.read_many([40_000], 1 << 20)
+    # 17 MiB read once (not 33): 2 x 17 MiB + START_BYTES = 38 MiB, four files of 8 MiB.
+    assert START_BYTES == 4 << 20
+    assert s.step() == [17, 18, 19, 20]
 
 
 def test_the_range_growing_below_the_cursor_is_swept_too() -> None:
