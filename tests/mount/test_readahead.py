@@ -152,17 +152,12 @@ def test_a_scan_in_digest_order_is_read_ahead(world: dict, mountpoint: Path) -> 
     assert prefetches(world) - before >= len(ahead)
 
 
-def test_a_bad_sweep_value_is_one_line(world: dict, mountpoint: Path) -> None:
-    out = subprocess.run(quiverfs_cmd("mount", str(world["digest"]), str(mountpoint), "--sweep", "65"),
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--readahead", "-1", "--readahead must be a number of files from 0 (off) to 10000, not -1"),
+    ("--sweep", "65", "--sweep must be a number of files per file read from 0 (off) to 64, not 65"),
+])
+def test_a_bad_value_is_one_line(world: dict, mountpoint: Path, flag: str, value: str, says: str) -> None:
+    out = subprocess.run(quiverfs_cmd("mount", str(world["digest"]), str(mountpoint), flag, value),
                          capture_output=True, text=True, check=False)
     assert out.returncode == 2
-    assert out.stderr.strip() == ("quiverfs: error: --sweep must be a number of files per file read "
-                                  "from 0 (off) to 64, not 65")
-
-
-def test_a_bad_readahead_value_is_one_line(world: dict, mountpoint: Path) -> None:
-    out = subprocess.run(quiverfs_cmd("mount", str(world["digest"]), str(mountpoint), "--readahead", "-1"),
-                         capture_output=True, text=True, check=False)
-    assert out.returncode == 2
-    assert out.stderr.strip() == ("quiverfs: error: --readahead must be a number of files from 0 (off) "
-                                  "to 10000, not -1")
+    assert out.stderr.strip() == f"quiverfs: error: {says}"

@@ -64,24 +64,18 @@ def test_mountd_wait_out_of_range_is_one_line(seconds, tmp_path) -> None:
     assert str(caught.value) == f"--mountd-wait must be seconds from 0 (fail at once) to 86400, not {seconds:g}"
 
 
-@pytest.mark.parametrize("readahead", [-1, 10_001])
-def test_readahead_out_of_range_is_one_line(readahead, tmp_path) -> None:
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("readahead", -1, "--readahead must be a number of files from 0 (off) to 10000, not -1"),
+    ("readahead", 10_001, "--readahead must be a number of files from 0 (off) to 10000, not 10001"),
+    ("sweep", -1, "--sweep must be a number of files per file read from 0 (off) to 64, not -1"),
+    ("sweep", 65, "--sweep must be a number of files per file read from 0 (off) to 64, not 65"),
+])
+def test_a_count_out_of_range_is_one_line(option, value, says, tmp_path) -> None:
     from quiverfs.cli.mount_cli import mount as mount_api
 
     with pytest.raises(UsageError) as caught:
-        mount_api(tmp_path / "d.qd", tmp_path, readahead=readahead)
-    assert str(caught.value) == (f"--readahead must be a number of files from 0 (off) to 10000, "
-                                 f"not {readahead}")
-
-
-@pytest.mark.parametrize("sweep", [-1, 65])
-def test_sweep_out_of_range_is_one_line(sweep, tmp_path) -> None:
-    from quiverfs.cli.mount_cli import mount as mount_api
-
-    with pytest.raises(UsageError) as caught:
-        mount_api(tmp_path / "d.qd", tmp_path, sweep=sweep)
-    assert str(caught.value) == (f"--sweep must be a number of files per file read from 0 (off) to 64, "
-                                 f"not {sweep}")
+        mount_api(tmp_path / "d.qd", tmp_path, **{option: value})
+    assert str(caught.value) == says
 
 
 def test_helper_exit_codes(capsys, tmp_path) -> None:
