@@ -90,7 +90,7 @@ class Sweep:
         #: ids asked for by the sweep since the mount started, and their bytes
         self.requested = 0
         self.requested_bytes = 0
-        #: sweeps started over (a miss after the sweep covered the dataset)
+        #: sweeps started over (a file read in a finished sweep missed again: :meth:`lost`)
         self.restarts = 0
         self._start()
 
