@@ -252,6 +252,9 @@ class Round:
     total_ms: float | None = None
     #: mountd's fill_stages (quiverfs stats) after the pass
     stages: dict | None = None
+    #: cores each process kept busy during the pass (its CPU seconds ÷ the pass's seconds):
+    #: on many cores, the role near 1.0 (one interpreter) is what limits the rate
+    busy: dict[str, float] | None = None
 
 
 @dataclass
@@ -287,9 +290,11 @@ def measured_pass(world: World, row: Row, paths: list[str], hashes: list[bytes],
     used = cpu_delta(before, world.cpu())
     fill, stages = fill_report(world)
     fills = fill.get("count") or 0
+    seconds = len(paths) / rate
     got = row.add(rate, fill=fill, stages=stages,
                   mountd_ms=used["mountd"] / fills * 1e3 if fills else None,
-                  total_ms=sum(used.values()) / len(paths) * 1e3)
+                  total_ms=sum(used.values()) / len(paths) * 1e3,
+                  busy={role: cpu / seconds for role, cpu in used.items()})
     lat = latency_of(fill)
     note = f", fill p50 {lat * 1e3:.1f} ms over {fills} fills" if lat is not None else ""
     cpu = (f", mountd {got.mountd_ms:.3f} ms/fill" if got.mountd_ms is not None else "") + \
@@ -409,6 +414,9 @@ def print_stages(row: Row) -> None:
               f"{stage['wall_s'] / per * 1e6:>10.1f}{cpu:>10}")
     if row.best.mountd_ms is not None:
         print(f"mountd's main process, all told: {row.best.mountd_ms * 1e3:.1f} µs of CPU per fill")
+    if row.best.busy:
+        print("cores kept busy during the pass: " +
+              ", ".join(f"{role} {cores:.2f}" for role, cores in row.best.busy.items()))
 
 
 # -- the sections ----------------------------------------------------------------------------------
@@ -475,6 +483,7 @@ def file_section(args: argparse.Namespace, source: Path, dataset: Dataset, flags
                 direct, [bare, *cold.values(), warm, first], warm_first=first, bare=bare,
                 targets=TARGET_BARE, base_target=None, rounds=args.rounds)
     print_stages(cold["cold, in order"])
+    print_stages(cold["cold, shuffled"])
     print(f"\ncold, in order ÷ warm first pass: "
           f"{cold['cold, in order'].best.rate / first.best.rate:.3f}; "
           f"÷ direct: {cold['cold, in order'].best.rate / direct.best.rate:.3f}")
@@ -506,6 +515,10 @@ def scale_section(args: argparse.Namespace, dataset: Dataset) -> None:
             best = results[label, readers].best
             cells.append(f"{best.rate:,.0f} ({_ms(best.mountd_ms)})")
         print(f"{label:<48}" + "".join(f"{c:>16}" for c in cells))
+    busiest = results[settings[-1][0], counts[-1]].best.busy
+    if busiest:
+        print(f"cores kept busy, default fill processes, {counts[-1]} readers: " +
+              ", ".join(f"{role} {cores:.2f}" for role, cores in busiest.items()))
 
 
 @contextlib.contextmanager
