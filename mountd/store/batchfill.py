@@ -211,6 +211,7 @@ class BatchFills:
         counters = self.counters
         first = flights[0]
         url, dataset, uid = first.location.url, first.dataset, first.uid
+        background = first.background  # the batch's slots: the queue's share, or any
         left = {f.hash: f for f in flights}  # flights not finished yet
         counters.fills_in_flight += len(flights)
         for flight in flights:
@@ -223,7 +224,7 @@ class BatchFills:
             try:
                 # A fill slot for each file that may run at once (mountd/store/fill.py says
                 # how many do: one request slot each).
-                extra = self._fill_slots.take_more(url, len(flights) - 1) \
+                extra = self._fill_slots.take_more(url, len(flights) - 1, background) \
                     if self.fills.parallel_batches else []
                 try:
                     await self._reserve(total, uid,
@@ -231,7 +232,8 @@ class BatchFills:
                     try:
                         targets = tuple(Target.of(f.hash, f.size, f.location) for f in flights)
                         results = await self._filler.fill_batch(
-                            targets, url, dataset, since=start, parallel=1 + len(extra))
+                            targets, url, dataset, since=start, parallel=1 + len(extra),
+                            background=background)
                         for flight, result in zip(flights, results, strict=True):
                             self._settle(flight, result, start)
                             del left[flight.hash]
@@ -242,9 +244,9 @@ class BatchFills:
                         self.charges.unreserve(uid, total)
                         self._notify_space()
                 finally:
-                    self._fill_slots.give_back(url, extra)
+                    self._fill_slots.give_back(url, extra, background)
             finally:
-                self._fill_slots.release(url)
+                self._fill_slots.release(url, background)
         except trio.Cancelled:
             for content in left:
                 left[content].cancelled = True

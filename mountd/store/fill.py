@@ -40,7 +40,7 @@ class Filler:
 
     async def fill(
         self, source: SuppliedBytes | None, hash: bytes, size: int, location: Location,
-        dataset: str | None, since: float | None = None,
+        dataset: str | None, since: float | None = None, background: bool = False,
     ) -> str:
         """Fetch, verify and store; returns the final path. Raises CorruptObject, CacheFull,
         backend errors. The caller has reserved ``size`` bytes and indexes the result.
@@ -49,12 +49,15 @@ class Filler:
         limits; otherwise the bytes a client supplied (or a peer sent), verified the same
         way, neither limited nor counted as requests (the client did the remote read, under
         its own rights). ``since``: when the fill began waiting (trio time), for the
-        ``queue`` stage of ``fill_stages``."""
+        ``queue`` stage of ``fill_stages``; ``background``: a prefetch from the queue, which
+        takes a request slot only within background work's share
+        (:class:`~mountd.store.limits.SourceSlots`)."""
         target = Target.of(hash, size, location)
         if source is None:
             job = FillJob(target, "remote", chunk_size=self.chunk_size)
             # The first read's limits; a streamed object's later chunks are paced by the job.
-            async with self.limits.request(min(size, self.chunk_size), location.url):
+            async with self.limits.request(min(size, self.chunk_size), location.url,
+                                           background):
                 outcome = await self._run(job, None, since)
         elif source.inline is not None:
             job = FillJob(target, "bytes", data=source.inline, chunk_size=self.chunk_size)
@@ -92,7 +95,7 @@ class Filler:
 
     async def fill_batch(self, targets: tuple[Target, ...], url: str, dataset: str | None,
                          since: float | None = None, parallel: int = 1,
-                         ) -> list[str | Exception]:
+                         background: bool = False) -> list[str | Exception]:
         """Several loose files of the backend at ``url`` in one job
         (:class:`~mountd.store.fillwork.BatchJob`), up to ``parallel`` of them at once:
         one remote slot for each that runs at once (the first waited for, the others only
@@ -103,13 +106,14 @@ class Filler:
         caller was cancelled: :class:`~mountd.store.fillwork.FillStopped`). The caller has
         reserved the files' bytes and indexes the results."""
         limits = self.limits
-        async with limits.request(min(targets[0].size, self.chunk_size), url):
-            extra = limits.concurrency.take_more(url, min(parallel, len(targets)) - 1)
+        async with limits.request(min(targets[0].size, self.chunk_size), url, background):
+            extra = limits.concurrency.take_more(url, min(parallel, len(targets)) - 1,
+                                                 background)
             try:
                 job = BatchJob(url, targets, self.chunk_size, 1 + len(extra))
                 outcome = await self._run(job, None, since)
             finally:
-                limits.concurrency.give_back(url, extra)
+                limits.concurrency.give_back(url, extra, background)
         self._count(outcome, dataset, len(targets))
         return outcome.results  # type: ignore[return-value]
 

@@ -80,6 +80,14 @@ class Flight:
         on no bucket)."""
         return self.location.url if self.source is None else "supplied"
 
+    @property
+    def background(self) -> bool:
+        """A fill of the prefetch queue (read-ahead, the sweep), not a claim's fetch: it
+        takes slots only within the share background work may hold, so the rest stay free
+        for readers' misses (:class:`mountd.store.limits.SourceSlots`). Fixed once it runs
+        (``prefetch`` never changes; ``turn`` is set before)."""
+        return self.prefetch and self.turn is None
+
     def demanded(self) -> bool:
         """Whether a reader waits for this fill (not a prefetch nobody waits for yet)."""
         return self.awaited or not self.prefetch

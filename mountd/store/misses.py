@@ -479,7 +479,7 @@ class Misses:
                     else:
                         path = await self._filler.fill(
                             flight.source, flight.hash, flight.size, flight.location,
-                            flight.dataset, since=start)
+                            flight.dataset, since=start, background=flight.background)
                     self._stored(flight, path)
                     if self.peers is not None and flight.source is not None \
                             and not isinstance(flight.source, PeerContent):
@@ -489,7 +489,7 @@ class Misses:
                     self.charges.unreserve(uid, flight.size)
                     self._notify_space()
             finally:
-                self._fill_slots.release(source)
+                self._fill_slots.release(source, flight.background)
             counters.add_fill(flight.dataset, flight.size, trio.current_time() - start)
         except trio.Cancelled:
             flight.cancelled = True
@@ -507,7 +507,7 @@ class Misses:
         of the slots is the order of the bandwidth."""
         turn = flight.turn
         if turn is None:
-            await self._fill_slots.take(source)
+            await self._fill_slots.take(source, flight.background)
             return
         await self._turns.arrive(turn)
         try:

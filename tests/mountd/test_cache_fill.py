@@ -438,9 +438,10 @@ class SlowReads:
 
 @pytest.mark.parametrize("how", ["misses", "claimed", "preload"])
 async def test_fills_overlap_up_to_the_remote_concurrency(tmp_path: Path, source: Source, how: str):
-    """Misses of many readers, a claim's fetches and a preload all keep exactly
-    ``remote_concurrency`` remote reads in flight: no fewer (nothing serialises them behind
-    one thread or a smaller pool), no more."""
+    """Misses of many readers and a claim's fetches keep exactly ``remote_concurrency``
+    remote reads in flight, a preload (the prefetch queue) exactly background work's share
+    of them (the rest are kept for readers' misses): no fewer (nothing serialises them
+    behind one thread or a smaller pool), no more."""
     objs = source.many(24, 4000)
     slow = SlowReads(0.1)
     backends = Backends(wrap=slow)
@@ -456,7 +457,9 @@ async def test_fills_overlap_up_to_the_remote_concurrency(tmp_path: Path, source
             else:
                 assert cache.prefetch(items, "ds") == len(objs)
             await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="fills")
-    assert slow.most == 6
+        background = cache.limits.concurrency.background
+    assert background == 4
+    assert slow.most == (background if how == "preload" else 6)
     assert backends.gets() == len(objs)
     for o in objs:
         assert layout.store_path(tmp_path / "c", o.hash).read_bytes() == o.data
@@ -476,6 +479,29 @@ class LandingOrder:
 
     def fill_failed(self, hash: bytes) -> None:
         pass
+
+
+async def test_a_readers_miss_does_not_wait_behind_the_prefetch_queue(
+    tmp_path: Path, source: Source
+):
+    """With the prefetch queue holding every worker and more files than slots (the sweep
+    keeps it so for a whole cold epoch), a reader's miss takes one of the slots background
+    work may not hold and lands with the first wave of prefetches, not after the queue
+    (before, it waited in line behind every worker: the 8th of 13 to land at the best)."""
+    objs = source.many(13, 4000)
+    queued, wanted = objs[:12], objs[12]
+    slow = SlowReads(0.1)
+    async with running(config(tmp_path / "c", remote_concurrency=6), Backends(wrap=slow)) as cache:
+        order = LandingOrder()
+        cache.add_listener(order)
+        assert cache.prefetch([(o.hash, o.size, o.location) for o in queued], "ds") == 12
+        await wait_until(lambda: slow.now >= 4, what="the prefetches in flight")
+        with trio.fail_after(20):
+            await cache.ensure(wanted.hash, wanted.size, wanted.location, "ds")
+        await wait_until(lambda: all(cache.contains(o.hash) for o in queued), what="the queue")
+    assert slow.most == 5  # the four background slots, and one of the two kept
+    assert len(order.order) == 13
+    assert order.order.index(wanted.hash) < 5
 
 
 async def test_a_claims_fetches_take_the_bandwidth_in_the_order_asked(

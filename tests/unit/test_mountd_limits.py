@@ -248,3 +248,40 @@ async def test_one_source_holds_its_share_and_the_spare_slots_are_the_others():
     assert held.count("s3://a") == 6 and held.count("file:///b") == 3
     assert slots.held("s3://a") == 0 and slots._sources == {}  # idle sources are forgotten
     assert slots.total.borrowed_tokens == 0
+
+
+async def test_background_work_leaves_a_sources_last_slots_to_readers():
+    """Background work (the prefetch queue) holds at most ``background`` of a source's slots,
+    extra ones of a batch included; a reader's take then goes at once, and every limiter is
+    forgotten once idle."""
+    slots = SourceSlots(6)  # 2 spare, so 4 for background work
+    assert slots.background == 4
+    held: list[str] = []
+    done = trio.Event()
+
+    async def hold(kind: str) -> None:
+        background = kind == "prefetch"
+        await slots.take("s3://a", background)
+        extra = slots.take_more("s3://a", 3, background)
+        held.extend([kind] * (1 + len(extra)))
+        await done.wait()
+        slots.give_back("s3://a", extra, background)
+        slots.release("s3://a", background)
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(3):
+            nursery.start_soon(hold, "prefetch")
+        await trio.testing.wait_all_tasks_blocked()
+        assert held.count("prefetch") == 4  # the first took 3 more; the others wait
+        nursery.start_soon(hold, "miss")
+        await trio.testing.wait_all_tasks_blocked()
+        assert held.count("miss") == 2  # at once, and one more of the free two
+        done.set()
+    assert held.count("prefetch") >= 4 + 2 and slots.held("s3://a") == 0  # the two waiters ran
+    assert slots._sources == {} and slots._background == {}
+    assert slots.total.borrowed_tokens == 0
+
+
+def test_one_slot_is_background_works_too():
+    assert SourceSlots(1).background == 1  # a source of one slot is not starved of prefetches
+    assert SourceSlots(16).background == 12 and SourceSlots(32).background == 24
