@@ -223,8 +223,9 @@ class BatchFills:
             await self._take_slot(first, url)  # in the order of its turn, when it has one
             try:
                 # A fill slot for each file that may run at once (mountd/store/fill.py says
-                # how many do: one request slot each).
-                extra = self._fill_slots.take_more(url, len(flights) - 1, background) \
+                # how many do: one request slot each), no more than run at once in a job.
+                most = min(len(flights), self.fills.batch_parallel) - 1
+                extra = self._fill_slots.take_more(url, most, background) \
                     if self.fills.parallel_batches else []
                 try:
                     await self._reserve(total, uid,

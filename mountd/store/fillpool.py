@@ -117,6 +117,10 @@ class Fills(Protocol):
     #: yes; in mountd's threads, one after another (a batch is one thread there).
     parallel_batches: bool
 
+    #: The most files of one batch that run at once: a batch takes no more slots than
+    #: this (mountd/store/batchfill.py), since a slot beyond it would be held and unused.
+    batch_parallel: int
+
     async def run(self, job: Job, fd: int | None = None) -> Outcome:
         """Run ``job`` (``fd``: the descriptor a ``"fd"`` job reads, still owned by the
         caller) and return its outcome; never raises for what the job met (that is in the
@@ -159,6 +163,7 @@ class ThreadFills:
 
     uses_cache_backends = True
     parallel_batches = False
+    batch_parallel = 1
 
     def __init__(self, cache_dir: Path, backend: Callable[[str], Awaitable[Backend]],
                  io_threads: int) -> None:
@@ -275,6 +280,11 @@ class ProcessFills:
         self.cache_dir = Path(cache_dir)
         self.processes = processes
         self.threads = threads
+        #: A batch runs in the thread that received it and the child's ``threads`` helpers
+        #: (fillchild.py): with 16 processes of 3 threads, a batch of 8 used to hold 8
+        #: request slots while 4 of its files ran, and a cold pass on 16 cores had 8 files
+        #: in flight where its 16 slots allowed 16.
+        self.batch_parallel = threads + 1
         self._factory = factory
         self._children: list[_Child] = []
         self._ids = itertools.count(1)

@@ -134,6 +134,30 @@ async def test_a_batch_in_a_fill_process_reads_side_by_side_up_to_the_request_sl
         assert Path(cache.store_path(o.hash)).read_bytes() == o.data
 
 
+async def test_a_batch_takes_no_more_slots_than_its_fill_process_runs_at_once(
+        tmp_path: Path, source: Source):
+    """A batch runs in the thread that received it and the fill process's helper threads:
+    with 2 threads a process, 3 files at once. It holds no more fill or request slots than
+    that (on 16 cores, 3 threads a process, a batch of 8 held 8 request slots for 4 running
+    files, and a cold pass had half the reads in flight that its slots allowed)."""
+    objs = source.many(PREFETCH_BATCH, 4000)
+    slow = SharedSlowReads(0.3)
+    cfg = config(tmp_path / "c", remote_concurrency=16, fill_concurrency=16)
+    async with pooled(cfg, processes=8, child_factory=slow) as (cache, fills):
+        assert fills.threads == 2 and fills.batch_parallel == 3
+        held = []
+        cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds")
+        while not all(cache.contains(o.hash) for o in objs):
+            held.append((cache._fill_slots.held(source.url),
+                         cache.limits.concurrency.held(source.url)))
+            await trio.sleep(0.01)
+        assert cache.counters.stages.jobs == 1 and gets(cache) == PREFETCH_BATCH
+    assert max(held) == (3, 3)
+    assert slow.most == 3
+    for o in objs:
+        assert Path(cache.store_path(o.hash)).read_bytes() == o.data
+
+
 async def test_a_bad_file_in_a_batch_fails_alone(tmp_path: Path, source: Source):
     good = source.many(15, 20_000)
     other = source.add("other", os.urandom(20_000))
