@@ -273,6 +273,14 @@ def print_fetched_ahead(protection: Mapping[str, Any], console: Console | None =
 #: Where each stage of ``fill_stages`` runs (the rest run in mountd's main process).
 _IN_FILL_PROCESS = ("read", "hash", "write", "rename")
 
+#: CPU of a fill's ``write`` and ``rename`` together above which ``quiverfs stats`` says the
+#: cache's filesystem is slow to create files: ~0.15 ms for 110 KiB on a fresh ext4, 0.9–3.2 ms
+#: on a root ext4 a cache had just been deleted from (docs/operations.md, 2026-11-30).
+SLOW_CREATE_S = 0.0005
+
+#: Fills observed before that is judged (the first few include opening the fan-out folders).
+SLOW_CREATE_FILLS = 200
+
 
 def print_fill_stages(stages: Mapping[str, Any], console: Console | None = None) -> None:
     """Where fills spend their time, stage by stage (``counters.fill_stages``, docs/operations.md
@@ -292,6 +300,23 @@ def print_fill_stages(stages: Mapping[str, Any], console: Console | None = None)
             f"{stage.get('wall_s', 0.0) / count * 1e6:,.0f} µs",
             f"{cpu / count * 1e6:,.0f} µs" if cpu else "-")
     console.print(table)
+    creating = slow_file_creation(stages)
+    if creating is not None:
+        console.print(
+            f"creating cache files is slow: a fill's write and rename cost {creating * 1e3:.2f} ms "
+            "of CPU (~0.15 ms on a fresh filesystem); a filesystem of its own for the cache "
+            "helps (docs/operations.md)")
+
+
+def slow_file_creation(stages: Mapping[str, Any]) -> float | None:
+    """The CPU seconds a fill's ``write`` and ``rename`` took together, when above
+    :data:`SLOW_CREATE_S` over at least :data:`SLOW_CREATE_FILLS` fills; else None."""
+    parts = [(stages.get("stages") or {}).get(name) or {} for name in ("write", "rename")]
+    fills = min(part.get("count", 0) for part in parts)
+    if fills < SLOW_CREATE_FILLS:
+        return None
+    cpu = sum(part.get("cpu_s", 0.0) / part["count"] for part in parts)
+    return cpu if cpu > SLOW_CREATE_S else None
 
 
 def print_sources(sources: Mapping[str, Any], console: Console | None = None) -> None:
