@@ -419,8 +419,8 @@ class CoopService:
 
     # -- cache events (CacheListener) ----------------------------------------------------------
 
-    def filled(self, hash: bytes) -> None:
-        self._forward("filled", hash)
+    def filled(self, hashes: Sequence[bytes]) -> None:
+        self._forward("filled", list(hashes))
 
     def removed(self, hashes: Sequence[bytes]) -> None:
         for kept in self.retained.values():  # a scrub, say: kept no more
@@ -443,18 +443,38 @@ class CoopService:
                 if ids:
                     reg.on_evicted(name, ids)
                 continue
+            if event == "filled":
+                self._filled(name, view, arg)
+                continue
             ids = view.ids_of(arg)
             if not ids:
                 continue
             self._preloading.get(name, {}).pop(arg, None)
-            if event == "filled":
-                reg.on_cached(name, ids)
-                if any(map(reg.dataset(name).pinned, ids)):
-                    self.cache.pin([arg])
-            else:
-                reg.on_fetch_failed(name, ids)
+            reg.on_fetch_failed(name, ids)
         if reg.watches_the_store:
             self.wake_soon()
+
+    def _filled(self, name: str, view: DatasetView, hashes: list[bytes]) -> None:
+        """``hashes`` landed: the files of dataset ``name`` they hold are cached now, told
+        to its jobs in one report per batch; the pinned ones are pinned in the cache."""
+        preloading = self._preloading.get(name, {})
+        ids: list[int] = []
+        pinned: list[bytes] = []
+        is_pinned = None
+        for h in hashes:
+            of = view.ids_of(h)
+            if not of:
+                continue
+            preloading.pop(h, None)
+            ids.extend(of)
+            if is_pinned is None:
+                is_pinned = self.registry.dataset(name).pinned
+            if any(map(is_pinned, of)):
+                pinned.append(h)
+        if ids:
+            self.registry.on_cached(name, ids)
+        if pinned:
+            self.cache.pin(pinned)
 
     # -- requests ------------------------------------------------------------------------------
 

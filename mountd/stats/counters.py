@@ -7,6 +7,7 @@ JSON-ready dict; the serving side renders it (stats table, Prometheus, cost esti
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
@@ -30,11 +31,12 @@ class Histogram:
     #: The latest :data:`RECENT` observations, for exact percentiles of recent fills.
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT))
 
-    def observe(self, seconds: float) -> None:
-        self.count += 1
-        self.sum += seconds
-        self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
-        self.recent.append(seconds)
+    def observe(self, seconds: float, times: int = 1) -> None:
+        """``times`` observations of ``seconds`` (the files of one batch took the same)."""
+        self.count += times
+        self.sum += seconds * times
+        self.buckets[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += times
+        self.recent.extend(itertools.repeat(seconds, times))
 
     def snapshot(self) -> dict:
         """``{"count", "sum", "buckets": {"0.0005": n, …, "+Inf": n}, "recent": {"count",
@@ -135,12 +137,13 @@ class FillStages:
     count: Counter[str] = field(default_factory=Counter)
     jobs: int = 0
 
-    def add(self, stage: str, wall: float, cpu: float | None = None) -> None:
-        """One observation of ``stage``: ``wall`` seconds (and ``cpu``, where measured)."""
+    def add(self, stage: str, wall: float, cpu: float | None = None, times: int = 1) -> None:
+        """``times`` observations of ``stage`` that took ``wall`` seconds together (and
+        ``cpu``, where measured)."""
         self.wall[stage] += wall
         if cpu is not None:
             self.cpu[stage] += cpu
-        self.count[stage] += 1
+        self.count[stage] += times
 
     def add_work(self, values: list[float], files: int = 1) -> None:
         """A fill process's times of one job: the wall seconds of each of
@@ -208,11 +211,12 @@ class Counters:
             c.remote_requests[kind] += 1
             c.remote_bytes += nbytes
 
-    def add_fill(self, dataset: str | None, nbytes: int, seconds: float) -> None:
-        """A fill that stored ``nbytes`` of verified content in ``seconds``."""
+    def add_fill(self, dataset: str | None, nbytes: int, seconds: float, files: int = 1) -> None:
+        """A fill that stored ``nbytes`` of verified content in ``seconds`` (or ``files``
+        fills of one job that stored ``nbytes`` together, each in ``seconds``)."""
         for c in self._targets(dataset):
             c.bytes_from_remote += nbytes
-            c.fill_latency.observe(seconds)
+            c.fill_latency.observe(seconds, files)
 
     def add_chunk_fill(self, dataset: str | None, members: int) -> None:
         """One chunk fill that stored ``members`` files from one GET."""

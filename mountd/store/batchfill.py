@@ -46,6 +46,7 @@ turn, so a claim's misses land in the order asked).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from os import PathLike
 
@@ -56,7 +57,7 @@ from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
 from mountd.store.fillpool import Fills
 from mountd.store.fillwork import FillStopped, Target
-from mountd.store.flights import Flight
+from mountd.store.flights import CacheListener, Flight
 from mountd.store.index import Index
 from mountd.store.limits import RemoteLimits, SourceSlots
 from mountd.store.peers import PeerSource
@@ -91,7 +92,8 @@ class BatchFills:
     _chunk_members: ChunkMembers | None
     _fits: Callable[[int], bool]
     _reserve: Callable[..., Awaitable[None]]
-    _stored: Callable[[Flight, PathLike[str] | str], None]
+    _record: Callable[[Flight, PathLike[str] | str], None]
+    _tell: Callable[[str, Callable[[CacheListener], object]], None]
     _failed: Callable[[Flight, Exception], None]
     _finish: Callable[[Flight], None]
     _notify_space: Callable[[], None]
@@ -235,10 +237,10 @@ class BatchFills:
                         results = await self._filler.fill_batch(
                             targets, url, dataset, since=start, parallel=1 + len(extra),
                             background=background)
-                        for flight, result in zip(flights, results, strict=True):
-                            self._settle(flight, result, start)
-                            del left[flight.hash]
-                            counters.fills_in_flight -= 1
+                        self._land(flights, results, start)
+                        left.clear()
+                        counters.fills_in_flight -= len(flights)
+                        for flight in flights:
                             self._finish(flight)
                     finally:
                         self.reserved -= total
@@ -260,19 +262,38 @@ class BatchFills:
             for flight in left.values():
                 self._finish(flight)
 
-    def _settle(self, flight: Flight, result: str | Exception, start: float) -> None:
-        """One file's result of a batch: indexed (its file is at its final name already:
-        it must be indexed or removed here, whatever happens to the others), failed, or
-        not reached because the batch's caller was cancelled."""
-        if isinstance(result, FillStopped):
-            flight.cancelled = True
-            return
-        if isinstance(result, Exception):
-            self._failed(flight, result)
-            return
-        try:
-            self._stored(flight, result)
-        except Exception as exc:
-            self._failed(flight, exc)
-        else:
-            self.counters.add_fill(flight.dataset, flight.size, trio.current_time() - start)
+    def _land(self, flights: list[Flight], results: list[str | Exception], start: float) -> None:
+        """Settle every file of a batch's job in the trio step its answer came in: a file
+        that landed is indexed (it is at its final name already: it must be indexed or
+        removed here, whatever happens to the others), one that failed fails alone, one the
+        job did not reach because its caller was cancelled is marked so. The caller then
+        wakes each flight's waiters. What can be said once for the batch is said once,
+        since mountd's main process is what bounds a cold pass on many cores
+        (docs/architecture.md "Fills"): one timing of the ``index`` stage, one ``filled``
+        event to the listeners, one addition to the fill counters (the files of one job
+        took the same time)."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        stored: list[Flight] = []
+        recorded = 0
+        for flight, result in zip(flights, results, strict=True):
+            if isinstance(result, FillStopped):
+                flight.cancelled = True
+                continue
+            if isinstance(result, Exception):
+                self._failed(flight, result)
+                continue
+            recorded += 1
+            try:
+                self._record(flight, result)
+            except Exception as exc:
+                self._failed(flight, exc)
+            else:
+                stored.append(flight)
+        if recorded:
+            self.counters.stages.add("index", time.perf_counter() - wall,
+                                     time.thread_time() - cpu, recorded)
+        if stored:
+            hashes = [flight.hash for flight in stored]
+            self._tell("filled", lambda listener: listener.filled(hashes))
+            self.counters.add_fill(stored[0].dataset, sum(f.size for f in stored),
+                                   trio.current_time() - start, len(stored))

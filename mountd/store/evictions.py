@@ -47,7 +47,7 @@ class EvictionJournal:
 
     # -- CacheListener ---------------------------------------------------------------------
 
-    def filled(self, hash: bytes) -> None:
+    def filled(self, hashes: Sequence[bytes]) -> None:
         pass
 
     def removed(self, hashes: Sequence[bytes]) -> None:

@@ -25,8 +25,9 @@ class CacheListener(Protocol):
     (an exception is logged and ignored: a listener can never break a fill or an eviction).
     """
 
-    def filled(self, hash: bytes) -> None:
-        """``hash`` is now in the store (a fill landed)."""
+    def filled(self, hashes: Sequence[bytes]) -> None:
+        """``hashes`` are now in the store (a fill landed, or the files of one batch: told
+        once per job, as ``removed`` is once per eviction)."""
 
     def removed(self, hashes: Sequence[bytes]) -> None:
         """``hashes`` left the store (eviction, scrub, ``evict``, missing file)."""

@@ -518,16 +518,19 @@ class Misses:
     def _stored(self, flight: Flight, path: os.PathLike[str] | str) -> None:
         """The file of ``flight`` is at its final name: index it in this same trio step as
         its reservation turns into use (no await in between; the caller releases the
-        reservation). Timed as the ``index`` stage of ``fill_stages``."""
+        reservation). Timed as the ``index`` stage of ``fill_stages``. (The files of a
+        batch are recorded together: :meth:`BatchFills._land`.)"""
         wall, cpu = time.perf_counter(), time.thread_time()
         try:
             self._record(flight, path)
         finally:
             self.counters.stages.add("index", time.perf_counter() - wall,
                                      time.thread_time() - cpu)
+        self._tell("filled", lambda listener: listener.filled((flight.hash,)))
 
     def _record(self, flight: Flight, path: os.PathLike[str] | str) -> None:
-        """:meth:`_stored`'s work."""
+        """:meth:`_stored`'s work, but for telling the listeners (the caller tells them,
+        once for every file it recorded)."""
         # The row is written with the next batch; a row SQLite cannot store (disk full) is
         # settled by _flush_index, which evicts and retries, or removes the file.
         # Not _require_open(): a fill that lands while the cache closes (its job was sent
@@ -547,7 +550,6 @@ class Misses:
         self._policy.on_insert(flight.hash, flight.size)
         if flight.awaited and flight.waiting:
             self._landing[flight.hash] = flight  # until its readers have the path
-        self._tell("filled", lambda listener: listener.filled(flight.hash))
         if self._nursery is None or index.pending >= GROUP_COMMIT_ROWS:
             self._flush_index()
         else:

@@ -471,8 +471,8 @@ class LandingOrder:
     def __init__(self) -> None:
         self.order: list[bytes] = []
 
-    def filled(self, hash: bytes) -> None:
-        self.order.append(hash)
+    def filled(self, hashes) -> None:
+        self.order.extend(hashes)
 
     def removed(self, hashes) -> None:
         pass

@@ -101,8 +101,8 @@ class _OnLanding:
     def __init__(self, target: bytes, call) -> None:
         self.target, self.call = target, call
 
-    def filled(self, hash: bytes) -> None:
-        if hash == self.target:
+    def filled(self, hashes) -> None:
+        if self.target in hashes:
             self.call()
 
     def removed(self, hashes) -> None:

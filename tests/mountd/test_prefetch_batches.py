@@ -158,6 +158,41 @@ async def test_a_batch_takes_no_more_slots_than_its_fill_process_runs_at_once(
         assert Path(cache.store_path(o.hash)).read_bytes() == o.data
 
 
+class Landings:
+    """A cache listener that keeps each ``filled`` event."""
+
+    def __init__(self) -> None:
+        self.events: list[list[bytes]] = []
+
+    def filled(self, hashes) -> None:
+        self.events.append(list(hashes))
+
+    def removed(self, hashes) -> None:
+        pass
+
+    def fill_failed(self, hash: bytes) -> None:
+        pass
+
+
+async def test_a_batch_is_settled_once_for_all_its_files(tmp_path: Path, source: Source):
+    """The files of one job are indexed, told to the listeners and counted together (one
+    event, one timing), each file still a fill, an index row and an observation of its own."""
+    objs = source.many(PREFETCH_BATCH, 4000)
+    async with pooled(config(tmp_path / "c")) as (cache, _):
+        landings = Landings()
+        cache.add_listener(landings)
+        cache.prefetch([(o.hash, o.size, o.location) for o in objs], "ds")
+        await wait_until(lambda: all(cache.contains(o.hash) for o in objs), what="the prefetches")
+        assert cache.counters.stages.jobs == 1
+        assert landings.events == [[o.hash for o in objs]]
+        assert cache.counters.stages.count["index"] == PREFETCH_BATCH
+        latency = cache.counters.dataset("ds").fill_latency
+        assert latency.count == PREFETCH_BATCH and len(set(latency.recent)) == 1
+        assert cache.counters.dataset("ds").bytes_from_remote == sum(o.size for o in objs)
+        assert filled(cache) == PREFETCH_BATCH
+        assert sorted(h for h, _ in cache.index.entries()) == sorted(o.hash for o in objs)
+
+
 async def test_a_bad_file_in_a_batch_fails_alone(tmp_path: Path, source: Source):
     good = source.many(15, 20_000)
     other = source.add("other", os.urandom(20_000))
