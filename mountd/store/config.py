@@ -24,8 +24,13 @@ class CacheConfig:
     remote_bandwidth: float | None = None
     #: Remote requests/s across all fills (token bucket); None = unlimited.
     remote_requests: float | None = None
-    #: Remote reads in flight at once, across all backends.
-    remote_concurrency: int = 16
+    #: Remote reads in flight at once, per source (mountd/store/limits.py ``SourceSlots``).
+    #: 64 (16 until 2026-11-30): a bucket answers a GET in 10–50 ms, so the sweep of a
+    #: shuffled epoch fetches at most this many ÷ the latency files a second, and a random
+    #: order misses about its reading rate ÷ twice that share of its files; through an
+    #: nginx bucket with 20 ms a GET, a cold epoch of ``peers.py`` (a) ran at 314 images/s
+    #: with 64 against 246–284 with 16 (docs/benchmark-history.md).
+    remote_concurrency: int = 64
     #: Seconds each remote request waits before its first byte (``--remote-latency-ms``): a
     #: bucket's latency for benchmarks against a loopback emulator; 0 = none.
     remote_latency: float = 0.0

@@ -113,7 +113,7 @@ def mountd_command(
         None, "--remote-requests", help="Cap on remote requests/s across all fills.", min=0.001
     ),
     remote_concurrency: int = typer.Option(
-        16, "--remote-concurrency", help="Remote reads in flight at once.", min=1
+        64, "--remote-concurrency", help="Remote reads in flight at once.", min=1
     ),
     fill_processes: int | None = typer.Option(
         None, "--fill-processes", metavar="N", min=0, max=1024,

@@ -607,7 +607,7 @@ def main() -> None:
     args = parser.parse_args()
     args.files = args.files or (400 if args.quick else 2000)
     args.rounds = args.rounds or (1 if args.quick else 2)
-    args.concurrency = max(16, args.readers)  # mountd's --remote-concurrency: at least R
+    args.concurrency = max(64, args.readers)  # mountd's --remote-concurrency: its default, or R
     if args.files < args.readers or args.readers < 1 or args.rounds < 1:
         raise SystemExit("need --readers >= 1, --rounds >= 1 and --files >= --readers")
     if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):

@@ -20,9 +20,10 @@ from mountd.store.evictions import JOURNAL_ENTRIES
 from quiverfs.base.errors import QuiverError
 from quiverfs.testing.soak import FaultWindow, RoleSample, Tally, Trend, attribute, floors
 
-#: Fill slots of mountd (``fill_concurrency``: max(32, --remote-concurrency 16)): each may
-#: hold one file being written in ``tmp/`` beyond the cap.
-FILL_SLOTS = 32
+#: Fill slots of mountd (``fill_concurrency``: max(32, --remote-concurrency 64), and a quarter
+#: more for other sources: mountd/store/limits.py): each may hold one file being written in
+#: ``tmp/`` beyond the cap.
+FILL_SLOTS = 80
 
 #: Seconds after a fault window within which every job it touched must have read again.
 RECOVERY = 30.0
