@@ -26,8 +26,8 @@ class CacheConfig:
     remote_requests: float | None = None
     #: Remote reads in flight at once, per source (mountd/store/limits.py ``SourceSlots``).
     #: 64 (16 until 2026-11-30): a bucket answers a GET in 10–50 ms, so the sweep of a
-    #: shuffled epoch fetches at most this many ÷ the latency files a second, and a random
-    #: order misses about its reading rate ÷ twice that share of its files; through an
+    #: shuffled epoch fetches at most this many ÷ the latency files a second (S), and the
+    #: epoch's random order misses about R ÷ 2S of its files at a reading rate R; through an
     #: nginx bucket with 20 ms a GET, a cold epoch of ``peers.py`` (a) ran at 314 images/s
     #: with 64 against 246–284 with 16 (docs/benchmark-history.md).
     remote_concurrency: int = 64
