@@ -394,6 +394,11 @@ def _ms(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
 
 
+def _busy(busy: dict[str, float]) -> str:
+    """``mountd 0.87, fill processes 1.98, ...``: the cores each process kept busy."""
+    return ", ".join(f"{role} {cores:.2f}" for role, cores in busy.items())
+
+
 def print_stages(row: Row) -> None:
     """Where the fills of ``row``'s best round spent their time (mountd's ``fill_stages``)."""
     stages = row.best.stages
@@ -416,7 +421,7 @@ def print_stages(row: Row) -> None:
         print(f"mountd's main process, all told: {row.best.mountd_ms * 1e3:.1f} µs of CPU per fill")
     if row.best.busy:
         print("cores kept busy during the pass: " +
-              ", ".join(f"{role} {cores:.2f}" for role, cores in row.best.busy.items()))
+              _busy(row.best.busy))
 
 
 # -- the sections ----------------------------------------------------------------------------------
@@ -518,7 +523,7 @@ def scale_section(args: argparse.Namespace, dataset: Dataset) -> None:
     busiest = results[settings[-1][0], counts[-1]].best.busy
     if busiest:
         print(f"cores kept busy, default fill processes, {counts[-1]} readers: " +
-              ", ".join(f"{role} {cores:.2f}" for role, cores in busiest.items()))
+              _busy(busiest))
 
 
 @contextlib.contextmanager
