@@ -66,7 +66,7 @@ ROOT_XATTRS = (XATTR_DATASET, XATTR_STATS)
 #: Store files the main process keeps open by inode (the READs of a large missed file).
 OPEN_FILES = 16
 
-#: Failed fetches, and files fetched for a READ past offset 0, remembered at most.
+#: Failed fetches remembered at most.
 REMEMBERED = 1024
 
 #: Files remembered as read from the mount, for dropping their pages from the kernel when
@@ -174,11 +174,9 @@ class QuiverOperations:
         self.counters = counters.slot(0)
         self._extra_stats = extra_stats
         self.reads = StoreReads(self.tree, self.counters, max_files=OPEN_FILES,
-                                max_bytes=kept_bytes)
+                                max_bytes=kept_bytes, marks=counters.misses_past_start())
         #: inode → set when the fetch in progress for it ends
         self._fetching: dict[int, trio.Event] = {}
-        #: inodes fetched for a READ past offset 0, whose offset-0 READ counts the miss
-        self._miss_to_count: dict[int, None] = {}
         #: inode → (when, errno) of a recent failed fetch (see FAILURE_MEMORY)
         self._failed: dict[int, tuple[float, int]] = {}
         self._pending_hashes: list[bytes] = []
@@ -322,28 +320,25 @@ class QuiverOperations:
                 return b""
             if offset == 0:
                 self._observe(entry, reader)
-            fd, hit = await self._open(entry)
+            fd, hit = await self._open(entry, offset, reader)
             if offset == 0:
-                if inode in self._miss_to_count:
-                    del self._miss_to_count[inode]
-                    hit = False  # fetched for a later READ of this very read of the file
                 self._served_from(entry.hash, inode)
-                reads.first_read(hit)
                 # Reported to mountd like a worker's hits (the pyfuse3 front end's every hit),
                 # unless mountd handed the descriptor over: it counted that hit itself.
-                if hit and not reads.handed(inode):
+                if reads.first_read(inode, hit) and hit and not reads.handed(inode):
                     self._pending_hashes.append(entry.hash)
                     self._pending_bytes += entry.size
-            elif not hit:
-                self._miss_to_count[inode] = None  # its READ at offset 0 is still to come
-                if len(self._miss_to_count) > REMEMBERED:
-                    del self._miss_to_count[next(iter(self._miss_to_count))]
         # No await since _open returned: the descriptor is still open.
         return reads.read(inode, fd, offset, size)
 
-    async def _open(self, entry: FileEntry) -> tuple[int, bool]:
+    async def _open(self, entry: FileEntry, offset: int = 0, reader: int = 0) -> tuple[int, bool]:
         """A descriptor of ``entry``'s store file, kept open for the READs that follow, and
-        whether the file was in the store already (a hit)."""
+        whether the file was in the store already (a hit).
+
+        A fetch for a READ past ``offset`` 0 counts the file's read as a miss here, and is
+        shown to read-ahead and the sweep here, as read by ``reader``: the READ at offset 0
+        of the same read may reach a worker once the file landed, and counts nothing then
+        (quiverfs/filesystem/reads.py)."""
         waited = False
         while True:
             failed = self._failed.get(entry.id)
@@ -361,8 +356,16 @@ class QuiverOperations:
         except CorruptObject as exc:
             raise self._failure(entry, exc) from None
         done = self._fetching[entry.id] = trio.Event()
+        past_start = offset != 0
+        if past_start:
+            self._observe(entry, reader)
+            self.reads.miss_past_start(entry.id)
         try:
             return await self._open_miss(entry), False
+        except BaseException:
+            if past_start:
+                self.reads.miss_failed(entry.id)
+            raise
         finally:
             del self._fetching[entry.id]
             done.set()

@@ -30,6 +30,15 @@ so what a READ does to the disk and to the counters is written once:
   hand over (not cached) is a miss, fetched through mountd and then handed over.
 * **Counters** (:data:`COUNTERS`) live in shared memory, one slot per process (a single writer
   each), so the main process can sum them at any time (``user.quiver.stats``).
+* **A file read is counted once, where it missed.** The kernel reads a file larger than one
+  READ with several READs at once, and any of the mount's processes may take each. When a
+  READ past offset 0 misses, the main process fetches the file for it, and the READ at
+  offset 0 of the same read may then reach a worker after the fetch landed: that worker
+  would count a hit (and report one to mountd) for a file that was a miss. So the process
+  that fetches for a READ past offset 0 counts the miss there and marks the inode in a
+  shared byte per inode (:meth:`StoreReads.miss_past_start`) *before* it asks mountd, so no
+  process can find the fetched file without seeing the mark; the READ at offset 0, in
+  whichever process, clears the mark and counts nothing (:meth:`StoreReads.first_read`).
 """
 
 from __future__ import annotations
@@ -70,12 +79,23 @@ OPENS, READS, HITS, MISSES, BYTES, ERRORS = range(len(COUNTERS))
 class SharedCounters:
     """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork,
     then one u64 per slot: the unique id of the request that slot's worker is handling (0:
-    none), which the main process answers if the worker dies (quiverfs/fuse/worker_pool.py)."""
+    none), which the main process answers if the worker dies (quiverfs/fuse/worker_pool.py),
+    then one byte per inode below ``inodes``: the marks of misses counted past offset 0 (see
+    the module docstring; pages of it are only allocated where an inode is marked)."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, inodes: int = 0) -> None:
         self.slots = slots
+        self.inodes = inodes
         self._width = 8 * len(COUNTERS)
-        self._map = mmap.mmap(-1, (self._width + 8) * slots)
+        self._map = mmap.mmap(-1, (self._width + 8) * slots + inodes)
+
+    def misses_past_start(self) -> memoryview | None:
+        """The shared mark bytes, indexed by inode (None when made without ``inodes``: each
+        process then keeps its own, which serves a mount of one process)."""
+        if not self.inodes:
+            return None
+        start = (self._width + 8) * self.slots
+        return memoryview(self._map)[start:start + self.inodes]
 
     def in_flight(self, index: int) -> memoryview:
         """Slot ``index``'s request in hand, as a writable array of one u64 (its worker writes
@@ -122,9 +142,13 @@ class StoreReads:
     """
 
     def __init__(self, tree: Tree, counters: memoryview, *, max_files: int | None = None,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, marks: memoryview | None = None) -> None:
         self.tree = tree
         self.counters = counters
+        #: inode -> 1 while a miss past offset 0 is counted and its offset-0 READ is not seen
+        #: (:meth:`SharedCounters.misses_past_start`; a private array when None)
+        self._marks = marks if marks is not None else memoryview(
+            bytearray(tree.digest.dir_count + tree.digest.file_count + 1))
         self.max_files = OPEN_FILES if max_files is None else max_files
         self.max_bytes = KEPT_BYTES if max_bytes is None else max_bytes
         #: inode -> kept store file, oldest first
@@ -268,15 +292,38 @@ class StoreReads:
 
     # -- reading and counting ---------------------------------------------------------------------
 
-    def first_read(self, hit: bool) -> None:
-        """Count a file's first READ (offset 0) in this process, found in the store or not.
+    def first_read(self, inode: int, hit: bool) -> bool:
+        """Count a file's first READ (offset 0) in this process, found in the store or not,
+        unless a READ past offset 0 of the same read counted it as a miss already
+        (:meth:`miss_past_start`); whether it counted (a hit that did not count is not a hit
+        to report to mountd either).
 
         The kernel asks for offset 0 once per time it reads the file into its page cache, so
         this counts files read, not requests (see quiverfs.filesystem.fs.MountCounters).
         """
+        marks = self._marks
+        if marks[inode]:
+            marks[inode] = 0
+            return False
         counters = self.counters
         counters[OPENS] += 1
         counters[HITS if hit else MISSES] += 1
+        return True
+
+    def miss_past_start(self, inode: int) -> None:
+        """Count a read of ``inode`` that missed at a READ past offset 0, about to be
+        fetched, and mark it so that its READ at offset 0 counts nothing (see the module
+        docstring). Call it before asking mountd: a process that finds the fetched file
+        must see the mark."""
+        self._marks[inode] = 1
+        counters = self.counters
+        counters[OPENS] += 1
+        counters[MISSES] += 1
+
+    def miss_failed(self, inode: int) -> None:
+        """The fetch :meth:`miss_past_start` was for failed: the kernel's next read of the
+        file starts afresh at offset 0 and counts as any read."""
+        self._marks[inode] = 0
 
     def read(self, inode: int, fd: int, offset: int, size: int) -> bytes:
         """``size`` bytes at ``offset`` of the store file ``fd`` (inode ``inode``), counted;

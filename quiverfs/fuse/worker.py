@@ -79,15 +79,17 @@ class Worker:
 
     ``kept_bytes``: most bytes of store files it keeps open (its share of the mount's,
     quiverfs/filesystem/reads.py :func:`~quiverfs.filesystem.reads.kept_bytes`; None: the
-    default)."""
+    default); ``marks``: the mount's shared marks of misses counted past offset 0
+    (:meth:`~quiverfs.filesystem.reads.SharedCounters.misses_past_start`)."""
 
     def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview,
-                 in_flight: memoryview | None = None, kept_bytes: int | None = None) -> None:
+                 in_flight: memoryview | None = None, kept_bytes: int | None = None,
+                 marks: memoryview | None = None) -> None:
         self.fd = fuse_fd
         self.tree = tree
         self.main = main
         self.counters = counters
-        self.reads = StoreReads(tree, counters, max_bytes=kept_bytes)
+        self.reads = StoreReads(tree, counters, max_bytes=kept_bytes, marks=marks)
         self.in_flight = in_flight  # see SharedCounters.in_flight (quiverfs/filesystem/reads.py)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -224,8 +226,7 @@ class Worker:
                 return self._forward(request, unique)
             except OSError:
                 return w.error(unique, errno.EIO)  # counted and logged by reads.open
-            if offset == 0:
-                reads.first_read(hit=True)
+            if offset == 0 and reads.first_read(inode, hit=True):
                 if reads.handed(inode):  # mountd counted it when it handed it over
                     self._served.append(HIT_RECORD.pack(entry.hash, inode))
                     self._served_bytes += entry.size

@@ -319,7 +319,7 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
 
         workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())
-        counters = reads.SharedCounters(workers + 1)
+        counters = reads.SharedCounters(workers + 1, digest.dir_count + digest.file_count + 1)
         # What the mount's processes keep open, together, is a share of what mountd's store
         # holds (its ``hello`` says it): evicted files stay allocated while open
         # (quiverfs/filesystem/reads.py).
@@ -439,7 +439,7 @@ def _worker_main(digest, cache_dir: Path, counters, kept: int, ours: socket.sock
     with digest.reopen() as own:
         tree = Tree(own, cache_dir)
         fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot), counters.in_flight(slot),
-                           kept).run()
+                           kept, counters.misses_past_start()).run()
 
 
 #: Ancillary space for the sender's credentials (SO_PASSCRED: pid, uid, gid).

@@ -147,9 +147,10 @@ def _env(tmp_path: Path, files: dict[str, bytes], rows: list[NewFile]):
     digest = Digest.open(out)
     cache = tmp_path / "cache"
     fetcher = FakeFetcher(cache, {b3(d): d for d in files.values()})
-    counters = SharedCounters(2)
+    counters = SharedCounters(2, digest.dir_count + digest.file_count + 1)
     main_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    worker = Worker(-1, Tree(digest, cache, uid=UID, gid=GID), worker_end, counters.slot(1))
+    worker = Worker(-1, Tree(digest, cache, uid=UID, gid=GID), worker_end, counters.slot(1),
+                    marks=counters.misses_past_start())
     ops = QuiverOperations(digest, cache, fetcher, counters, uid=UID, gid=GID)
     yield Env(digest, files, fetcher, counters, worker, ops, main_end, cache)
     ops.close()
@@ -718,6 +719,54 @@ async def test_forwarded_reads_at_offsets(env: Env) -> None:
     assert env.fetcher.calls == ["sub/b.bin"]
     c = totals(env)
     assert (c["opens"], c["misses"], c["reads"], c["bytes"]) == (1, 1, 3, 300 + 1 + 3)
+
+
+async def test_a_miss_past_offset_0_counts_once_whoever_takes_its_read_at_offset_0(env: Env) -> None:
+    """The kernel reads a large file with READs at several offsets at once. When the one past
+    offset 0 reaches the main process first and fetches the file, the READ at offset 0 may
+    reach a worker after the fetch landed: the file is a miss, counted once, and no hit is
+    reported to mountd (this counted a hit and failed a mount test now and then)."""
+    data = env.files["sub/b.bin"]
+    ino = env.ino("sub/b.bin")
+    assert ok_body(await miss(env, read_request(ino, 4096, 4096))) == data[4096:8192]
+    assert env.fetcher.calls == ["sub/b.bin"]
+    c = totals(env)
+    assert (c["opens"], c["hits"], c["misses"]) == (1, 0, 1)
+    assert ok_body(handle(env, read_request(ino, 0, 4096))) == data[:4096]  # the worker's
+    c = totals(env)
+    assert (c["opens"], c["hits"], c["misses"], c["reads"]) == (1, 0, 1, 2)
+    env.worker.flush()
+    assert env.forwarded() == []  # no hit to report
+    # The next read of the file (the kernel dropped its pages) is a hit, as any.
+    assert ok_body(handle(env, read_request(ino, 0, 4096))) == data[:4096]
+    c = totals(env)
+    assert (c["opens"], c["hits"], c["misses"]) == (2, 1, 1)
+    assert env.fetcher.calls == ["sub/b.bin"]
+
+
+async def test_a_miss_past_offset_0_counts_once_when_its_read_at_offset_0_waits_for_it(env: Env) -> None:
+    """The same race with both READs forwarded: the one at offset 0 waits for the fetch the
+    other started (and a later READ past offset 0 of the same read leaves nothing behind)."""
+    data = env.files["sub/b.bin"]
+    ino = env.ino("sub/b.bin")
+    env.fetcher.gate = trio.Event()
+    replies: dict[int, bytes] = {}
+
+    async def ask(offset: int) -> None:
+        replies[offset] = ok_body(await env.ops.answer(read_request(ino, offset, 4096)))
+
+    async with trio.open_nursery() as nursery:
+        for offset in (4096, 0, 8192):
+            nursery.start_soon(ask, offset)
+            await trio.testing.wait_all_tasks_blocked()
+        env.fetcher.gate.set()
+    assert replies == {o: data[o:o + 4096] for o in (0, 4096, 8192)}
+    c = totals(env)
+    assert (c["opens"], c["hits"], c["misses"]) == (1, 0, 1)
+    assert env.ops.take_hits() == ([], 0)
+    assert ok_body(handle(env, read_request(ino, 0, 4096))) == data[:4096]
+    c = totals(env)
+    assert (c["opens"], c["hits"], c["misses"]) == (2, 1, 1)
 
 
 async def test_a_file_fetched_meanwhile_is_a_hit(env: Env) -> None:
