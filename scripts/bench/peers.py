@@ -231,7 +231,10 @@ class Bench:
             world = World(dataset, f"peers-{c.name}", MountdConfig(cache_size=size), root=WORK / "worlds",
                           env=self.env, cache_dir=caches / "mountd")
             disk_paths = [str(caches / "mountd")]
-        monitor = Monitor(disk_paths, source.pids())
+        # The caches' own filesystem holds nothing but this round's caches: the disk they use
+        # is its used blocks, with no walk over their files (scripts/bench/peers/monitor.py).
+        own_fs = str(self.caches) if os.path.ismount(self.caches) else None
+        monitor = Monitor(disk_paths, source.pids(), filesystem=own_fs)
         try:
             if world is not None:
                 world.start()
@@ -248,6 +251,7 @@ class Bench:
                                on_start=lambda pids: monitor.watch("jobs", pids),
                                one_by_one=c.name == "mosaic")
             peaks = monitor.stop()
+            say(f"({scenario}) {c.name}: the monitor took {peaks.monitor_cpu:.1f} s of CPU")
             records = source.requests(mark)
         finally:
             if monitor._thread.is_alive():
