@@ -56,7 +56,7 @@ def mount(
     foreground: bool = False, allow_other: bool = False, debug: bool = False, workers: int = 0,
     frontend: str = "native",
     nonempty: bool = False, readahead: int = WINDOW, sweep: int = FACTOR,
-    mountd_wait: float = MOUNTD_WAIT,
+    mountd_wait: float = MOUNTD_WAIT, passthrough: bool | None = None,
 ) -> str:
     """Mount ``digest`` at ``mountpoint`` (the Python API of ``quiverfs mount``).
 
@@ -79,13 +79,15 @@ def mount(
     if not 0 <= mountd_wait <= MAX_MOUNTD_WAIT:
         raise UsageError(f"--mountd-wait must be seconds from 0 (fail at once) to {MAX_MOUNTD_WAIT:g}, "
                          f"not {mountd_wait:g}")
+    if passthrough and frontend == PYFUSE3:
+        raise UsageError("--passthrough needs the native front end (--frontend native)")
     if frontend == PYFUSE3:
         from quiverfs.fuse import frontend_pyfuse3  # an optional extra: only when asked for
 
         frontend_pyfuse3.require()
     options = MountOptions(digest, mountpoint, cache_dir, cache_size, allow_other, debug, workers,
                            frontend, nonempty=nonempty, readahead=readahead, sweep=sweep,
-                           mountd_wait=mountd_wait)
+                           mountd_wait=mountd_wait, passthrough=passthrough)
     if foreground:
         setup_logging(debug)
         run_foreground(options)
@@ -193,6 +195,13 @@ def register(app: typer.Typer) -> None:
             help="How long a miss or a sampler's request waits for a mountd that is away "
                  "(restarting) before it fails with EIO; 0: fail at once. Hits never wait.",
         ),
+        passthrough: bool | None = typer.Option(
+            None, "--passthrough/--no-passthrough",
+            help="Let the kernel read cached files from the cache itself (FUSE passthrough: "
+                 "Linux 6.9+, mounted by root): much faster for large files, but every open() "
+                 "then reaches the mount. Default: on for datasets of files of 1 MiB or more "
+                 "on average, where the kernel allows it.",
+        ),
     ) -> None:
         """Mount a dataset read-only: its files are read through the machine's shared cache.
 
@@ -205,7 +214,7 @@ def register(app: typer.Typer) -> None:
         line = mount(digest, mountpoint, cache_dir=cache_dir, cache_size=cache_size,
                      foreground=foreground, allow_other=allow_other, debug=debug, workers=workers,
                      frontend=frontend, nonempty=nonempty, readahead=readahead, sweep=sweep,
-                     mountd_wait=mountd_wait)
+                     mountd_wait=mountd_wait, passthrough=passthrough)
         if not foreground:
             typer.echo(line)
 
@@ -257,7 +266,7 @@ IGNORED_OPTIONS = frozenset({
 HELPER = "mount.fuse.quiverfs"
 HELPER_USAGE = (f"usage: {HELPER} DIGEST MOUNTPOINT "
                 "[-o cache_dir=DIR,cache_size=SIZE,workers=N,readahead=N,sweep=N,mountd_wait=SECONDS,"
-                "frontend=native|pyfuse3,allow_other,nonempty,"
+                "frontend=native|pyfuse3,allow_other,nonempty,passthrough,nopassthrough,"
                 "foreground,debug]")
 
 
@@ -291,7 +300,7 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
                               "cache_dir": None, "cache_size": None, "allow_other": False,
                               "foreground": False, "debug": False, "workers": 0, "frontend": "native",
                               "nonempty": False, "readahead": WINDOW, "sweep": FACTOR,
-                              "mountd_wait": MOUNTD_WAIT,
+                              "mountd_wait": MOUNTD_WAIT, "passthrough": None,
                               "fake": fake}
     for opt in opts:
         key, eq, value = opt.partition("=")
@@ -327,7 +336,9 @@ def parse_helper_args(argv: list[str]) -> dict[str, Any]:
                 raise UsageError(f"option mountd_wait needs seconds from 0 to {MAX_MOUNTD_WAIT:g} "
                                  f"(mountd_wait=60), not {opt!r}")
             result[key] = seconds
-        elif key in ("allow_other", "nonempty", "foreground", "debug") and not eq:
+        elif key == "nopassthrough" and not eq:
+            result["passthrough"] = False
+        elif key in ("allow_other", "nonempty", "foreground", "debug", "passthrough") and not eq:
             result[key] = True
         elif key in IGNORED_OPTIONS or key.startswith("x-") or key == "comment":
             continue

@@ -133,6 +133,17 @@ class MountCounters:
 assert tuple(MountCounters.__dataclass_fields__) == COUNTERS, "counter layouts disagree"
 
 
+@dataclass(frozen=True, slots=True)
+class StoreFileOpen:
+    """The answer to a passthrough OPEN of ``inode``: its store file open at ``fd``, for the
+    front end to register with the kernel as the open's backing file, and to close
+    (quiverfs/fuse/passthrough.py)."""
+
+    unique: int
+    inode: int
+    fd: int
+
+
 class QuiverOperations:
     """What a mount's main process answers: misses and extended attributes of one digest.
 
@@ -275,10 +286,14 @@ class QuiverOperations:
 
     # -- forwarded requests ----------------------------------------------------------------
 
-    async def answer(self, request: bytes) -> bytes | list[bytes]:
-        """The reply to a request a worker forwarded (a missed READ, an xattr request)."""
+    async def answer(self, request: bytes) -> bytes | list[bytes] | StoreFileOpen:
+        """The reply to a request a worker forwarded (a missed READ or passthrough OPEN, an
+        xattr request); an OPEN's is a :class:`StoreFileOpen` for the front end to send."""
         _, opcode, unique, nodeid = w.parse_header(request)
         try:
+            if opcode == w.OPEN:
+                reader = w.IN_HEADER.unpack_from(request)[6]
+                return await self.open_store_file(unique, nodeid, reader)
             if opcode == w.READ:
                 _, offset, size = w.READ_IN.unpack_from(request, w.HEADER_SIZE)
                 reader = w.IN_HEADER.unpack_from(request)[6]  # the reading process's pid
@@ -330,6 +345,32 @@ class QuiverOperations:
                     self._pending_bytes += entry.size
         # No await since _open returned: the descriptor is still open.
         return reads.read(inode, fd, offset, size)
+
+    async def open_store_file(self, unique: int, inode: int, reader: int = 0) -> bytes | StoreFileOpen:
+        """A passthrough OPEN of ``inode`` (quiverfs/fuse/passthrough.py) that a worker found
+        missing: fetched through mountd like a missed READ at offset 0 (shown to read-ahead and
+        the sweep, counted), then its store file handed over in a :class:`StoreFileOpen`; a
+        fetch that fails opens the file without passthrough, whose READs then fail here."""
+        entry = self.tree.file(inode)
+        if entry.size == 0:
+            return w.reply(unique, w.open_body(w.FOPEN_KEEP_CACHE))
+        self._observe(entry, reader)
+        try:
+            fd, hit = await self._open(entry)
+        except FsError:
+            # Counted, logged and remembered by _open. The open itself succeeds, without a
+            # backing file, so the error shows where it does without passthrough: at the
+            # READs, which come here (a direct-I/O open: no page cache to mix with others').
+            return w.reply(unique, w.open_body(w.FOPEN_DIRECT_IO))
+        reads = self.reads
+        handed = reads.handed(inode)
+        opened = StoreFileOpen(unique, inode, os.dup(fd))
+        reads.release(inode)  # its READs go to the store file, not here
+        self._served_from(entry.hash, inode)
+        if reads.first_read(inode, hit) and hit and not handed:
+            self._pending_hashes.append(entry.hash)
+            self._pending_bytes += entry.size
+        return opened
 
     async def _open(self, entry: FileEntry, offset: int = 0, reader: int = 0) -> tuple[int, bool]:
         """A descriptor of ``entry``'s store file, kept open for the READs that follow, and

@@ -189,6 +189,14 @@ class StoreReads:
         and logged here; a ``PermissionError`` when mountd does not hand over the file it has
         just named in ``path``).
         """
+        fd, handed = self.open_unkept(entry, path)
+        self._keep(entry.id, _Kept(fd, entry.hash, entry.size, handed))
+        return fd
+
+    def open_unkept(self, entry: FileEntry, path: str | None = None) -> tuple[int, bool]:
+        """:meth:`open` without keeping the descriptor: it is the caller's to close (a
+        passthrough open hands it to the kernel, quiverfs/fuse/passthrough.py); also whether
+        mountd handed it over (:meth:`handed`)."""
         handed = False
         try:
             fd = os.open(path or self.tree.store_path(entry.hash), os.O_RDONLY | os.O_CLOEXEC)
@@ -222,8 +230,7 @@ class StoreReads:
             raise CorruptObject(
                 f"the digest gives {entry.path} {entry.size} bytes but its content "
                 f"{entry.hash.hex()} has {size}: the digest is damaged")
-        self._keep(entry.id, _Kept(fd, entry.hash, size, handed))
-        return fd
+        return fd, handed
 
     def _hand_off(self, entry: FileEntry) -> int | None:
         """The descriptor of ``entry``'s store file, opened by mountd (counted there as a hit
@@ -251,6 +258,10 @@ class StoreReads:
         while len(files) > 1 and (len(files) > self.max_files
                                   or self._kept_bytes - passing > self.max_bytes):
             self._close(next(iter(files)))
+
+    def release(self, inode: int) -> None:
+        """Close ``inode``'s kept file, if any (its READs will not come here)."""
+        self._close(inode)
 
     def _close(self, inode: int) -> None:
         kept = self._kept.pop(inode, None)

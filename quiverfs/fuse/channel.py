@@ -27,6 +27,13 @@ FUSERMOUNT = "fusermount3"
 
 #: ``_IOR(229, 0, uint32_t)``: attach a fresh ``/dev/fuse`` descriptor to a connection.
 FUSE_DEV_IOC_CLONE = 0x8004E500
+#: ``_IOW(229, 1, struct fuse_backing_map)``: register an open file as a passthrough backing
+#: file of the connection; returns its backing id (Linux 6.9; needs ``CAP_SYS_ADMIN``).
+FUSE_DEV_IOC_BACKING_OPEN = 0x4010E501
+#: ``_IOW(229, 2, uint32_t)``: drop a backing id (the files opened with it keep their file).
+FUSE_DEV_IOC_BACKING_CLOSE = 0x4004E502
+#: ``struct fuse_backing_map``: fd, flags, padding.
+_BACKING_MAP = struct.Struct("<iIQ")
 
 
 class FuseMountError(QuiverError):
@@ -82,8 +89,10 @@ def send(fd: int, out: bytes | list[bytes], what: str = "a FUSE request") -> boo
     return True
 
 
-def handshake(fd: int) -> tuple[int, int]:
-    """Read the kernel's INIT from ``fd`` and answer it; ``(minor, flags)`` agreed on."""
+def handshake(fd: int, passthrough: bool = False) -> tuple[int, int, bool]:
+    """Read the kernel's INIT from ``fd`` and answer it; ``(minor, flags, passthrough)``
+    agreed on. ``passthrough``: ask for passthrough opens where the kernel offers them
+    (docs/mount.md "Passthrough")."""
     while True:
         try:
             request = os.read(fd, fuse_wire.REQUEST_BUFFER)
@@ -103,12 +112,30 @@ def handshake(fd: int) -> tuple[int, int]:
             f"the kernel speaks FUSE {major}.{minor}; the native front end needs "
             f"{fuse_wire.KERNEL_MAJOR}.{fuse_wire.MIN_KERNEL_MINOR} or a later "
             f"{fuse_wire.KERNEL_MAJOR}.x (Linux 5.1+): mount with --frontend pyfuse3")
-    body = fuse_wire.init_body(minor, flags, max_readahead)
+    passthrough = passthrough and fuse_wire.offers_passthrough(request)
+    body = fuse_wire.init_body(minor, flags, max_readahead, passthrough)
     if not send(fd, fuse_wire.reply(unique, body), "INIT"):
         raise FuseMountError("the kernel closed the FUSE connection during INIT")
     agreed_minor = min(minor, fuse_wire.KERNEL_MINOR)
-    log.debug("FUSE %d.%d, flags %#x", major, agreed_minor, flags & fuse_wire.WANTED_FLAGS)
-    return agreed_minor, flags & fuse_wire.WANTED_FLAGS
+    log.debug("FUSE %d.%d, flags %#x, passthrough %s", major, agreed_minor,
+              flags & fuse_wire.WANTED_FLAGS, passthrough)
+    return agreed_minor, flags & fuse_wire.WANTED_FLAGS, passthrough
+
+
+def backing_open(fuse_fd: int, fd: int) -> int:
+    """Register the open file ``fd`` as a passthrough backing file of the connection of
+    ``fuse_fd``; its backing id, for one OPEN reply (then :func:`backing_close`). Raises
+    OSError (``EPERM`` without ``CAP_SYS_ADMIN``, ``EOPNOTSUPP`` without passthrough)."""
+    # A mutable buffer makes fcntl.ioctl return the call's result (the id), not the buffer.
+    return fcntl.ioctl(fuse_fd, FUSE_DEV_IOC_BACKING_OPEN, bytearray(_BACKING_MAP.pack(fd, 0, 0)), True)
+
+
+def backing_close(fuse_fd: int, backing_id: int) -> None:
+    """Drop ``backing_id``: the files the kernel opened with it keep their backing file."""
+    try:
+        fcntl.ioctl(fuse_fd, FUSE_DEV_IOC_BACKING_CLOSE, struct.pack("<I", backing_id))
+    except OSError as exc:
+        log.warning("cannot close passthrough backing id %d: %s", backing_id, exc)
 
 
 def clone(session_fd: int) -> int:

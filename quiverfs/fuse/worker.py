@@ -20,7 +20,10 @@ Linux 4.19/5.1) to stop sending OPEN, RELEASE, OPENDIR and RELEASEDIR at all and
 pages and directory listings cached (``FOPEN_KEEP_CACHE``/``FOPEN_CACHE_DIR``): the content
 never changes. A second read of a file whose pages the kernel kept never reaches us. FLUSH is
 answered ENOSYS for the same reason, and IOCTL with ENOTTY (Python's ``open()`` asks
-whether every file is a terminal).
+whether every file is a terminal). A mount with passthrough (``--passthrough``,
+quiverfs/fuse/passthrough.py) answers every OPEN instead: a cached file's with its store file
+as the backing file the kernel reads by itself (counted here as a hit), a missing one's in
+the main process once fetched.
 
 Counters live in a shared memory block, one slot per process (quiverfs/filesystem/reads.py); hit
 reports for mountd are batched and sent to the main process every :data:`FLUSH_INTERVAL` (files
@@ -48,11 +51,13 @@ import struct
 from collections.abc import Callable
 from functools import partial
 
+from digests.digest import FileEntry
 from quiverfs.base.errors import CorruptObject, FsError
 from quiverfs.base.forking import fork_child
 from quiverfs.filesystem.reads import ERRORS, StoreReads
 from quiverfs.filesystem.tree import TIMEOUT, Tree
 from quiverfs.fuse import channel as fuse_channel
+from quiverfs.fuse.passthrough import PASSTHROUGH_FH, BackingFiles
 from quiverfs.protocol import fuse_wire as w
 from quiverfs.protocol.worker_messages import FORWARD, HIT_RECORD, HITS, SERVED
 
@@ -80,12 +85,17 @@ class Worker:
     ``kept_bytes``: most bytes of store files it keeps open (its share of the mount's,
     quiverfs/filesystem/reads.py :func:`~quiverfs.filesystem.reads.kept_bytes`; None: the
     default); ``marks``: the mount's shared marks of misses counted past offset 0
-    (:meth:`~quiverfs.filesystem.reads.SharedCounters.misses_past_start`)."""
+    (:meth:`~quiverfs.filesystem.reads.SharedCounters.misses_past_start`); ``backing``: the
+    mount's passthrough backing files, when it answers OPEN with passthrough opens
+    (quiverfs/fuse/passthrough.py)."""
 
     def __init__(self, fuse_fd: int, tree: Tree, main: socket.socket, counters: memoryview,
                  in_flight: memoryview | None = None, kept_bytes: int | None = None,
-                 marks: memoryview | None = None) -> None:
+                 marks: memoryview | None = None, backing: BackingFiles | None = None) -> None:
         self.fd = fuse_fd
+        #: the mount's passthrough backing files: OPEN answered with the store file as the
+        #: backing file (quiverfs/fuse/passthrough.py); None: no passthrough
+        self.backing = backing
         self.tree = tree
         self.main = main
         self.counters = counters
@@ -186,6 +196,12 @@ class Worker:
                 return w.reply(unique, self.tree.listing(nodeid, offset, size, opcode == w.READDIRPLUS))
             if opcode in w.NO_REPLY:
                 return None
+            if opcode == w.OPEN and self.backing is not None:
+                return self._open(request, unique, nodeid)
+            if opcode == w.RELEASE and self.backing is not None:
+                if w.RELEASE_IN.unpack_from(request, w.HEADER_SIZE)[0] == PASSTHROUGH_FH:
+                    self.backing.release(self.fd, nodeid)
+                return w.reply(unique)
             if opcode in (w.OPEN, w.OPENDIR, w.FLUSH, w.ACCESS):
                 return w.error(unique, errno.ENOSYS)  # see the module docstring
             if opcode in (w.GETXATTR, w.LISTXATTR):
@@ -227,20 +243,53 @@ class Worker:
             except OSError:
                 return w.error(unique, errno.EIO)  # counted and logged by reads.open
             if offset == 0 and reads.first_read(inode, hit=True):
-                if reads.handed(inode):  # mountd counted it when it handed it over
-                    self._served.append(HIT_RECORD.pack(entry.hash, inode))
-                    self._served_bytes += entry.size
-                else:
-                    self._pending.append(HIT_RECORD.pack(entry.hash, inode))
-                    self._pending_bytes += entry.size
-                if len(self._pending) + len(self._served) >= FLUSH_BATCH:
-                    self._tick_due = True
+                self._hit(entry, reads.handed(inode))  # handed: mountd counted it already
         try:
             data = reads.read(inode, fd, offset, size)
         except OSError as exc:
             log.warning("read of inode %d failed: %s", inode, exc)
             return w.error(unique, errno.EIO)
         return [w.OUT_HEADER.pack(w.OUT_HEADER.size + len(data), 0, unique), data]
+
+    def _open(self, request: bytes, unique: int, inode: int) -> bytes | None:
+        """A passthrough OPEN: the store file handed to the kernel and counted as a file
+        read (a hit), or forwarded to the main process (a miss, or a store file of the
+        wrong size, which fails there); an empty file is an ordinary open (its READ answers
+        nothing here)."""
+        entry = self.tree.file(inode)
+        if entry.size == 0:
+            return w.reply(unique, w.open_body(w.FOPEN_KEEP_CACHE))
+        reads = self.reads
+        handed = False
+
+        def open_store() -> int:
+            nonlocal handed
+            fd, handed = reads.open_unkept(entry)
+            return fd
+
+        assert self.backing is not None
+        try:
+            self.backing.reply_open(self.fd, unique, inode, open_store)
+        except (FileNotFoundError, CorruptObject):
+            return self._forward(request, unique)
+        except OSError:
+            return w.error(unique, errno.EIO)  # counted and logged by reads.open_unkept
+        if reads.first_read(inode, hit=True):
+            self._hit(entry, handed)
+        return None
+
+    def _hit(self, entry: FileEntry, handed: bool) -> None:
+        """Queue a hit of ``entry`` for mountd (a handed-over file, which mountd counted, as
+        served)."""
+        record = HIT_RECORD.pack(entry.hash, entry.id)
+        if handed:
+            self._served.append(record)
+            self._served_bytes += entry.size
+        else:
+            self._pending.append(record)
+            self._pending_bytes += entry.size
+        if len(self._pending) + len(self._served) >= FLUSH_BATCH:
+            self._tick_due = True
 
     def _forward(self, request: bytes, unique: int) -> bytes | None:
         try:

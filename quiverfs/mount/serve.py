@@ -35,10 +35,12 @@ import trio
 
 from quiverfs.base.errors import QuiverError
 from quiverfs.filesystem import reads
+from quiverfs.filesystem.fs import QuiverOperations, StoreFileOpen
 from quiverfs.filesystem.readahead import WINDOW, WINDOW_BYTES
 from quiverfs.filesystem.supply import Supplier
 from quiverfs.filesystem.sweep import FACTOR
 from quiverfs.fuse import channel as fuse_channel
+from quiverfs.fuse import passthrough
 from quiverfs.fuse import worker as fuse_worker
 from quiverfs.fuse.worker_pool import MAX_RESTARTS, RESTART_WINDOW, WorkerPool
 from quiverfs.mount.mountd_wait import MOUNTD_WAIT, MountdWait, PatientSessions
@@ -96,6 +98,9 @@ class MountOptions:
     readahead: int = WINDOW  #: files read ahead of a scan in digest order; 0: off
     sweep: int = FACTOR  #: files fetched ahead of reads that are not a scan, per file read; 0: off
     mountd_wait: float = MOUNTD_WAIT  #: seconds a miss or control request waits for mountd
+    #: cached files read by the kernel from their store files (quiverfs/fuse/passthrough.py);
+    #: None: where the kernel allows it and the dataset's files are large (PASSTHROUGH_MEAN_BYTES)
+    passthrough: bool | None = None
 
     def resolved(self) -> MountOptions:
         """The same options with absolute paths (a detached child runs in ``/``); the mount
@@ -290,7 +295,6 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
     """Mount ``digest`` at ``options.mountpoint`` and serve until unmounted or signalled."""
     from mountd.rpc.async_client import open_client
     from mountd.rpc.client import probe
-    from quiverfs.filesystem.fs import QuiverOperations
 
     status = status or Status(None)
     cache_dir = options.cache_dir
@@ -307,6 +311,8 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
             sources=list(digest.sources.values()),
         )
 
+        kernel_reads = {"passthrough": False}  # set once the kernel has answered INIT
+
         def extra_stats() -> dict:
             # cache_dir and digest let a process read hits from the store itself, bypassing
             # FUSE (quiverfs/client/direct.py); both are paths, never contents. ``digest`` is the
@@ -315,7 +321,7 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
             return {"pid": os.getpid(), "mountpoint": os.fspath(mountpoint),
                     "workers": len(pool.workers) if pool else 0, "frontend": options.frontend,
                     "cache_dir": os.fspath(cache_dir), "digest": os.fspath(digest.path),
-                    "mounted_digest": os.fspath(options.digest)}
+                    "mounted_digest": os.fspath(options.digest), **kernel_reads}
 
         workers = 0 if options.frontend == PYFUSE3 else (
             options.workers or fuse_worker.default_workers())
@@ -356,14 +362,19 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # who forwarded: see _sender
         try:
-            fuse_channel.handshake(fuse_fd)
+            wanted = wants_passthrough(options.passthrough, digest)
+            _, _, agreed = fuse_channel.handshake(fuse_fd, wanted)
+            backing = None
+            if wanted and _check_passthrough(fuse_fd, digest.path, options.passthrough, agreed):
+                backing = passthrough.BackingFiles(digest.dir_count + digest.file_count + 1)
+            kernel_reads["passthrough"] = backing is not None
             # Everything allocated so far lives as long as the mount: keep it out of the
             # collector's scans (and out of copy-on-write faults in the workers).
             gc.collect()
             gc.freeze()
             # The main process keeps ``theirs`` for the replacements of workers that die, so
             # the end of the mount is the pool's last worker leaving, not the socket's EOF.
-            target = partial(_worker_main, digest, cache_dir, counters, kept, ours, theirs)
+            target = partial(_worker_main, digest, cache_dir, counters, kept, backing, ours, theirs)
             pool = WorkerPool(workers, target, counters, fuse_fd)
             pool.start()
             stop = partial(_stop_serving, mountpoint, mine, pool)
@@ -374,7 +385,7 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
                                    pool.sweep)
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
-                nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool)
+                nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool, backing)
                 await pool.watch()
                 nursery.cancel_scope.cancel()
             if pool.gave_up and not pool.stopping:
@@ -428,10 +439,48 @@ async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_
         log.info("unmounted %s", mountpoint)
 
 
-def _worker_main(digest, cache_dir: Path, counters, kept: int, ours: socket.socket,
-                 theirs: socket.socket, slot: int, fuse_fd: int) -> None:
+#: Mean file size from which a mount uses passthrough unless told (``--passthrough`` /
+#: ``--no-passthrough``). Passthrough trades the READs of a file for an OPEN and a RELEASE
+#: per ``open()``: a win for large files (a first pass over 64 MiB files 3.6x faster, over
+#: 1 MiB files 2.7x), even for 110 KiB ones on a first pass (1.03x), and a loss when the
+#: kernel still has their pages (a second pass over 110 KiB files 0.27x, where no request at
+#: all reached the mount without it). scripts/bench/passthrough.py, 2026-11-30, 2-core VM
+#: (docs/mount.md "Passthrough").
+PASSTHROUGH_MEAN_BYTES = 1 << 20
+
+
+def wants_passthrough(asked: bool | None, digest) -> bool:
+    """Whether a mount of ``digest`` asks the kernel for passthrough: as ``asked``, or (None)
+    when its files are PASSTHROUGH_MEAN_BYTES or larger on average."""
+    if asked is not None:
+        return asked
+    return digest.file_count > 0 and digest.total_bytes / digest.file_count >= PASSTHROUGH_MEAN_BYTES
+
+
+def _check_passthrough(fuse_fd: int, probe: Path, asked: bool | None, agreed: bool) -> bool:
+    """Whether the mount answers opens with passthrough: the kernel agreed at INIT and takes
+    a backing file (registering ``probe`` once); else the mount serves reads itself, as
+    without it, and says why (a warning when ``--passthrough`` asked for it, a debug line
+    when it was the default's choice)."""
+    say = log.warning if asked else log.debug
+    if not agreed:
+        say("passthrough: this kernel does not offer FUSE passthrough (Linux 6.9+ with "
+            "CONFIG_FUSE_PASSTHROUGH); the mount serves reads itself")
+        return False
+    with open(probe, "rb") as f:
+        refused = passthrough.available(fuse_fd, f.fileno())
+    if refused is not None:
+        say("passthrough: the kernel refuses backing files (%s; it needs CAP_SYS_ADMIN); "
+            "the mount serves reads itself", refused.strerror or refused)
+        return False
+    return True
+
+
+def _worker_main(digest, cache_dir: Path, counters, kept: int, backing: passthrough.BackingFiles | None,
+                 ours: socket.socket, theirs: socket.socket, slot: int, fuse_fd: int) -> None:
     """A forked worker (quiverfs/fuse/worker.py) serving on its channel ``fuse_fd``: its own
-    digest connection, then serve, keeping at most ``kept`` bytes of store files open."""
+    digest connection, then serve, keeping at most ``kept`` bytes of store files open, with
+    passthrough opens through ``backing`` or none."""
     from quiverfs.filesystem.tree import Tree
 
     ours.close()
@@ -439,16 +488,17 @@ def _worker_main(digest, cache_dir: Path, counters, kept: int, ours: socket.sock
     with digest.reopen() as own:
         tree = Tree(own, cache_dir)
         fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot), counters.in_flight(slot),
-                           kept, counters.misses_past_start()).run()
+                           kept, counters.misses_past_start(), backing).run()
 
 
 #: Ancillary space for the sender's credentials (SO_PASSCRED: pid, uid, gid).
 _CREDENTIALS = socket.CMSG_SPACE(struct.calcsize("3i"))
 
 
-async def _serve_forwarded(ops, sock, pool: WorkerPool) -> None:
+async def _serve_forwarded(ops, sock, pool: WorkerPool, backing: passthrough.BackingFiles | None) -> None:
     """Answer what the workers forward, each through the sender's channel (a request must be
-    answered through the descriptor it was read from; the kernel names the sender)."""
+    answered through the descriptor it was read from; the kernel names the sender); a
+    passthrough OPEN's with a backing file of ``backing``."""
     async with trio.open_nursery() as nursery:
         while True:
             message, ancillary, _, _ = await sock.recvmsg(fuse_wire.REQUEST_BUFFER + 64, _CREDENTIALS)
@@ -462,7 +512,7 @@ async def _serve_forwarded(ops, sock, pool: WorkerPool) -> None:
             elif kind == worker_messages.FORWARD:
                 channel = pool.channel_of(_sender(ancillary))
                 if channel is not None:  # else its worker died, and the request with it
-                    nursery.start_soon(_answer, ops, body, channel)
+                    nursery.start_soon(_answer, ops, body, channel, backing)
 
 
 def _sender(ancillary: list[tuple[int, int, bytes]]) -> int:
@@ -472,8 +522,25 @@ def _sender(ancillary: list[tuple[int, int, bytes]]) -> int:
     return 0
 
 
-async def _answer(ops, request: bytes, channel) -> None:
-    channel.send(await ops.answer(request))
+async def _answer(ops, request: bytes, channel, backing: passthrough.BackingFiles | None) -> None:
+    out = await ops.answer(request)
+    if not isinstance(out, StoreFileOpen):
+        channel.send(out)
+        return
+    fd: int | None = out.fd
+
+    def store_file() -> int:
+        nonlocal fd
+        taken, fd = fd, None
+        assert taken is not None
+        return taken
+
+    try:
+        assert backing is not None  # workers forward OPEN only with passthrough
+        backing.reply_open(channel.fd, out.unique, out.inode, store_file)
+    finally:
+        if fd is not None:  # the inode was open already: its backing file serves this open too
+            os.close(fd)
 
 
 def _stop_serving(mountpoint: Path, mine: MountIdentity | None, pool: WorkerPool) -> None:

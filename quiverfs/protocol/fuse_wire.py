@@ -102,6 +102,15 @@ READDIRPLUS_AUTO = 1 << 14
 PARALLEL_DIROPS = 1 << 18
 MAX_PAGES = 1 << 22
 
+#: ``flags`` bit saying the INIT carries a second word of flags (``flags2``, 7.36).
+INIT_EXT = 1 << 30
+#: ``flags2`` bit (``FUSE_PASSTHROUGH`` is 1 << 37): files opened with ``FOPEN_PASSTHROUGH``
+#: are read by the kernel from a backing file the daemon registered (Linux 6.9, 7.40).
+PASSTHROUGH_FLAGS2 = 1 << 5
+#: How deep the backing files' filesystems may stack under ours (they are the store's own
+#: filesystem: ext4, xfs..., depth 0).
+MAX_STACK_DEPTH = 1
+
 #: What we ask for (and take only where the kernel offers it): parallel reads and lookups,
 #: READDIRPLUS (a listing hands the kernel every entry's attributes, so no LOOKUP follows it),
 #: and reads of up to ``MAX_PAGES_WANTED`` pages per request.
@@ -119,11 +128,13 @@ ATTR = struct.Struct("<QQQQQQIIIIIIIIII")  # fuse_attr, 88 bytes
 ENTRY_HEAD = struct.Struct("<QQQQII")  # nodeid, generation, entry/attr valid (s, ns)
 ATTR_OUT_HEAD = struct.Struct("<QII")  # attr_valid, attr_valid_nsec, dummy
 READ_IN = struct.Struct("<QQI")  # fh, offset, size (then read_flags, lock_owner, flags)
+RELEASE_IN = struct.Struct("<QII")  # fh, flags, release_flags (then lock_owner)
 GETXATTR_IN = struct.Struct("<II")  # size, padding
 GETXATTR_OUT = struct.Struct("<II")  # size, padding
 INIT_IN = struct.Struct("<IIII")  # major, minor, max_readahead, flags
-INIT_OUT = struct.Struct("<IIIIHHIIHHI7I")  # fuse_init_out, 64 bytes
-OPEN_OUT = struct.Struct("<QII")  # fh, open_flags, padding
+INIT_IN_FLAGS2 = struct.Struct("<I")  # flags2, after INIT_IN (7.36: with INIT_EXT in flags)
+INIT_OUT = struct.Struct("<IIIIHHIIHHII6I")  # fuse_init_out, 64 bytes (…, flags2, max_stack_depth)
+OPEN_OUT = struct.Struct("<QIi")  # fh, open_flags, backing_id (7.40; padding before)
 DIRENT_HEAD = struct.Struct("<QQII")  # ino, off, namelen, type
 STATFS_OUT = struct.Struct("<QQQQQIIII6I")  # fuse_kstatfs, 80 bytes
 
@@ -223,9 +234,35 @@ def inval_inode(ino: int) -> bytes:
     return OUT_HEADER.pack(OUT_HEADER.size + len(body), NOTIFY_INVAL_INODE, 0) + body
 
 
-def init_body(kernel_minor: int, kernel_flags: int, max_readahead: int) -> bytes:
-    """``fuse_init_out`` answering the kernel's INIT."""
+def init_body(kernel_minor: int, kernel_flags: int, max_readahead: int,
+              passthrough: bool = False) -> bytes:
+    """``fuse_init_out`` answering the kernel's INIT; ``passthrough``: ask for
+    ``FUSE_PASSTHROUGH`` (the caller checked that the kernel offers it: :func:`offers_passthrough`)."""
     minor = min(kernel_minor, KERNEL_MINOR)
     flags = WANTED_FLAGS & kernel_flags
+    flags2 = depth = 0
+    if passthrough:
+        flags, flags2, depth = flags | INIT_EXT, PASSTHROUGH_FLAGS2, MAX_STACK_DEPTH
     return INIT_OUT.pack(KERNEL_MAJOR, minor, max_readahead, flags, 16, 12, MAX_WRITE, 1,
-                         MAX_PAGES_WANTED, 0, 0, *([0] * 7))
+                         MAX_PAGES_WANTED, 0, flags2, depth, *([0] * 6))
+
+
+def offers_passthrough(request: bytes) -> bool:
+    """Whether the kernel's INIT ``request`` offers ``FUSE_PASSTHROUGH`` (in ``flags2``)."""
+    flags = INIT_IN.unpack_from(request, HEADER_SIZE)[3]
+    at = HEADER_SIZE + INIT_IN.size
+    if not flags & INIT_EXT or len(request) < at + INIT_IN_FLAGS2.size:
+        return False
+    return bool(INIT_IN_FLAGS2.unpack_from(request, at)[0] & PASSTHROUGH_FLAGS2)
+
+
+# -- opens (only with passthrough: otherwise OPEN is answered ENOSYS, quiverfs/fuse/worker.py) --
+FOPEN_DIRECT_IO = 1 << 0
+FOPEN_KEEP_CACHE = 1 << 1
+FOPEN_PASSTHROUGH = 1 << 7
+
+
+def open_body(open_flags: int, backing_id: int = 0, fh: int = 0) -> bytes:
+    """``fuse_open_out``: ``open_flags``, the ``backing_id`` of a passthrough open, and the
+    file handle its READs and RELEASE will carry (READs name the inode: 0 unless told)."""
+    return OPEN_OUT.pack(fh, open_flags, backing_id)

@@ -9,6 +9,8 @@ disjoint quarter with ``open()+read()+close()``. Measured in one run:
   store files stay warm), so every file costs LOOKUP + OPEN + READ + RELEASE;
 * mount, second pass: the same files again (``keep_cache``: the kernel keeps their pages, so
   only OPEN and RELEASE reach the mount);
+* the same two passes through a mount with ``--passthrough`` (the kernel reads the store files;
+  every open costs an OPEN and a RELEASE: docs/mount.md "Passthrough");
 * informative: a first pass on a fresh mount whose directories were listed first (untimed),
   as ``ImageFolder`` does: the listing gives the kernel every dentry, so no LOOKUPs;
 * for calibration, the same two passes through a naive pyfuse3 passthrough of the same store
@@ -197,9 +199,11 @@ class Mount:
     (the pyfuse3 passthrough, the native floor). Its stderr is appended to ``WORK/mount.err``."""
 
     def __init__(self, digest: str, mountpoint: str, cache: str, profile: str | None = None,
-                 passthrough: bool = False, native: tuple[str, str] | None = None) -> None:
+                 passthrough: bool = False, native: tuple[str, str] | None = None,
+                 options: tuple[str, ...] = ()) -> None:
         self.digest, self.mountpoint, self.cache, self.profile = digest, mountpoint, cache, profile
-        self.passthrough = passthrough
+        self.passthrough = passthrough  # the pyfuse3 calibration server (not --passthrough)
+        self.options = options  # more `quiverfs mount` options
         self.native = native  # (binary, list file) of the native floor
         self.proc: subprocess.Popen | None = None
         self.stderr = None
@@ -217,7 +221,7 @@ class Mount:
                    self.digest, self.cache]
         else:
             cmd = quiverfs("mount", "--foreground", "--cache-dir", self.cache, "--workers", str(WORKERS),
-                           self.digest, self.mountpoint)
+                           *self.options, self.digest, self.mountpoint)
             if self.profile:
                 cmd = [sys.executable, "-m", "cProfile", "-o", self.profile, *cmd[1:]]
         self.stderr = open(os.path.join(WORK, "mount.err"), "ab")  # noqa: SIM115 - closed in __exit__
@@ -361,11 +365,15 @@ def main() -> None:
         native_firsts, native_seconds = [], []
         profile = os.path.join(WORK, "mount.prof") if args.profile else None
         firsts, seconds, floor_firsts, floor_seconds, listed_firsts = [], [], [], [], []
+        kernel_firsts, kernel_seconds = [], []
         dirs = sorted({os.path.dirname(p) for p in mount_paths})
         for _ in range(args.rounds):  # a fresh mount per round: its first pass starts cold
             with Mount(digest, mnt, cache, profile):
                 firsts.append(read_pass(mount_paths, args.readers))
                 seconds.append(read_pass(mount_paths, args.readers))
+            with Mount(digest, mnt, cache, options=("--passthrough",)):
+                kernel_firsts.append(read_pass(mount_paths, args.readers))
+                kernel_seconds.append(read_pass(mount_paths, args.readers))
             with Mount(digest, mnt, cache):
                 for d in dirs:  # untimed, as ImageFolder lists before reading: no LOOKUPs later
                     os.listdir(d)
@@ -394,6 +402,9 @@ def main() -> None:
         ratio = value / direct
         print(f"{name:<44}{value:>10,.0f}{ratio:>8.3f}{'>= ' + format(target, '.2f'):>9}  "
               f"{'PASS' if ratio >= target else 'FAIL'}")
+    for name, value in (("quiverfs mount --passthrough, first pass", max(kernel_firsts)),
+                        ("quiverfs mount --passthrough, second pass", max(kernel_seconds))):
+        print(f"{name:<44}{value:>10,.0f}{value / direct:>8.3f}")
     listed = max(listed_firsts)
     print(f"{'  first pass after listing (informative)':<44}{listed:>10,.0f}{listed / direct:>8.3f}")
     for name, value in (("naive pyfuse3 passthrough, first pass", max(floor_firsts)),

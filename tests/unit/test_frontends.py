@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -22,20 +23,20 @@ REPO = Path(__file__).resolve().parents[2]
 UNIQUE = 1
 
 
-def _init_request(major: int, minor: int, flags: int = fuse_wire.WANTED_FLAGS) -> bytes:
-    body = fuse_wire.INIT_IN.pack(major, minor, 128 * 1024, flags) + bytes(48)  # + flags2, unused
+def _init_request(major: int, minor: int, flags: int = fuse_wire.WANTED_FLAGS, flags2: int = 0) -> bytes:
+    body = fuse_wire.INIT_IN.pack(major, minor, 128 * 1024, flags) + struct.pack("<I", flags2) + bytes(44)
     head = fuse_wire.IN_HEADER.pack(fuse_wire.HEADER_SIZE + len(body), fuse_wire.INIT, UNIQUE,
                                     0, 0, 0, 0, 0, 0)
     return head + body
 
 
-def _handshake_with(request: bytes) -> tuple[tuple[int, int] | Exception, bytes]:
+def _handshake_with(request: bytes, passthrough: bool = False) -> tuple[tuple[int, int, bool] | Exception, bytes]:
     """Run :func:`handshake` against ``request``; its result (or error) and the reply."""
     kernel, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with kernel, ours:
         kernel.send(request)
         try:
-            result: tuple[int, int] | Exception = handshake(ours.fileno())
+            result: tuple[int, int, bool] | Exception = handshake(ours.fileno(), passthrough)
         except FuseMountError as exc:
             result = exc
         return result, kernel.recv(4096)
@@ -60,11 +61,32 @@ def test_another_major_is_refused_too() -> None:
 @pytest.mark.parametrize("minor", [fuse_wire.MIN_KERNEL_MINOR, fuse_wire.KERNEL_MINOR, 44])
 def test_a_kernel_at_or_above_the_minimum_is_answered(minor: int) -> None:
     result, reply = _handshake_with(_init_request(7, minor))
-    assert result == (min(minor, fuse_wire.KERNEL_MINOR), fuse_wire.WANTED_FLAGS)
+    assert result == (min(minor, fuse_wire.KERNEL_MINOR), fuse_wire.WANTED_FLAGS, False)
     length, error, unique = fuse_wire.OUT_HEADER.unpack_from(reply)
     assert error == 0 and unique == UNIQUE and length == len(reply)
     major, agreed = fuse_wire.INIT_OUT.unpack_from(reply, fuse_wire.OUT_HEADER.size)[:2]
     assert (major, agreed) == (7, min(minor, fuse_wire.KERNEL_MINOR))
+
+
+def _init_reply_flags(reply: bytes) -> tuple[int, int, int]:
+    """(flags, flags2, max_stack_depth) of an INIT reply."""
+    fields = fuse_wire.INIT_OUT.unpack_from(reply, fuse_wire.OUT_HEADER.size)
+    return fields[3], fields[10], fields[11]
+
+
+def test_passthrough_is_asked_for_only_where_the_kernel_offers_it() -> None:
+    offered = _init_request(7, 40, fuse_wire.WANTED_FLAGS | fuse_wire.INIT_EXT, fuse_wire.PASSTHROUGH_FLAGS2)
+    result, reply = _handshake_with(offered, passthrough=True)
+    assert result == (fuse_wire.KERNEL_MINOR, fuse_wire.WANTED_FLAGS, True)
+    flags, flags2, depth = _init_reply_flags(reply)
+    assert flags == fuse_wire.WANTED_FLAGS | fuse_wire.INIT_EXT
+    assert (flags2, depth) == (fuse_wire.PASSTHROUGH_FLAGS2, 1)
+    # Offered but not wanted (the default), or wanted and not offered: the INIT reply of before.
+    for request, wanted in ((offered, False), (_init_request(7, 40, fuse_wire.WANTED_FLAGS | fuse_wire.INIT_EXT), True),
+                            (_init_request(7, 40, fuse_wire.WANTED_FLAGS, fuse_wire.PASSTHROUGH_FLAGS2), True)):
+        result, reply = _handshake_with(request, passthrough=wanted)
+        assert result == (fuse_wire.KERNEL_MINOR, fuse_wire.WANTED_FLAGS, False)
+        assert _init_reply_flags(reply) == (fuse_wire.WANTED_FLAGS, 0, 0)
 
 
 def test_pyfuse3_missing_is_one_usage_line(monkeypatch, tmp_path) -> None:
@@ -91,3 +113,9 @@ def test_pyfuse3_missing_from_the_command_line(tmp_path) -> None:
 def test_an_unknown_front_end_is_refused(tmp_path) -> None:
     with pytest.raises(UsageError, match="--frontend must be one of native, pyfuse3"):
         mount(tmp_path / "d.qd", tmp_path, frontend="fuse2")
+
+
+def test_passthrough_with_pyfuse3_is_one_usage_line(tmp_path) -> None:
+    with pytest.raises(UsageError) as caught:
+        mount(tmp_path / "d.qd", tmp_path, frontend="pyfuse3", passthrough=True)
+    assert str(caught.value) == "--passthrough needs the native front end (--frontend native)"

@@ -22,7 +22,7 @@ def test_fstab_style_options() -> None:
         "digest": Path("/data/imagenet.qd"), "mountpoint": Path("/mnt/imagenet"),
         "cache_dir": Path("/var/cache/quiverfs"), "cache_size": "200G", "allow_other": True,
         "foreground": False, "debug": False, "workers": 3, "frontend": "pyfuse3", "nonempty": False,
-        "readahead": 16, "sweep": 4, "mountd_wait": 2.5, "fake": False,
+        "readahead": 16, "sweep": 4, "mountd_wait": 2.5, "passthrough": None, "fake": False,
     }
     assert parse_helper_args(["d.qd", "/m"])["frontend"] == "native"
     assert parse_helper_args(["d.qd", "/m", "-o", "nonempty"])["nonempty"] is True
@@ -32,6 +32,8 @@ def test_fstab_style_options() -> None:
     assert parse_helper_args(["d.qd", "/m", "-o", "sweep=0"])["sweep"] == 0
     assert parse_helper_args(["d.qd", "/m"])["mountd_wait"] == 60.0  # misses wait out a restart
     assert parse_helper_args(["d.qd", "/m", "-o", "mountd_wait=0"])["mountd_wait"] == 0.0
+    assert parse_helper_args(["d.qd", "/m", "-o", "passthrough"])["passthrough"] is True
+    assert parse_helper_args(["d.qd", "/m", "-o", "nopassthrough"])["passthrough"] is False
 
 
 def test_flags_and_joined_options() -> None:
