@@ -67,8 +67,7 @@ class BackingFiles:
         self._map = mmap.mmap(-1, max(1, inodes) * _SLOT.size)
         self._slots = memoryview(self._map).cast("I")
         #: the lock: a record lock on a file of no size (each process owns its locks)
-        self._lock_fd = os.memfd_create("quiverfs-backing", os.MFD_CLOEXEC)
-        os.set_inheritable(self._lock_fd, True)
+        self._lock_fd = os.memfd_create("quiverfs-backing", os.MFD_CLOEXEC)  # forks keep it
 
     def open(self, fuse_fd: int, inode: int, open_store: Callable[[], int]) -> int | None:
         """The backing id for a new open of ``inode``: the one its open files use, else the
@@ -117,7 +116,9 @@ class BackingFiles:
         """Answer the OPEN ``unique`` of ``inode`` with passthrough (see :meth:`open`); True.
         When the kernel refuses the backing file, False: the OPEN is answered as a direct-I/O
         open instead, whose READs come to the mount (uncached, so they do not mix the
-        kernel's cached and passthrough modes on one inode)."""
+        kernel's cached and passthrough modes on one inode). A worker then leaves the count of
+        that read to its READ at offset 0; the main process has counted its miss already, so
+        such a file, refused after the mount's probe was not, counts twice."""
         backing_id = self.open(fuse_fd, inode, open_store)
         if backing_id is None:
             channel.send(fuse_fd, w.reply(unique, w.open_body(w.FOPEN_DIRECT_IO)), "OPEN")

@@ -269,12 +269,13 @@ class Worker:
 
         assert self.backing is not None
         try:
-            self.backing.reply_open(self.fd, unique, inode, open_store)
+            with_backing = self.backing.reply_open(self.fd, unique, inode, open_store)
         except (FileNotFoundError, CorruptObject):
             return self._forward(request, unique)
         except OSError:
             return w.error(unique, errno.EIO)  # counted and logged by reads.open_unkept
-        if reads.first_read(inode, hit=True):
+        # Without a backing file (the kernel refused it) the READ at offset 0 counts the file.
+        if with_backing and reads.first_read(inode, hit=True):
             self._hit(entry, handed)
         return None
 
