@@ -42,8 +42,28 @@ TIMEOUT = 24 * 3600
 FILE_MODE = stat.S_IFREG | 0o444
 DIR_MODE = stat.S_IFDIR | 0o555
 
-#: Block size reported by ``stat`` and ``statfs``.
+#: Block size reported by ``statfs`` and a directory's ``stat``.
 BLOCK_SIZE = 4096
+
+#: Most a file's ``st_blksize`` says (:func:`io_block`): one READ of the largest size the
+#: mount asks the kernel for (quiverfs/protocol/fuse_wire.py MAX_PAGES_WANTED pages).
+MAX_IO_BLOCK = 1 << 20
+
+
+def io_block(size: int) -> int:
+    """A file's ``st_blksize``: its size rounded up to a power of two, from :data:`BLOCK_SIZE`
+    to :data:`MAX_IO_BLOCK`.
+
+    Why: ``st_blksize`` is the "preferred I/O size", and Python's ``open()`` sizes its buffer
+    from it. With 4 KiB, PIL opening a 110 KiB JPEG read 16 bytes, then 64 KiB at a time, and
+    the kernel's read-ahead, starting small, sent the mount 3.3 READs per file, each a round
+    trip to a worker; with the file's own size the buffer's first fill asks for all of it,
+    and one READ serves the file (measured 2026-11-30: 20 files, 66 READs against 20).
+    """
+    block = BLOCK_SIZE
+    while block < size and block < MAX_IO_BLOCK:
+        block <<= 1
+    return block
 
 #: Entries read from the digest per listing query; a READDIR buffer (one page, about 25
 #: readdirplus entries) that fills up keeps the rest for the next request.
@@ -104,7 +124,7 @@ class Tree:
         if entry.is_dir:
             return Attributes(entry.id, DIR_MODE, 0, self.uid, self.gid, self.mtime_ns, BLOCK_SIZE)
         return Attributes(entry.id, FILE_MODE, entry.size, self.uid, self.gid, self.mtime_ns,  # type: ignore[union-attr]
-                          BLOCK_SIZE)
+                          io_block(entry.size))  # type: ignore[union-attr]
 
     def _remember(self, entry: Entry) -> None:
         recent = self._recent

@@ -122,6 +122,33 @@ def handshake(fd: int, passthrough: bool = False) -> tuple[int, int, bool]:
     return agreed_minor, flags & fuse_wire.WANTED_FLAGS, passthrough
 
 
+#: Read-ahead the mount's device gets (KiB; the kernel's default is 128): the largest READ the
+#: mount asks for (fuse_wire.MAX_PAGES_WANTED pages).
+READ_AHEAD_KIB = 1024
+
+
+def widen_read_ahead(device: str, kib: int = READ_AHEAD_KIB) -> bool:
+    """Raise the read-ahead of the mount whose device is ``device`` (``major:minor``) to
+    ``kib``, through ``/sys/class/bdi`` (root only; the INIT reply can only lower it, so this
+    comes after INIT); whether it is that wide now.
+
+    Why: a file's first read asks for its ``st_blksize`` (quiverfs/filesystem/tree.py
+    ``io_block``: up to 1 MiB), but the kernel cuts a read into read-ahead windows of at most
+    this many KiB, each a READ to the mount: a 200 KiB JPEG cost two round trips at 128.
+    """
+    path = f"/sys/class/bdi/{device}/read_ahead_kb"
+    try:
+        with open(path) as f:
+            if int(f.read()) >= kib:
+                return True
+        with open(path, "w") as f:
+            f.write(str(kib))
+        return True
+    except (OSError, ValueError) as exc:
+        log.debug("cannot widen the read-ahead of %s: %s", path, exc)
+        return False
+
+
 def backing_open(fuse_fd: int, fd: int) -> int:
     """Register the open file ``fd`` as a passthrough backing file of the connection of
     ``fuse_fd``; its backing id, for one OPEN reply (then :func:`backing_close`). Raises

@@ -364,6 +364,8 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
         try:
             wanted = wants_passthrough(options.passthrough, digest)
             _, _, agreed = fuse_channel.handshake(fuse_fd, wanted)
+            if mine is not None:  # after INIT, whose reply sets the read-ahead it may only lower
+                fuse_channel.widen_read_ahead(mine[1])
             backing = None
             if wanted and _check_passthrough(fuse_fd, digest.path, options.passthrough, agreed):
                 backing = passthrough.BackingFiles(digest.dir_count + digest.file_count + 1)

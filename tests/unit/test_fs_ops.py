@@ -330,7 +330,8 @@ def test_lookup_and_getattr(env: Env) -> None:
     assert head["nodeid"] == b["ino"] == env.ino("sub/b.bin")
     assert head["entry_valid"] == head["attr_valid"] == tree.TIMEOUT
     assert b["mode"] == stat.S_IFREG | 0o444 and b["size"] == size
-    assert b["blocks"] == -(-size // 512) and b["blksize"] == 4096 and b["nlink"] == 1
+    assert b["blocks"] == -(-size // 512) and b["nlink"] == 1
+    assert b["blksize"] == 16384  # 10,240 bytes: the next power of two (tree.io_block)
     assert (b["uid"], b["gid"]) == (UID, GID)
     assert b["mtime"] == b["atime"] == b["ctime"] == CREATED_AT and b["mtimensec"] == 0
     _, uni = lookup(env, env.ino("ü dir"), "ä file.txt".encode())
@@ -1080,3 +1081,10 @@ async def test_control_names_on_the_root_go_to_the_control_channel(env: Env) -> 
     assert errno_of(out) == errno.ENODATA
     listed = names(ok_body(await xattr(env, listxattr_request(root))))
     assert listed and all(not n.startswith(fs.CONTROL_PREFIX) for n in listed)
+
+
+@pytest.mark.parametrize("size, block", [(0, 4096), (1, 4096), (4096, 4096), (4097, 8192),
+                                         (110 * 1024, 128 * 1024), (1 << 20, 1 << 20),
+                                         ((1 << 20) + 1, 1 << 20), (1 << 40, 1 << 20)])
+def test_a_files_io_block_is_its_size_rounded_up_to_a_power_of_two_within_4_kib_and_1_mib(size, block) -> None:
+    assert tree.io_block(size) == block
