@@ -443,11 +443,11 @@ async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_
 
 #: Mean file size from which a mount uses passthrough unless told (``--passthrough`` /
 #: ``--no-passthrough``). Passthrough trades the READs of a file for an OPEN and a RELEASE
-#: per ``open()``: a win for large files (a first pass over 64 MiB files 3.6x faster, over
-#: 1 MiB files 2.7x), even for 110 KiB ones on a first pass (1.03x), and a loss when the
-#: kernel still has their pages (a second pass over 110 KiB files 0.27x, where no request at
-#: all reached the mount without it). scripts/bench/passthrough.py, 2026-11-30, 2-core VM
-#: (docs/mount.md "Passthrough").
+#: per ``open()``: a win for large files (a first pass over 64 MiB files 3.5x faster, over
+#: 1 MiB files 2.7x), even for 110 KiB ones on a first pass (1.19x), and a loss when the
+#: kernel still has the mount's copy of their pages (a second pass over 110 KiB files 0.34x,
+#: 1 MiB 0.67x), which it keeps beside the store's only while both fit in memory.
+#: scripts/bench/passthrough.py, 2026-11-30, 2-core VM (docs/mount.md "Passthrough").
 PASSTHROUGH_MEAN_BYTES = 1 << 20
 
 
