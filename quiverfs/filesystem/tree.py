@@ -65,6 +65,7 @@ def io_block(size: int) -> int:
         block <<= 1
     return block
 
+
 #: Entries read from the digest per listing query; a READDIR buffer (one page, about 25
 #: readdirplus entries) that fills up keeps the rest for the next request.
 READDIR_PAGE = 128
