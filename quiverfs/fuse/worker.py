@@ -196,12 +196,8 @@ class Worker:
                 return w.reply(unique, self.tree.listing(nodeid, offset, size, opcode == w.READDIRPLUS))
             if opcode in w.NO_REPLY:
                 return None
-            if opcode == w.OPEN and self.backing is not None:
-                return self._open(request, unique, nodeid)
-            if opcode == w.RELEASE and self.backing is not None:
-                if w.RELEASE_IN.unpack_from(request, w.HEADER_SIZE)[0] == PASSTHROUGH_FH:
-                    self.backing.release(self.fd, nodeid)
-                return w.reply(unique)
+            if self.backing is not None and opcode in (w.OPEN, w.RELEASE):
+                return self._passthrough(request, opcode, unique, nodeid)
             if opcode in (w.OPEN, w.OPENDIR, w.FLUSH, w.ACCESS):
                 return w.error(unique, errno.ENOSYS)  # see the module docstring
             if opcode in (w.GETXATTR, w.LISTXATTR):
@@ -250,6 +246,15 @@ class Worker:
             log.warning("read of inode %d failed: %s", inode, exc)
             return w.error(unique, errno.EIO)
         return [w.OUT_HEADER.pack(w.OUT_HEADER.size + len(data), 0, unique), data]
+
+    def _passthrough(self, request: bytes, opcode: int, unique: int, inode: int) -> bytes | None:
+        """OPEN and RELEASE of a mount with passthrough (quiverfs/fuse/passthrough.py)."""
+        if opcode == w.OPEN:
+            return self._open(request, unique, inode)
+        assert self.backing is not None
+        if w.RELEASE_IN.unpack_from(request, w.HEADER_SIZE)[0] == PASSTHROUGH_FH:
+            self.backing.release(self.fd, inode)
+        return w.reply(unique)
 
     def _open(self, request: bytes, unique: int, inode: int) -> bytes | None:
         """A passthrough OPEN: the store file handed to the kernel and counted as a file

@@ -362,13 +362,7 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # who forwarded: see _sender
         try:
-            wanted = wants_passthrough(options.passthrough, digest)
-            _, _, agreed = fuse_channel.handshake(fuse_fd, wanted)
-            if mine is not None:  # after INIT, whose reply sets the read-ahead it may only lower
-                fuse_channel.widen_read_ahead(mine[1])
-            backing = None
-            if wanted and _check_passthrough(fuse_fd, digest.path, options.passthrough, agreed):
-                backing = passthrough.BackingFiles(digest.dir_count + digest.file_count + 1)
+            backing = _handshake(fuse_fd, digest, options.passthrough, mine)
             kernel_reads["passthrough"] = backing is not None
             # Everything allocated so far lives as long as the mount: keep it out of the
             # collector's scans (and out of copy-on-write faults in the workers).
@@ -457,6 +451,20 @@ def wants_passthrough(asked: bool | None, digest) -> bool:
     if asked is not None:
         return asked
     return digest.file_count > 0 and digest.total_bytes / digest.file_count >= PASSTHROUGH_MEAN_BYTES
+
+
+def _handshake(fuse_fd: int, digest, asked: bool | None,
+               mine: MountIdentity | None) -> passthrough.BackingFiles | None:
+    """Answer the kernel's INIT, then widen the mount's read-ahead (the INIT reply sets the
+    read-ahead it may only lower); the mount's passthrough backing files when it answers
+    OPEN with passthrough (``asked``, or the dataset's size: :func:`wants_passthrough`)."""
+    wanted = wants_passthrough(asked, digest)
+    _, _, agreed = fuse_channel.handshake(fuse_fd, wanted)
+    if mine is not None:
+        fuse_channel.widen_read_ahead(mine[1])
+    if wanted and _check_passthrough(fuse_fd, digest.path, asked, agreed):
+        return passthrough.BackingFiles(digest.dir_count + digest.file_count + 1)
+    return None
 
 
 def _check_passthrough(fuse_fd: int, probe: Path, asked: bool | None, agreed: bool) -> bool:
