@@ -722,6 +722,25 @@ async def test_forwarded_reads_at_offsets(env: Env) -> None:
     assert (c["opens"], c["misses"], c["reads"], c["bytes"]) == (1, 1, 3, 300 + 1 + 3)
 
 
+async def reads_at_once(env: Env, ino: int, offsets: tuple[int, ...], one_by_one: bool = False) -> dict[int, bytes]:
+    """READs of 4 KiB of ``ino`` at ``offsets``, forwarded together while the fetch they
+    wait for is held (``one_by_one``: each blocked before the next is sent); offset → body."""
+    env.fetcher.gate = trio.Event()
+    replies: dict[int, bytes] = {}
+
+    async def ask(offset: int) -> None:
+        replies[offset] = ok_body(await env.ops.answer(read_request(ino, offset, 4096)))
+
+    async with trio.open_nursery() as nursery:
+        for offset in offsets:
+            nursery.start_soon(ask, offset)
+            if one_by_one:
+                await trio.testing.wait_all_tasks_blocked()
+        await trio.testing.wait_all_tasks_blocked()
+        env.fetcher.gate.set()
+    return replies
+
+
 async def test_a_miss_past_offset_0_counts_once_whoever_takes_its_read_at_offset_0(env: Env) -> None:
     """The kernel reads a large file with READs at several offsets at once. When the one past
     offset 0 reaches the main process first and fetches the file, the READ at offset 0 may
@@ -750,17 +769,7 @@ async def test_a_miss_past_offset_0_counts_once_when_its_read_at_offset_0_waits_
     other started (and a later READ past offset 0 of the same read leaves nothing behind)."""
     data = env.files["sub/b.bin"]
     ino = env.ino("sub/b.bin")
-    env.fetcher.gate = trio.Event()
-    replies: dict[int, bytes] = {}
-
-    async def ask(offset: int) -> None:
-        replies[offset] = ok_body(await env.ops.answer(read_request(ino, offset, 4096)))
-
-    async with trio.open_nursery() as nursery:
-        for offset in (4096, 0, 8192):
-            nursery.start_soon(ask, offset)
-            await trio.testing.wait_all_tasks_blocked()
-        env.fetcher.gate.set()
+    replies = await reads_at_once(env, ino, (4096, 0, 8192), one_by_one=True)
     assert replies == {o: data[o:o + 4096] for o in (0, 4096, 8192)}
     c = totals(env)
     assert (c["opens"], c["hits"], c["misses"]) == (1, 0, 1)
@@ -789,17 +798,7 @@ async def test_a_file_fetched_meanwhile_is_a_hit(env: Env) -> None:
 async def test_concurrent_misses_of_one_file_share_one_fetch(env: Env) -> None:
     data = env.files["sub/b.bin"]
     ino = env.ino("sub/b.bin")
-    env.fetcher.gate = trio.Event()
-    replies: dict[int, bytes] = {}
-
-    async def ask(offset: int) -> None:
-        replies[offset] = ok_body(await env.ops.answer(read_request(ino, offset, 4096)))
-
-    async with trio.open_nursery() as nursery:
-        for offset in (0, 4096, 8192):
-            nursery.start_soon(ask, offset)
-        await trio.testing.wait_all_tasks_blocked()
-        env.fetcher.gate.set()
+    replies = await reads_at_once(env, ino, (0, 4096, 8192))
     assert replies == {o: data[o:o + 4096] for o in (0, 4096, 8192)}
     assert env.fetcher.calls == ["sub/b.bin"]
     c = totals(env)
