@@ -339,10 +339,31 @@ def dataset_served(work: Path, files: dict[str, bytes], name: str = "d") -> Iter
     write_tree(source, files)
     digest = work / f"{name}.qd"
     build_digest(source, digest)
+    with _mountd_for(work) as cache:
+        yield {"digest": digest, "cache": cache, "tmp": work}
+
+
+@contextmanager
+def datasets_served(work: Path, trees: dict[str, dict[str, bytes]]) -> Iterator[dict]:
+    """Each of ``trees`` (name → files) written under ``work/src-NAME`` with its digest
+    ``work/NAME.qd``, and one mountd for all of them on ``work/cache``: ``{"digests": {name:
+    path}, "cache", "tmp"}`` (mountd stopped on the way out). For datasets that share a cache."""
+    digests = {}
+    for name, files in trees.items():
+        write_tree(work / f"src-{name}", files)
+        digests[name] = work / f"{name}.qd"
+        build_digest(work / f"src-{name}", digests[name])
+    with _mountd_for(work) as cache:
+        yield {"digests": digests, "cache": cache, "tmp": work}
+
+
+@contextmanager
+def _mountd_for(work: Path) -> Iterator[Path]:
+    """A mountd on ``work/cache`` while inside; its cache directory."""
     cache = work / "cache"
     mountd = MountdProcess(cache).start()
     try:
-        yield {"digest": digest, "cache": cache, "tmp": work}
+        yield cache
     finally:
         mountd.stop()
 

@@ -12,13 +12,7 @@ import blake3
 import pytest
 
 from mountd.rpc.client import SyncClient
-from tests.mount.conftest import (
-    MountdProcess,
-    MountProcess,
-    build_digest,
-    wait_for,
-    write_tree,
-)
+from tests.mount.conftest import MountProcess, datasets_served, wait_for
 from tests.mountd.conftest import store_files
 
 pytestmark = pytest.mark.mount
@@ -34,19 +28,11 @@ TREE_B = {**ONLY_B, **{f"elsewhere/deep/copy of {i}.jpg": d for i, d in enumerat
 
 @pytest.fixture(scope="module")
 def mounts(fuse, module_tmp: Path):
-    digests = {}
-    for name, files in (("A", TREE_A), ("B", TREE_B)):
-        write_tree(module_tmp / f"src-{name}", files)
-        digests[name] = module_tmp / f"{name}.qd"
-        build_digest(module_tmp / f"src-{name}", digests[name])
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
+    with datasets_served(module_tmp, {"A": TREE_A, "B": TREE_B}) as world:
+        digests, cache = world["digests"], world["cache"]
         with MountProcess(digests["A"], module_tmp / "mnt-A", cache) as a, \
                 MountProcess(digests["B"], module_tmp / "mnt-B", cache) as b:
             yield {"A": a.mountpoint, "B": b.mountpoint, "cache": cache}
-    finally:
-        mountd.stop()
 
 
 def test_both_mounts_serve_their_bytes(mounts) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from mountd.rpc.client import SyncClient
 from quiverfs.mount.serve import PASSTHROUGH_MEAN_BYTES
-from tests.mount.conftest import MountdProcess, MountProcess, build_digest, write_tree
+from tests.mount.conftest import MountProcess, datasets_served
 
 pytestmark = pytest.mark.mount
 
@@ -51,17 +51,8 @@ def stats(mnt: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def world(fuse, module_tmp: Path):
-    digests = {}
-    for name, files in (("small", FILES), ("large", LARGE)):
-        write_tree(module_tmp / f"src-{name}", files)
-        digests[name] = module_tmp / f"{name}.qd"
-        build_digest(module_tmp / f"src-{name}", digests[name])
-    cache = module_tmp / "cache"
-    mountd = MountdProcess(cache).start()
-    try:
-        yield {"digests": digests, "cache": cache, "tmp": module_tmp}
-    finally:
-        mountd.stop()
+    with datasets_served(module_tmp, {"small": FILES, "large": LARGE}) as served:
+        yield served
 
 
 def mount(world, name: str, where: str, *extra: str) -> MountProcess:
