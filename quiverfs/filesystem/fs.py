@@ -337,12 +337,7 @@ class QuiverOperations:
                 self._observe(entry, reader)
             fd, hit = await self._open(entry, offset, reader)
             if offset == 0:
-                self._served_from(entry.hash, inode)
-                # Reported to mountd like a worker's hits (the pyfuse3 front end's every hit),
-                # unless mountd handed the descriptor over: it counted that hit itself.
-                if reads.first_read(inode, hit) and hit and not reads.handed(inode):
-                    self._pending_hashes.append(entry.hash)
-                    self._pending_bytes += entry.size
+                self._first_read(entry, hit, reads.handed(inode))
         # No await since _open returned: the descriptor is still open.
         return reads.read(inode, fd, offset, size)
 
@@ -362,15 +357,20 @@ class QuiverOperations:
             # backing file, so the error shows where it does without passthrough: at the
             # READs, which come here (a direct-I/O open: no page cache to mix with others').
             return w.reply(unique, w.open_body(w.FOPEN_DIRECT_IO))
-        reads = self.reads
-        handed = reads.handed(inode)
+        self._first_read(entry, hit, self.reads.handed(inode))
         opened = StoreFileOpen(unique, inode, os.dup(fd))
-        reads.release(inode)  # its READs go to the store file, not here
-        self._served_from(entry.hash, inode)
-        if reads.first_read(inode, hit) and hit and not handed:
+        self.reads.release(inode)  # its READs go to the store file, not here
+        return opened
+
+    def _first_read(self, entry: FileEntry, hit: bool, handed: bool) -> None:
+        """Count a read of ``entry`` served here (offset 0, or a passthrough open) and
+        remember what served it. A hit is reported to mountd like a worker's (the pyfuse3
+        front end's every hit), unless mountd handed the descriptor over (it counted that
+        hit itself) or the read was counted already (quiverfs/filesystem/reads.py)."""
+        self._served_from(entry.hash, entry.id)
+        if self.reads.first_read(entry.id, hit) and hit and not handed:
             self._pending_hashes.append(entry.hash)
             self._pending_bytes += entry.size
-        return opened
 
     async def _open(self, entry: FileEntry, offset: int = 0, reader: int = 0) -> tuple[int, bool]:
         """A descriptor of ``entry``'s store file, kept open for the READs that follow, and

@@ -537,20 +537,12 @@ async def _answer(ops, request: bytes, channel, backing: passthrough.BackingFile
     if not isinstance(out, StoreFileOpen):
         channel.send(out)
         return
-    fd: int | None = out.fd
-
-    def store_file() -> int:
-        nonlocal fd
-        taken, fd = fd, None
-        assert taken is not None
-        return taken
-
     try:
         assert backing is not None  # workers forward OPEN only with passthrough
-        backing.reply_open(channel.fd, out.unique, out.inode, store_file)
+        # A copy to register, if the inode has no backing file yet (else its own serves).
+        backing.reply_open(channel.fd, out.unique, out.inode, partial(os.dup, out.fd))
     finally:
-        if fd is not None:  # the inode was open already: its backing file serves this open too
-            os.close(fd)
+        os.close(out.fd)
 
 
 def _stop_serving(mountpoint: Path, mine: MountIdentity | None, pool: WorkerPool) -> None:
