@@ -10,7 +10,9 @@ class.
 * **Group commit.** A fill's row is inserted into the index in the trio step its file is
   stored (``Cache._record``), visible to lookups at once, and written to SQLite with the
   rows of :data:`GROUP_COMMIT_DELAY` seconds (or :data:`GROUP_COMMIT_ROWS` rows) by
-  :meth:`Commits._committer`. A row a full disk kept out of SQLite stays with the index
+  :meth:`Commits._committer`, in a worker thread (``Index.take_flight``): the inserts and
+  the commit take none of the trio thread's time, which is what limits fills on many
+  cores. A row a full disk kept out of SQLite stays with the index
   (its file is there and counted) until room is made for it, or its file is removed
   (:meth:`Commits._flush_index`): no file stays long in the store, counted in ``used`` and
   unknown to the index.
@@ -23,10 +25,12 @@ class.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import time
 from collections.abc import Callable
+from functools import partial
 
 import trio
 
@@ -46,8 +50,12 @@ log = logging.getLogger("mountd.store.cache")
 #: loses only what recovery adopts again from the store.
 GROUP_COMMIT_DELAY = 0.05
 
-#: Rows after which the group commit is flushed at once.
+#: Rows after which the group commit is written at once (without waiting for the delay).
 GROUP_COMMIT_ROWS = 512
+
+#: Rows waiting (while a commit is out in its worker thread) past which a fill commits them
+#: in the trio thread itself: the group commit's back-pressure, should SQLite fall behind.
+GROUP_COMMIT_BACKLOG = 8 * GROUP_COMMIT_ROWS
 
 #: Seconds between writes of the dataset references hits add (``Index.touch``), and checks
 #: that the recency of hits held in memory stays under ``TOUCH_MEMORY`` hashes.
@@ -73,6 +81,8 @@ class Commits:
     def _init_commits(self) -> None:
         #: Set when a row waits in the index's group commit (the committer flushes it).
         self._rows_waiting = trio.Event()
+        #: Set when :data:`GROUP_COMMIT_ROWS` rows wait: the committer goes at once.
+        self._rows_full = trio.Event()
         #: Set when a fill landed since the last durable checkpoint.
         self._unsynced = trio.Event()
         self._boot_id = durability.boot_id()
@@ -98,13 +108,49 @@ class Commits:
         index = self._index
         if index is None:
             return
+        self._retry_deletes(index)
+        index.flush()
+        self._settle_lost(index)
+
+    async def _commit_index(self) -> None:
+        """:meth:`_flush_index`, with the rows written and committed in a worker thread
+        (``Index.take_flight``): the committer's way. Never cancelled half-way: a flight
+        taken is always written, so the index never waits for one that was not."""
+        index = self._index
+        if index is None:
+            return
+        self._retry_deletes(index)
+        flight = index.take_flight()
+        if flight is not None:
+            # The thread starts in this trio step, not after an await: another task may
+            # wait for the flight to land (Index.conn) without yielding, and it must land.
+            landed = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+
+            def tell(_: object) -> None:
+                with contextlib.suppress(trio.RunFinishedError):
+                    token.run_sync_soon(landed.set)
+
+            trio.lowlevel.start_thread_soon(partial(index.write_flight, flight), tell)
+            with trio.CancelScope(shield=True):
+                await landed.wait()
+            if self._index is not index:
+                return  # closed meanwhile: close() landed it
+            if not index.land():
+                index.flush()  # the rows again, one by one: those that fail are kept
+        self._settle_lost(index)
+
+    def _retry_deletes(self, index: Index) -> None:
         try:
             index.retry_deletes()  # rows of evicted files a full disk kept (Index.delete)
         except sqlite3.Error:
             log.exception("could not drop %d evicted rows from the index", len(index.deleting))
             index.deleting.clear()  # left to the next open (rows without files: state C)
             self._dirty = True
-        index.flush()
+
+    def _settle_lost(self, index: Index) -> None:
+        """Rows no commit could store (disk full): evict for them, retry, or drop them with
+        their files (see :meth:`_flush_index`)."""
         lost = index.lost
         if not lost:
             self._lost_since = None
@@ -133,12 +179,15 @@ class Commits:
                      owners={row.hash: row.uid for row in failed if row.uid is not None})
 
     async def _committer(self) -> None:
-        """Flush the group commit a few milliseconds after its first row (see Index.insert)."""
+        """Commit the group commit :data:`GROUP_COMMIT_DELAY` after its first row, or once
+        :data:`GROUP_COMMIT_ROWS` rows wait (see Index.insert), in a worker thread."""
         while True:
             await self._rows_waiting.wait()
             self._rows_waiting = trio.Event()
-            await trio.sleep(GROUP_COMMIT_DELAY)
-            self._flush_index()
+            with trio.move_on_after(GROUP_COMMIT_DELAY):
+                await self._rows_full.wait()
+            self._rows_full = trio.Event()
+            await self._commit_index()
 
     async def _toucher(self) -> None:
         """Every :data:`TOUCH_INTERVAL`, write the dataset references hits added, and the

@@ -11,9 +11,15 @@ its writes span tables in one transaction (a stored file's row, its dataset refe
 its owner; an eviction's deletes across all of them). Split by table, those transactions
 would be spread over modules that each hold a piece of one commit.
 
-Threading: the connection is used from the trio thread only (``check_same_thread`` stays on).
-Every method is synchronous and short; code between two awaits is atomic, so a method's
-statements never interleave with another task's.
+Threading: every method runs in the trio thread, is synchronous and short; code between two
+awaits is atomic, so a method's statements never interleave with another task's. One
+exception: the group commit's rows are written and committed in a worker thread
+(:meth:`Index.take_flight`, :meth:`Index.write_flight`), because SQLite's inserts and commit
+were a quarter of the trio thread's CPU per fill, and that thread is what limits fills on many
+cores (docs/architecture.md). While such a *flight* is out, the trio thread keeps its rows in
+memory (:meth:`Index.size_of` sees them) and reads the committed tables through a second,
+read-only connection; anything that needs the writing connection first waits for the flight
+to land (:meth:`Index._land`), which is at most one commit's time.
 """
 
 from __future__ import annotations
@@ -69,6 +75,19 @@ class NewRow(NamedTuple):
     stamp: int = 0
     #: Pinned before it was written (:meth:`Index.set_pinned`): written with ``pinned=1``.
     pinned: bool = False
+
+
+class Flight(NamedTuple):
+    """A group commit out in a worker thread (:meth:`Index.take_flight`)."""
+
+    #: Rows written into the open group commit before the flight (committed with it).
+    written: list[NewRow]
+    #: Rows the flight writes, in hash order (neighbours share pages).
+    new: list[NewRow]
+    #: Whether the group commit was open already (its ``BEGIN`` was issued).
+    opened: bool
+    #: Set by the worker thread: ``ok[0]`` is True once the commit succeeded.
+    ok: list[bool]
 
 
 class IndexCorrupt(Exception):
@@ -128,19 +147,100 @@ class Index:
         #: The connection that folds the log back (:meth:`fold_wal`), made at its first use.
         self._folder: sqlite3.Connection | None = None
         self._folding = threading.Lock()
+        #: The group commit out in a worker thread (see the module docstring), its rows by
+        #: hash, and an event set while none is out (or once it has landed: the worker
+        #: thread sets it, the trio thread settles it in :meth:`_land`).
+        self._flight: Flight | None = None
+        self._flying: dict[bytes, NewRow] = {}
+        self._landed = threading.Event()
+        self._landed.set()
+        #: A read-only connection for lookups while a flight is out (:meth:`_reading`),
+        #: made at its first use.
+        self._reader: sqlite3.Connection | None = None
 
     @property
     def conn(self) -> sqlite3.Connection:
         """The connection, with every new row written into it first (:meth:`insert`): so
-        whatever reads or writes the tables through it sees them."""
+        whatever reads or writes the tables through it sees them. Waits for a flight out
+        (see the module docstring) to land first."""
+        self._land()
         if self._unwritten:
             self._write_new()
         return self._conn
 
     @property
     def pending(self) -> int:
-        """Rows waiting in the open group commit."""
+        """Rows waiting for a group commit (not counting a flight out)."""
         return len(self._group_rows) + len(self._unwritten)
+
+    # -- the group commit in a worker thread -----------------------------------------------
+
+    def take_flight(self) -> Flight | None:
+        """Hand the group commit's rows to a flight (None when there are none): the caller
+        starts :meth:`write_flight` in a worker thread in the same trio step (a task that
+        needs :attr:`conn` meanwhile waits for it without yielding), then calls
+        :meth:`land`. Until then the rows are looked up in memory."""
+        self._land()
+        if not self._unwritten and not self._group:
+            return None
+        flight = Flight(self._group_rows, sorted(self._unwritten.values()), self._group, [False])
+        self._group_rows, self._group = [], False
+        self._unwritten = {}
+        self._flight = flight
+        self._flying = {row.hash: row for row in (*flight.written, *flight.new)}
+        self._landed.clear()
+        return flight
+
+    def write_flight(self, flight: Flight) -> None:
+        """Write and commit ``flight``'s rows: the one method that runs in a worker thread,
+        while the trio thread leaves the writing connection alone. A failure (disk full) is
+        rolled back; :meth:`land` then gives the rows to :meth:`flush`'s row-by-row path."""
+        c = self._conn
+        try:
+            if not flight.opened:
+                c.execute("BEGIN")
+            if flight.new:
+                self._write_rows(c, flight.new)
+            c.execute("COMMIT")
+            flight.ok[0] = True
+        except sqlite3.Error:
+            with contextlib.suppress(sqlite3.Error):
+                c.execute("ROLLBACK")
+        finally:
+            self._landed.set()
+
+    def land(self) -> bool:
+        """Settle the flight once :meth:`write_flight` returned; False when it failed (its
+        rows are waiting again, for :meth:`flush`)."""
+        flight = self._flight
+        self._land()
+        return flight is None or flight.ok[0]
+
+    def _land(self) -> None:
+        """Wait for a flight out to land (a commit's time at most) and settle it: its rows
+        are in the table, or, when it failed, waiting again for the group commit."""
+        flight = self._flight
+        if flight is None:
+            return
+        self._landed.wait()
+        self._flight, flying, self._flying = None, self._flying, {}
+        if flight.ok[0]:
+            return
+        unwritten, self._unwritten = self._unwritten, {}
+        for row in (*flight.written, *flight.new):
+            if flying.get(row.hash) is row:  # not deleted or re-inserted meanwhile
+                self._unwritten[row.hash] = row
+        self._unwritten.update(unwritten)
+
+    def _reading(self) -> sqlite3.Connection:
+        """The connection for a lookup: the writing one, or while a flight is out, a
+        read-only one (it sees what was committed; the flight's rows are in memory)."""
+        if self._flight is None:
+            return self._conn
+        if self._reader is None:
+            self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
+                                           isolation_level=None, timeout=5.0)
+        return self._reader
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
@@ -167,6 +267,7 @@ class Index:
         Never raises for the rows: if the ``COMMIT`` fails (disk full) the group is rolled
         back and each row is inserted again on its own; a row that still fails is kept
         (:meth:`retry_lost`, :meth:`take_lost`)."""
+        self._land()
         if self._unwritten:
             self._write_new()
         if not self._group:
@@ -235,7 +336,10 @@ class Index:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE)
             os.close(fd)
-            conn = sqlite3.connect(path, isolation_level=None, timeout=5.0)
+            # Not check_same_thread: the group commit is written in a worker thread, never
+            # while the trio thread uses the connection (the module docstring).
+            conn = sqlite3.connect(path, isolation_level=None, timeout=5.0,
+                                   check_same_thread=False)
         except (OSError, sqlite3.Error) as exc:
             raise IndexCorrupt(f"cannot open {path}: {exc}") from exc
         try:
@@ -297,10 +401,14 @@ class Index:
 
     def close(self) -> None:
         """Checkpoint and close (the WAL is folded back so a copy of the file is complete)."""
+        self._land()
         with contextlib.suppress(sqlite3.Error):
             self.write_touches(len(self._touched))
             self.flush()
             self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         self._conn.close()
         with self._folding:
             if self._folder is not None:
@@ -381,7 +489,7 @@ class Index:
         size = self._size_in_memory(hash)
         if size is not _UNKNOWN:
             return size  # type: ignore[return-value]
-        row = self._conn.execute("SELECT size FROM entries WHERE hash=?", (hash,)).fetchone()
+        row = self._reading().execute("SELECT size FROM entries WHERE hash=?", (hash,)).fetchone()
         if row is None:
             return None
         self._remember(hash, row[0])
@@ -393,6 +501,10 @@ class Index:
         new = self._unwritten.get(hash)
         if new is not None:
             return new.size
+        if self._flying:
+            flying = self._flying.get(hash)
+            if flying is not None:
+                return flying.size
         if self._lost:
             lost = self._lost.get(hash)
             if lost is not None:
@@ -413,7 +525,7 @@ class Index:
             out[hash] = size is None or size is _UNKNOWN
             if size is _UNKNOWN:
                 unknown.append(hash)
-        conn = self._conn
+        conn = self._reading()
         for at in range(0, len(unknown), BATCH):
             part = unknown[at:at + BATCH]
             marks = ",".join("?" * len(part))
@@ -443,6 +555,8 @@ class Index:
         never made a single commit durable; the cache's checkpoints do, docs/store-layout.md
         "Durability"). A row that cannot be written (disk full) is kept (:meth:`retry_lost`)."""
         old = self._unwritten.pop(hash, None)  # re-inserted: it goes last, as its stamp says
+        if old is None and self._flying:
+            old = self._flying.pop(hash, None)  # its flight may still write it: no matter
         self.deleting.discard(hash)  # its new row replaces the one a delete left behind
         self._lost.pop(hash, None)
         pinned = old is not None and old.pinned
@@ -487,17 +601,19 @@ class Index:
     @staticmethod
     def _write_rows(c: sqlite3.Connection, rows: Sequence[NewRow]) -> None:
         c.executemany(
-            "INSERT OR REPLACE INTO entries (hash, size, last_use, added, pinned) "
-            "VALUES (?, ?, ?, ?, MAX(?, COALESCE((SELECT pinned FROM entries WHERE hash=?), 0)))",
-            [(r.hash, r.size, r.stamp, r.stamp, int(r.pinned), r.hash) for r in rows],
+            "INSERT INTO entries (hash, size, last_use, added, pinned) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (hash) DO UPDATE SET size=excluded.size, last_use=excluded.last_use, "
+            "added=excluded.added, pinned=MAX(pinned, excluded.pinned)",
+            [(r.hash, r.size, r.stamp, r.stamp, int(r.pinned)) for r in rows],
         )
         refs = [(r.dataset, r.hash) for r in rows if r.dataset is not None]
         if refs:
             c.executemany("INSERT OR IGNORE INTO refs (dataset, hash) VALUES (?, ?)", refs)
         owners = [(r.hash, r.uid, r.size, r.stamp) for r in rows if r.uid is not None]
         if owners:
-            c.executemany("INSERT OR REPLACE INTO owners (hash, uid, size, stamp) "
-                          "VALUES (?, ?, ?, ?)", owners)
+            c.executemany("INSERT INTO owners (hash, uid, size, stamp) VALUES (?, ?, ?, ?) "
+                          "ON CONFLICT (hash) DO UPDATE SET uid=excluded.uid, size=excluded.size, "
+                          "stamp=excluded.stamp", owners)
 
     def adopt(self, rows: Sequence[tuple[bytes, int, int]]) -> None:
         """Index files found on disk without rows: ``(hash, size, mtime_ns)`` each.
@@ -608,6 +724,7 @@ class Index:
         transaction per file (which also committed the group) made an insert and its pin
         86–111 µs of CPU against 20–21 µs (docs/store-layout.md). Only a hash with no row in
         the table yet takes that path; anything else, and every unpin, is written at once."""
+        self._land()
         changed = moved = 0
         if pinned and self._unwritten:
             hashes, changed, moved = self._pin_unwritten(hashes)
@@ -668,6 +785,7 @@ class Index:
         (the cache calls it with every group commit). A crash meanwhile leaves rows without
         files, which recovery drops (docs/store-layout.md, state C). Other SQLite errors
         raise."""
+        self._land()
         for h in hashes:
             self._touched.pop(h, None)
             self._lost.pop(h, None)

@@ -39,7 +39,7 @@ import trio
 from mountd.errors import CacheClosed, CacheError, CacheFull, PrefetchNoRoom
 from mountd.stats.counters import Counters
 from mountd.store import layout
-from mountd.store.commits import GROUP_COMMIT_ROWS
+from mountd.store.commits import GROUP_COMMIT_BACKLOG, GROUP_COMMIT_ROWS
 from mountd.store.config import CacheConfig
 from mountd.store.fill import Filler
 from mountd.store.fillpool import Fills, ThreadFills
@@ -85,6 +85,7 @@ class Misses:
     _disk_size: int | None
     _unsynced: trio.Event
     _rows_waiting: trio.Event
+    _rows_full: trio.Event
     _require_open: Callable[[], Index]
     _backend: Callable[[str], Awaitable[Backend]]
     store_path: Callable[[bytes], str]
@@ -550,10 +551,12 @@ class Misses:
         self._policy.on_insert(flight.hash, flight.size)
         if flight.awaited and flight.waiting:
             self._landing[flight.hash] = flight  # until its readers have the path
-        if self._nursery is None or index.pending >= GROUP_COMMIT_ROWS:
-            self._flush_index()
+        if self._nursery is None or index.pending >= GROUP_COMMIT_BACKLOG:
+            self._flush_index()  # no committer, or it fell far behind
         else:
             self._rows_waiting.set()
+            if index.pending >= GROUP_COMMIT_ROWS:
+                self._rows_full.set()
         flight.path = str(path)
 
     def _failed(self, flight: Flight, exc: Exception) -> None:

@@ -219,10 +219,12 @@ def mount_answers(mountpoint: Path) -> bool:
         return False
 
 
-def process_cpu(pid: int) -> float:
-    """User plus system CPU seconds of process ``pid`` (all its threads); 0 once it is gone."""
+def process_cpu(pid: int, thread: int | None = None) -> float:
+    """User plus system CPU seconds of process ``pid`` (all its threads), or of its thread
+    ``thread`` alone; 0 once it is gone."""
+    stat = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        with open(f"/proc/{pid}/stat") as f:
+        with open(stat) as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
@@ -374,6 +376,11 @@ class World:
             helpers = "fill processes" if role == "mountd" else "mount workers"
             out[helpers] = sum(process_cpu(child) for child in children(proc.pid))
         return out
+
+    def loop_cpu(self) -> float:
+        """CPU seconds of mountd's main thread (its trio event loop) so far: the part of
+        mountd's main process that no other thread can take over."""
+        return 0.0 if self.mountd is None else process_cpu(self.mountd.pid, self.mountd.pid)
 
     def mountd_log_lines(self, needle: str) -> list[str]:
         """mountd's log lines containing ``needle`` (e.g. "chunk", "mode")."""
