@@ -131,7 +131,11 @@ class Commits:
                 with contextlib.suppress(trio.RunFinishedError):
                     token.run_sync_soon(landed.set)
 
-            trio.lowlevel.start_thread_soon(partial(index.write_flight, flight), tell)
+            try:
+                trio.lowlevel.start_thread_soon(partial(index.write_flight, flight), tell)
+            except BaseException:
+                index.write_flight(flight)  # no thread to be had: here, so that it lands
+                raise
             with trio.CancelScope(shield=True):
                 await landed.wait()
             if self._index is not index:

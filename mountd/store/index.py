@@ -238,8 +238,9 @@ class Index:
         if self._flight is None:
             return self._conn
         if self._reader is None:
-            self._reader = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
-                                           isolation_level=None, timeout=5.0)
+            # As a URI, quoted: a cache directory may hold "?", "#" or "%".
+            uri = Path(os.path.abspath(self.path)).as_uri() + "?mode=ro"
+            self._reader = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=5.0)
         return self._reader
 
     @contextlib.contextmanager

@@ -364,19 +364,32 @@ def test_a_flight_commits_its_rows_in_a_worker_thread(index: Index):
     assert index.take_flight() is None  # nothing left to commit
 
 
-def test_rows_out_on_a_flight_are_found_without_waiting_for_it(index: Index):
+@pytest.mark.parametrize("folder", ["plain", "odd ?#% name"])
+def test_rows_out_on_a_flight_are_found_without_waiting_for_it(tmp_path: Path, folder: str):
+    (tmp_path / folder).mkdir()
+    index = Index.open(tmp_path / folder / "index.sqlite")
+    try:
+        _lookups_during_a_flight(index)
+    finally:
+        index.close()
+
+
+def _lookups_during_a_flight(index: Index) -> None:
     index.insert(h(1), 10, "ds")
     index.flush()
     index._known.clear()  # h(1) must come from the table
     index.insert(h(2), 20, "ds")
     flight = index.take_flight()
     assert flight is not None
-    # The flight has not started: a lookup through the writing connection would wait forever.
-    assert index.size_of(h(2)) == 20
-    assert index.size_of(h(1)) == 10
-    assert index.size_of(h(9)) is None
-    assert index.absent([h(9), h(1), h(2), h(8)]) == [h(9), h(8)]
-    index.write_flight(flight)
+    try:
+        # The flight has not started: a lookup through the writing connection would wait
+        # for it forever.
+        assert index.size_of(h(2)) == 20
+        assert index.size_of(h(1)) == 10
+        assert index.size_of(h(9)) is None
+        assert index.absent([h(9), h(1), h(2), h(8)]) == [h(9), h(8)]
+    finally:
+        index.write_flight(flight)
     assert index.land()
     assert index.size_of(h(2)) == 20
 
@@ -484,3 +497,20 @@ async def test_a_flight_starts_before_its_committer_yields(index: Index):
         assert index._landed.wait(timeout=10)
         assert index.set_pinned([h(1)], True) == 1
     assert committed(index) == {h(1): (10, 1)}
+
+
+async def test_a_flight_lands_even_when_no_thread_can_be_started(
+        index: Index, monkeypatch: pytest.MonkeyPatch):
+    """Nothing may be left waiting for a flight that never flew: without a thread the
+    committer writes it itself, and the failure still shows."""
+    commits = _Commits(index)
+    index.insert(h(1), 10, "ds")
+
+    def no_thread(*_args, **_kwargs):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(trio.lowlevel, "start_thread_soon", no_thread)
+    with pytest.raises(RuntimeError, match="new thread"):
+        await commits._commit_index()
+    assert index.land()
+    assert committed(index) == {h(1): (10, 0)}
