@@ -77,11 +77,17 @@ def used(path: Path) -> int:
 def test_what_the_mount_keeps_open_stays_within_a_share_of_the_cache(
         mounted: MountProcess) -> None:
     mnt, cache = mounted.mountpoint, mounted.cache_dir
+
+    def kept() -> int:
+        return sum(size for files in open_store_files(mounted).values() for _, size in files)
+
     for i in range(FILES):
         assert (mnt / f"f{i:02d}").read_bytes()[:MIB - 1] == bytes([i]) * (MIB - 1)
-        held = open_store_files(mounted)
-        kept = sum(size for files in held.values() for _, size in files)
-        assert kept <= SHARE, f"after f{i:02d}: {kept} bytes of store files open: {held}"
+        # Files of 1 MiB are read with passthrough (docs/mount.md), whose store file the
+        # mount holds until the kernel's RELEASE, which comes after close() returns, not
+        # with it: what is kept must be within the share once that has come.
+        wait_for(lambda: kept() <= SHARE, f"what is kept after f{i:02d} to be within the "
+                 f"share (now {open_store_files(mounted)})", timeout=5)
     # Everything the filesystem holds has a name, and the store is within the cap: no
     # evicted file is kept allocated by a descriptor.
     held = open_store_files(mounted)
