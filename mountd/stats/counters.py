@@ -117,11 +117,13 @@ class DatasetCounters:
 #: fill waits for a fill slot, room, and the remote limits), then in a fill process ``read``,
 #: ``hash``, ``write``, ``rename`` (mountd/store/fillwork.py), then ``transit`` (the rest of
 #: the time from sending the job to having its answer: the fill process's queue and the
-#: messages both ways), then ``index`` (the main process records the file), and ``answer``
-#: (sending the answer of an ``ensure`` or ``supply``). CPU is measured where the stage runs
-#: without giving way to other work: ``rpc``, ``index`` and the fill process's four.
+#: messages both ways), then ``index`` (the main process records the file), ``answer``
+#: (sending the answer of an ``ensure`` or ``supply``), and ``commit`` (writing the file's
+#: index row into SQLite with its group commit, in a worker thread of the main process:
+#: mountd/store/commits.py). CPU is measured where the stage runs without giving way to
+#: other work: ``rpc``, ``index``, ``commit`` and the fill process's four.
 FILL_STAGES: tuple[str, ...] = ("rpc", "queue", "read", "hash", "write", "rename", "transit",
-                                "index", "answer")
+                                "index", "answer", "commit")
 
 #: The stages a fill process reports, in the order of its list of times (fillwork.WORK_STAGES).
 WORK_STAGES: tuple[str, ...] = ("read", "hash", "write", "rename")

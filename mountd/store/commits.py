@@ -34,6 +34,7 @@ from functools import partial
 
 import trio
 
+from mountd.stats.counters import Counters
 from mountd.store import disk, durability
 from mountd.store.config import CacheConfig
 from mountd.store.index import TOUCH_MEMORY, Index
@@ -77,6 +78,7 @@ class Commits:
     _dirty: bool
     _free_disk: Callable[[int], int]
     _remove: Callable[..., tuple[int, int]]
+    counters: Counters
 
     def _init_commits(self) -> None:
         #: Set when a row waits in the index's group commit (the committer flushes it).
@@ -138,6 +140,8 @@ class Commits:
                 raise
             with trio.CancelScope(shield=True):
                 await landed.wait()
+            rows = len(flight.written) + len(flight.new)
+            self.counters.stages.add("commit", *flight.spent, rows)
             if self._index is not index:
                 return  # closed meanwhile: close() landed it
             if not index.land():

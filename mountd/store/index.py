@@ -88,6 +88,8 @@ class Flight(NamedTuple):
     opened: bool
     #: Set by the worker thread: ``ok[0]`` is True once the commit succeeded.
     ok: list[bool]
+    #: Set by the worker thread: the wall and CPU seconds it spent on the flight.
+    spent: list[float]
 
 
 class IndexCorrupt(Exception):
@@ -183,7 +185,8 @@ class Index:
         self._land()
         if not self._unwritten and not self._group:
             return None
-        flight = Flight(self._group_rows, sorted(self._unwritten.values()), self._group, [False])
+        flight = Flight(self._group_rows, sorted(self._unwritten.values()), self._group, [False],
+                        [0.0, 0.0])
         self._group_rows, self._group = [], False
         self._unwritten = {}
         self._flight = flight
@@ -196,6 +199,7 @@ class Index:
         while the trio thread leaves the writing connection alone. A failure (disk full) is
         rolled back; :meth:`land` then gives the rows to :meth:`flush`'s row-by-row path."""
         c = self._conn
+        wall, cpu = time.perf_counter(), time.thread_time()
         try:
             if not flight.opened:
                 c.execute("BEGIN")
@@ -207,6 +211,7 @@ class Index:
             with contextlib.suppress(sqlite3.Error):
                 c.execute("ROLLBACK")
         finally:
+            flight.spent[:] = [time.perf_counter() - wall, time.thread_time() - cpu]
             self._landed.set()
 
     def land(self) -> bool:

@@ -270,7 +270,8 @@ def print_fetched_ahead(protection: Mapping[str, Any], console: Console | None =
         f"dropped unread {_files_bytes(sum(ended[r] for r in dropped), nbytes(dropped), why)}")
 
 
-#: Where each stage of ``fill_stages`` runs (the rest run in mountd's main process).
+#: Where each stage of ``fill_stages`` runs (the rest run in mountd's main process, its
+#: event loop but for ``commit``, which a worker thread of that process runs).
 _IN_FILL_PROCESS = ("read", "hash", "write", "rename")
 
 #: CPU of a fill's ``write`` and ``rename`` together above which ``quiverfs stats`` says the
@@ -296,7 +297,8 @@ def print_fill_stages(stages: Mapping[str, Any], console: Console | None = None)
             continue
         cpu = stage.get("cpu_s", 0.0)
         table.add_row(
-            name, "fill process" if name in _IN_FILL_PROCESS else "mountd", str(count),
+            name, "fill process" if name in _IN_FILL_PROCESS
+            else "mountd (thread)" if name == "commit" else "mountd", str(count),
             f"{stage.get('wall_s', 0.0) / count * 1e6:,.0f} µs",
             f"{cpu / count * 1e6:,.0f} µs" if cpu else "-")
     console.print(table)

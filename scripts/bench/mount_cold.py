@@ -413,7 +413,7 @@ def print_stages(row: Row) -> None:
           f"{stages.get('jobs', 0)} fill-process jobs): per observation of each stage")
     print(f"{'stage':<10}{'where':<16}{'observed':>10}{'wall µs':>10}{'CPU µs':>10}")
     places = {"read": "fill process", "hash": "fill process", "write": "fill process",
-              "rename": "fill process"}
+              "rename": "fill process", "commit": "mountd thread"}
     for name, stage in stages["stages"].items():
         if not stage["count"]:
             continue

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from mountd.stats.counters import Counters
 from mountd.store.commits import Commits
 from mountd.store.index import BATCH, FIRST_LRU_PAGE, WAL_BYTES, Index, IndexCorrupt
 from mountd.store.policy import POLICIES, EvictionPolicy, LRUPolicy, make_policy, register_policy
@@ -470,6 +471,7 @@ class _Commits(Commits):
         self._index = index
         self._nursery = None
         self._dirty = False
+        self.counters = Counters()
         self._init_commits()
 
 
@@ -497,6 +499,9 @@ async def test_a_flight_starts_before_its_committer_yields(index: Index):
         assert index._landed.wait(timeout=10)
         assert index.set_pinned([h(1)], True) == 1
     assert committed(index) == {h(1): (10, 1)}
+    # The commit's time shows as the "commit" stage of quiverfs stats, one row observed.
+    commit = commits.counters.snapshot()["fill_stages"]["stages"]["commit"]
+    assert commit["count"] == 1 and commit["wall_s"] > 0 and commit["cpu_s"] > 0
 
 
 async def test_a_flight_lands_even_when_no_thread_can_be_started(
