@@ -136,6 +136,12 @@ class Index:
         #: of mountd's CPU in a cold pass (py-spy, mount_cold.py, 2026-11-30). Forgotten
         #: wherever a hash leaves the store (:meth:`delete`, :meth:`take_lost`).
         self._known: dict[bytes, int] = {}
+        #: The dataset whose reference the last :data:`KNOWN_SIZES` rows :meth:`insert` stored
+        #: were written with: a hit of a file just filled (read-ahead's and the sweep's
+        #: files, read a moment later) then queues no reference that is already there. In a
+        #: cold pass those redundant references, written every second, cost ~5 µs of the trio
+        #: thread a file, and their write committed the group commit on it (2026-11-30).
+        self._fresh_refs: dict[bytes, str | None] = {}
         #: Recency of hits kept in memory (see :meth:`touch`): hash → (its newest hit's
         #: stamp, the dataset whose reference to it is already recorded or queued), in
         #: stamp order (oldest first).
@@ -329,6 +335,7 @@ class Index:
         lost, self._lost = list(self._lost.values()), {}
         for row in lost:
             self._known.pop(row.hash, None)
+            self._fresh_refs.pop(row.hash, None)
         return lost
 
     # -- opening -------------------------------------------------------------------------
@@ -570,6 +577,11 @@ class Index:
             self.pinned_bytes += size - old.size
         self._unwritten[hash] = NewRow(hash, size, dataset, uid, self.now(), pinned)
         self._remember(hash, size)
+        fresh = self._fresh_refs
+        if len(fresh) >= KNOWN_SIZES:
+            del fresh[next(iter(fresh))]
+        fresh.pop(hash, None)
+        fresh[hash] = dataset
 
     def _write_new(self) -> None:
         """Write every new row into the group commit (opening it): the batch in one
@@ -658,8 +670,11 @@ class Index:
         stamp = self.now()
         touched = self._touched
         pop = touched.pop
+        fresh = self._fresh_refs
         for h in hashes:
             known = pop(h, (0, None))[1]  # re-inserted: the dict stays in stamp order
+            if known is None and fresh:
+                known = fresh.get(h)  # a file just stored: its row came with the reference
             if dataset is not None and known != dataset:
                 self._touched_refs.add((dataset, h))
                 known = dataset
@@ -796,6 +811,7 @@ class Index:
             self._touched.pop(h, None)
             self._lost.pop(h, None)
             self._known.pop(h, None)
+            self._fresh_refs.pop(h, None)
         try:
             self._delete(hashes)
         except sqlite3.Error as exc:
@@ -928,6 +944,12 @@ class Index:
         self.write_refs()
         self.flush()
         self.conn.execute(sql, (dataset,))
+        # A later hit must queue the reference again: nothing may remember it as written.
+        self._fresh_refs = {h: d for h, d in self._fresh_refs.items() if d != dataset}
+        touched = self._touched
+        for h, (stamp, known) in touched.items():
+            if known == dataset:
+                touched[h] = (stamp, None)
 
     def drop_dangling_refs(self) -> int:
         """Delete references (and owners) of hashes that have no entry (after recovery

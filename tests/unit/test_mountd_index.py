@@ -203,6 +203,30 @@ def test_a_reference_is_queued_once_per_dataset(index: Index):
     assert index.write_refs() == 0  # already recorded: repeated hits cost no SQLite work
 
 
+def _refs(index: Index) -> set[tuple[str, bytes]]:
+    return set(index.conn.execute("SELECT dataset, hash FROM refs"))
+
+
+def test_a_hit_of_a_file_just_stored_queues_no_reference(index: Index):
+    """A cold pass reads the files read-ahead just stored: their rows came with their
+    dataset's reference, so the hit queues nothing (no write, no commit on the trio thread);
+    another dataset's hit still does, and so does a hit after the references were dropped."""
+    index.insert(h(0), 1, "a")
+    index.insert(h(1), 1, None)
+    index.flush()
+    index.touch([h(0)], "a")
+    assert index.write_refs() == 0
+    index.touch([h(1)], "a")  # stored for no dataset: "a"'s reference is news
+    index.touch([h(0)], "b")
+    assert index.write_refs() == 2
+    assert _refs(index) == {("a", h(0)), ("a", h(1)), ("b", h(0))}
+    index.drop_refs("a", keep_pinned=False)
+    assert _refs(index) == {("b", h(0))}
+    index.touch([h(0), h(1)], "a")
+    assert index.write_refs() == 2
+    assert _refs(index) == {("a", h(0)), ("a", h(1)), ("b", h(0))}
+
+
 def test_a_noted_hit_never_moves_a_newer_fill_back(index: Index):
     index.insert(h(0), 1, None)
     index.touch([h(0)], None)
