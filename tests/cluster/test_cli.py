@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mountd.rpc.client import SyncClient
-from quiverfs.testing.emulators import free_port
+from quiverfs.testing.emulators import free_port, free_ports
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 from quiverfs.testing.redis import RedisServer
 from tests.cluster.conftest import SECRET, mountd_once, secret_file
@@ -46,8 +46,7 @@ def test_two_processes_share_through_peers_and_one_killed_costs_nothing(
         tmp_path: Path, redis_server: RedisServer) -> None:
     url, files = make_dataset(tmp_path / "bucket", 12, size=3000)
     secret = secret_file(tmp_path)
-    ports = [free_port(), free_port()]
-    metrics = free_port()
+    *ports, metrics = free_ports(3)
 
     def options(i: int) -> list[str]:
         return ["--cluster", redis_server.url, "--advertise", f"127.0.0.1:{ports[i]}",

@@ -17,7 +17,7 @@ from mountd.cluster.tls import PeerTLS
 from mountd.errors import PeerError
 from mountd.rpc.client import SyncClient
 from mountd.store.cache import Cache, CacheConfig
-from quiverfs.testing.emulators import free_port
+from quiverfs.testing.emulators import free_ports
 from quiverfs.testing.mountd import location, make_dataset, running_mountd, wait_until
 from quiverfs.testing.redis import RedisServer
 from quiverfs.testing.tls import NodeCert, TestCA
@@ -133,7 +133,7 @@ def test_two_nodes_share_over_tls(tmp_path: Path, redis_server: RedisServer) -> 
     ca = TestCA(tmp_path / "ca")
     url, files = make_dataset(tmp_path / "bucket", 12, size=5000)
     secret = secret_file(tmp_path)
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
 
     def options(i: int) -> list[str]:
         return ["--cluster", redis_server.url, "--advertise", f"127.0.0.1:{ports[i]}",

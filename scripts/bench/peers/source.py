@@ -42,7 +42,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from quiverfs.testing.emulators import free_port
+from quiverfs.testing.emulators import free_ports
 from quiverfs.testing.mountd import log_tail, stop_process
 
 HERE = Path(__file__).resolve().parent
@@ -278,7 +278,7 @@ class Source:
             self.port = side_port
             _wait(lambda: _answers(self.endpoint + "/"), "the s3dir server", self.side, side_log)
             return
-        self.port, self.raw_port = free_port(), free_port()
+        self.port, self.raw_port = free_ports(2)
         conf = self.workdir / "nginx.conf"
         conf.write_text(_nginx_conf(self.workdir, self.root, self.port, self.raw_port, side_port,
                                     self.latency, self.nginx_workers))
