@@ -140,8 +140,7 @@ class Commits:
                 raise
             with trio.CancelScope(shield=True):
                 await landed.wait()
-            rows = len(flight.written) + len(flight.new)
-            self.counters.stages.add("commit", *flight.spent, rows)
+            self.counters.stages.add("commit", flight.wall, flight.cpu, len(flight.rows))
             if self._index is not index:
                 return  # closed meanwhile: close() landed it
             if not index.land():

@@ -33,6 +33,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,7 +47,7 @@ log = logging.getLogger("mountd.store.index")
 #: the cache writes the oldest to the table.
 TOUCH_MEMORY = 200_000
 
-#: Sizes :meth:`Index.size_of` answers from memory (~140 bytes each): more than read-ahead's
+#: Sizes :meth:`Index.size_of` answers from memory (~200 bytes each): more than read-ahead's
 #: window and the fills in flight ever ask about at once.
 KNOWN_SIZES = 1 << 16
 
@@ -77,8 +78,10 @@ class NewRow(NamedTuple):
     pinned: bool = False
 
 
-class Flight(NamedTuple):
-    """A group commit out in a worker thread (:meth:`Index.take_flight`)."""
+@dataclass(slots=True)
+class GroupCommit:
+    """A group commit in flight: out in a worker thread (:meth:`Index.take_flight`). Not
+    :class:`mountd.store.misses.Flight`, a fill in flight."""
 
     #: Rows written into the open group commit before the flight (committed with it).
     written: list[NewRow]
@@ -86,10 +89,15 @@ class Flight(NamedTuple):
     new: list[NewRow]
     #: Whether the group commit was open already (its ``BEGIN`` was issued).
     opened: bool
-    #: Set by the worker thread: ``ok[0]`` is True once the commit succeeded.
-    ok: list[bool]
-    #: Set by the worker thread: the wall and CPU seconds it spent on the flight.
-    spent: list[float]
+    #: Set by the worker thread: whether the commit succeeded, and the wall and CPU seconds
+    #: it spent on it.
+    ok: bool = False
+    wall: float = 0.0
+    cpu: float = 0.0
+
+    @property
+    def rows(self) -> tuple[NewRow, ...]:
+        return (*self.written, *self.new)
 
 
 class IndexCorrupt(Exception):
@@ -129,19 +137,18 @@ class Index:
         #: :meth:`delete`): hidden from :meth:`size_of` and :meth:`least_recent`, deleted by
         #: :meth:`retry_deletes`.
         self.deleting: set[bytes] = set()
-        #: Sizes of hashes in the store that :meth:`size_of` found in the table or
-        #: :meth:`insert` indexed, the most recently learnt last, at most :data:`KNOWN_SIZES`:
-        #: answered without a query. Read-ahead asks about the same files again and again (its
-        #: windows overlap, and its worker asks again before each fill): the lookups were 12%
-        #: of mountd's CPU in a cold pass (py-spy, mount_cold.py, 2026-11-30). Forgotten
-        #: wherever a hash leaves the store (:meth:`delete`, :meth:`take_lost`).
-        self._known: dict[bytes, int] = {}
-        #: The dataset whose reference the last :data:`KNOWN_SIZES` rows :meth:`insert` stored
-        #: were written with: a hit of a file just filled (read-ahead's and the sweep's
-        #: files, read a moment later) then queues no reference that is already there. In a
-        #: cold pass those redundant references, written every second, cost ~5 µs of the trio
-        #: thread a file, and their write committed the group commit on it (2026-11-30).
-        self._fresh_refs: dict[bytes, str | None] = {}
+        #: Hashes in the store that :meth:`size_of` found in the table or :meth:`insert`
+        #: indexed, the most recently learnt last, at most :data:`KNOWN_SIZES`: their size,
+        #: answered without a query, and the dataset whose reference :meth:`insert` wrote
+        #: with the row (None when learnt from the table). Read-ahead asks about the same files
+        #: again and again (its windows overlap, and its worker asks again before each fill):
+        #: the lookups were 12% of mountd's CPU in a cold pass (py-spy, mount_cold.py,
+        #: 2026-11-30). The dataset spares a hit of a file just filled (read-ahead's and the
+        #: sweep's files, read a moment later) a reference already there: in a cold pass those,
+        #: written every second, cost ~5 µs of the trio thread a file and committed the group
+        #: commit on it (2026-11-30). Forgotten wherever a hash leaves the store
+        #: (:meth:`delete`, :meth:`take_lost`).
+        self._known: dict[bytes, tuple[int, str | None]] = {}
         #: Recency of hits kept in memory (see :meth:`touch`): hash → (its newest hit's
         #: stamp, the dataset whose reference to it is already recorded or queued), in
         #: stamp order (oldest first).
@@ -158,7 +165,7 @@ class Index:
         #: The group commit out in a worker thread (see the module docstring), its rows by
         #: hash, and an event set while none is out (or once it has landed: the worker
         #: thread sets it, the trio thread settles it in :meth:`_land`).
-        self._flight: Flight | None = None
+        self._flight: GroupCommit | None = None
         self._flying: dict[bytes, NewRow] = {}
         self._landed = threading.Event()
         self._landed.set()
@@ -183,7 +190,7 @@ class Index:
 
     # -- the group commit in a worker thread -----------------------------------------------
 
-    def take_flight(self) -> Flight | None:
+    def take_flight(self) -> GroupCommit | None:
         """Hand the group commit's rows to a flight (None when there are none): the caller
         starts :meth:`write_flight` in a worker thread in the same trio step (a task that
         needs :attr:`conn` meanwhile waits for it without yielding), then calls
@@ -191,16 +198,15 @@ class Index:
         self._land()
         if not self._unwritten and not self._group:
             return None
-        flight = Flight(self._group_rows, sorted(self._unwritten.values()), self._group, [False],
-                        [0.0, 0.0])
+        flight = GroupCommit(self._group_rows, sorted(self._unwritten.values()), self._group)
         self._group_rows, self._group = [], False
         self._unwritten = {}
         self._flight = flight
-        self._flying = {row.hash: row for row in (*flight.written, *flight.new)}
+        self._flying = {row.hash: row for row in flight.rows}
         self._landed.clear()
         return flight
 
-    def write_flight(self, flight: Flight) -> None:
+    def write_flight(self, flight: GroupCommit) -> None:
         """Write and commit ``flight``'s rows: the one method that runs in a worker thread,
         while the trio thread leaves the writing connection alone. A failure (disk full) is
         rolled back; :meth:`land` then gives the rows to :meth:`flush`'s row-by-row path."""
@@ -212,12 +218,12 @@ class Index:
             if flight.new:
                 self._write_rows(c, flight.new)
             c.execute("COMMIT")
-            flight.ok[0] = True
+            flight.ok = True
         except sqlite3.Error:
             with contextlib.suppress(sqlite3.Error):
                 c.execute("ROLLBACK")
         finally:
-            flight.spent[:] = [time.perf_counter() - wall, time.thread_time() - cpu]
+            flight.wall, flight.cpu = time.perf_counter() - wall, time.thread_time() - cpu
             self._landed.set()
 
     def land(self) -> bool:
@@ -225,7 +231,7 @@ class Index:
         rows are waiting again, for :meth:`flush`)."""
         flight = self._flight
         self._land()
-        return flight is None or flight.ok[0]
+        return flight is None or flight.ok
 
     def _land(self) -> None:
         """Wait for a flight out to land (a commit's time at most) and settle it: its rows
@@ -235,10 +241,10 @@ class Index:
             return
         self._landed.wait()
         self._flight, flying, self._flying = None, self._flying, {}
-        if flight.ok[0]:
+        if flight.ok:
             return
         unwritten, self._unwritten = self._unwritten, {}
-        for row in (*flight.written, *flight.new):
+        for row in flight.rows:
             if flying.get(row.hash) is row:  # not deleted or re-inserted meanwhile
                 self._unwritten[row.hash] = row
         self._unwritten.update(unwritten)
@@ -335,7 +341,6 @@ class Index:
         lost, self._lost = list(self._lost.values()), {}
         for row in lost:
             self._known.pop(row.hash, None)
-            self._fresh_refs.pop(row.hash, None)
         return lost
 
     # -- opening -------------------------------------------------------------------------
@@ -525,7 +530,7 @@ class Index:
         if self.deleting and hash in self.deleting:
             return None
         known = self._known.get(hash)
-        return _UNKNOWN if known is None else known
+        return _UNKNOWN if known is None else known[0]
 
     def absent(self, hashes: Sequence[bytes]) -> list[bytes]:
         """Those of ``hashes`` not indexed, in their order: what :meth:`size_of` would answer
@@ -548,11 +553,11 @@ class Index:
                 self._remember(hash, size)
         return [hash for hash in hashes if out[hash]]
 
-    def _remember(self, hash: bytes, size: int) -> None:
+    def _remember(self, hash: bytes, size: int, dataset: str | None = None) -> None:
         known = self._known
         if len(known) >= KNOWN_SIZES:
             del known[next(iter(known))]
-        known[hash] = size
+        known[hash] = (size, dataset)
 
     def insert(self, hash: bytes, size: int, dataset: str | None, uid: int | None = None) -> None:
         """Index a freshly stored file (and its dataset reference, and the uid it is charged
@@ -576,12 +581,7 @@ class Index:
         if pinned and old.size != size:
             self.pinned_bytes += size - old.size
         self._unwritten[hash] = NewRow(hash, size, dataset, uid, self.now(), pinned)
-        self._remember(hash, size)
-        fresh = self._fresh_refs
-        if len(fresh) >= KNOWN_SIZES:
-            del fresh[next(iter(fresh))]
-        fresh.pop(hash, None)
-        fresh[hash] = dataset
+        self._remember(hash, size, dataset)
 
     def _write_new(self) -> None:
         """Write every new row into the group commit (opening it): the batch in one
@@ -670,11 +670,11 @@ class Index:
         stamp = self.now()
         touched = self._touched
         pop = touched.pop
-        fresh = self._fresh_refs
+        sizes = self._known
         for h in hashes:
             known = pop(h, (0, None))[1]  # re-inserted: the dict stays in stamp order
-            if known is None and fresh:
-                known = fresh.get(h)  # a file just stored: its row came with the reference
+            if known is None and (stored := sizes.get(h)) is not None:
+                known = stored[1]  # a file just stored: its row came with the reference
             if dataset is not None and known != dataset:
                 self._touched_refs.add((dataset, h))
                 known = dataset
@@ -811,7 +811,6 @@ class Index:
             self._touched.pop(h, None)
             self._lost.pop(h, None)
             self._known.pop(h, None)
-            self._fresh_refs.pop(h, None)
         try:
             self._delete(hashes)
         except sqlite3.Error as exc:
@@ -945,11 +944,10 @@ class Index:
         self.flush()
         self.conn.execute(sql, (dataset,))
         # A later hit must queue the reference again: nothing may remember it as written.
-        self._fresh_refs = {h: d for h, d in self._fresh_refs.items() if d != dataset}
-        touched = self._touched
-        for h, (stamp, known) in touched.items():
-            if known == dataset:
-                touched[h] = (stamp, None)
+        for memory in (self._known, self._touched):
+            for h, (first, known) in memory.items():
+                if known == dataset:
+                    memory[h] = (first, None)
 
     def drop_dangling_refs(self) -> int:
         """Delete references (and owners) of hashes that have no entry (after recovery

@@ -220,11 +220,13 @@ def test_a_hit_of_a_file_just_stored_queues_no_reference(index: Index):
     index.touch([h(0)], "b")
     assert index.write_refs() == 2
     assert _refs(index) == {("a", h(0)), ("a", h(1)), ("b", h(0))}
+    index.insert(h(2), 1, "a")  # stored, never hit before its reference is dropped
+    index.flush()
     index.drop_refs("a", keep_pinned=False)
     assert _refs(index) == {("b", h(0))}
-    index.touch([h(0), h(1)], "a")
-    assert index.write_refs() == 2
-    assert _refs(index) == {("a", h(0)), ("a", h(1)), ("b", h(0))}
+    index.touch([h(0), h(1), h(2)], "a")
+    assert index.write_refs() == 3
+    assert _refs(index) == {("a", h(0)), ("a", h(1)), ("a", h(2)), ("b", h(0))}
 
 
 def test_a_noted_hit_never_moves_a_newer_fill_back(index: Index):
