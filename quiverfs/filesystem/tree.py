@@ -46,8 +46,8 @@ DIR_MODE = stat.S_IFDIR | 0o555
 BLOCK_SIZE = 4096
 
 #: Most a file's ``st_blksize`` says (:func:`io_block`): one READ of the largest size the
-#: mount asks the kernel for (quiverfs/protocol/fuse_wire.py MAX_PAGES_WANTED pages).
-MAX_IO_BLOCK = 1 << 20
+#: mount asks the kernel for.
+MAX_IO_BLOCK = fuse_wire.MAX_READ_BYTES
 
 
 def io_block(size: int) -> int:

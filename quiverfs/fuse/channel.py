@@ -123,8 +123,8 @@ def handshake(fd: int, passthrough: bool = False) -> tuple[int, int, bool]:
 
 
 #: Read-ahead the mount's device gets (KiB; the kernel's default is 128): the largest READ the
-#: mount asks for (fuse_wire.MAX_PAGES_WANTED pages).
-READ_AHEAD_KIB = 1024
+#: mount asks for.
+READ_AHEAD_KIB = fuse_wire.MAX_READ_BYTES >> 10
 
 
 def widen_read_ahead(device: str, kib: int = READ_AHEAD_KIB) -> bool:

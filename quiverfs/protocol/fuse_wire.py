@@ -115,7 +115,9 @@ MAX_STACK_DEPTH = 1
 #: READDIRPLUS (a listing hands the kernel every entry's attributes, so no LOOKUP follows it),
 #: and reads of up to ``MAX_PAGES_WANTED`` pages per request.
 WANTED_FLAGS = ASYNC_READ | DO_READDIRPLUS | READDIRPLUS_AUTO | PARALLEL_DIROPS | MAX_PAGES
-MAX_PAGES_WANTED = 256  # 1 MiB reads
+MAX_PAGES_WANTED = 256
+#: The largest READ the mount asks for: MAX_PAGES_WANTED pages of 4 KiB (1 MiB).
+MAX_READ_BYTES = MAX_PAGES_WANTED * 4096
 MAX_WRITE = 128 * 1024
 
 #: A request buffer must hold the largest request (a WRITE of MAX_WRITE plus headers).
