@@ -24,9 +24,10 @@ crash: docs/store-layout.md).
 
 Disk full: a write that fails with ENOSPC asks the main process for room (``room(bytes)``:
 it evicts, outside its own accounting, until the disk has that much free), then writes the
-same range once more, as often as the main process says the room is there (other fills may
-take it first), at most :data:`ROOM_TRIES` times. When the main process cannot make the
-room, or the tries run out, that file fails with :class:`~mountd.errors.CacheFull`. The
+same range once more, as often as the main process says the room is there (:class:`RoomWait`:
+other fills met the same wall and may take the room first). When the main process cannot
+make the room, or a write fails :data:`ROOM_TRIES` times with the room there, or
+:data:`ROOM_WAIT` seconds pass, that file fails with :class:`~mountd.errors.CacheFull`. The
 temp file is always removed when a file fails.
 
 Each job measures its stages (wall and CPU seconds of ``read``, ``hash``, ``write``,
@@ -151,9 +152,15 @@ class StageTimes:
 
 READ, HASH, WRITE, RENAME = range(len(WORK_STAGES))
 
-#: Writes of one range that met a full disk, each after the main process made room, before
-#: the file fails (the room it makes may go to another fill first).
+#: Writes of one range that failed with the room for it free on the disk (a quota, no inodes
+#: left: evicting does not help), each after the main process said the room was there,
+#: before the file fails.
 ROOM_TRIES = 8
+
+#: Seconds one write or rename goes on asking for room and trying again while other fills
+#: take the room made for it first (:class:`RoomWait`). A CI run had a 1 MiB fill fail after 8
+#: such losses in a row, each with the room made a moment before (2026-11-30).
+ROOM_WAIT = 30.0
 
 #: Bytes asked for when a rename meets a full disk (a new fan-out folder's first block).
 FOLDER_ROOM = 64 << 10
@@ -175,6 +182,34 @@ class Outcome:
 class FillStopped(Exception):
     """The fill's caller was cancelled while the job streamed: it stopped between two chunks
     and its temp file is gone (nothing of it reached the store)."""
+
+
+class RoomWait:
+    """The tries of one write or rename that met a full disk.
+
+    Fills that meet a full disk together all ask for room; the main process makes it for
+    each in turn and says so, and the first to write takes it: on a loaded machine a fill
+    lost that race 7 times in a row. Losing is no reason to fail, so a try counts only when
+    the room was there and the write still failed (the disk shows ``need`` bytes free after
+    it: a quota or the inodes, which no eviction helps); losses are retried until
+    :data:`ROOM_WAIT` seconds after the first full disk."""
+
+    def __init__(self, cache_dir: str) -> None:
+        self.cache_dir = cache_dir
+        self.deadline: float | None = None
+        self.futile = 0
+
+    def again(self, need: int, gate: Gate) -> bool:
+        """After a write of ``need`` more bytes failed for want of space: ask ``gate`` for
+        the room; True to write again, False when the file fails."""
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + ROOM_WAIT
+        elif disk.space(self.cache_dir)[1] >= need:
+            self.futile += 1
+        if self.futile >= ROOM_TRIES or now >= self.deadline:
+            return False
+        return gate.room(need)
 
 
 class Gate(Protocol):
@@ -408,7 +443,8 @@ class Store:
         """Write ``data`` at ``offset`` of ``temp`` (a ``size``-byte file); on a full disk ask
         ``gate`` for room for the rest of the file and write again (see the module
         docstring)."""
-        for _ in range(ROOM_TRIES):
+        waits = RoomWait(self.cache_dir)
+        while True:
             try:
                 temp.write_at(data, offset)
                 return
@@ -416,32 +452,21 @@ class Store:
                 if not disk.is_enospc(exc):
                     raise
                 temp.truncate(offset)  # hold nothing of this range while waiting for room
-                if not gate.room(size - offset):
+                if not waits.again(size - offset, gate):
                     raise self.disk_full(size) from exc
-        try:
-            temp.write_at(data, offset)
-        except OSError as exc:
-            if disk.is_enospc(exc):
-                raise self.disk_full(size) from exc
-            raise
 
     def _commit(self, temp: disk.TempFile, size: int, gate: Gate) -> str:
         """Rename ``temp`` (a ``size``-byte file) into the store; on a full disk (no room
         for a new fan-out folder) ask ``gate`` for :data:`FOLDER_ROOM` and rename again."""
-        for _ in range(ROOM_TRIES):
+        waits = RoomWait(self.cache_dir)
+        while True:
             try:
                 return temp.commit(self.fanout)
             except OSError as exc:
                 if not disk.is_enospc(exc):
                     raise
-                if not gate.room(FOLDER_ROOM):
+                if not waits.again(FOLDER_ROOM, gate):
                     raise self.disk_full(size) from exc
-        try:
-            return temp.commit(self.fanout)
-        except OSError as exc:
-            if disk.is_enospc(exc):
-                raise self.disk_full(size) from exc
-            raise
 
     def disk_full(self, size: int) -> CacheFull:
         return CacheFull(

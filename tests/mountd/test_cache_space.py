@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +14,10 @@ import blake3
 import pytest
 import trio
 
+import mountd.store.fillwork as fillwork
 from mountd.errors import CacheFull
+from mountd.store import disk
+from mountd.store.fillwork import BytesReader, FillJob, Store, Target
 from mountd.store.index import Index
 from quiverfs.base.backends.base import Location
 from quiverfs.base.errors import CorruptObject
@@ -370,3 +375,87 @@ async def test_a_batch_whose_files_meet_a_full_disk_together_makes_room_for_each
         assert tmp_files(cache_dir) == []
         for o in batch:
             assert Path(cache.store_path(o.hash)).read_bytes() == o.data
+
+
+# -- one fill that meets a full disk, against a gate that says what the main process would ---
+
+
+class _Gate:
+    """A fill's gate whose ``room`` runs ``make_room`` (what the main process does: free the
+    bytes, or not) and says the room is there; counts the asks."""
+
+    def __init__(self, make_room=lambda need: None) -> None:
+        self.make_room = make_room
+        self.asks: list[int] = []
+
+    def room(self, need: int) -> bool:
+        self.asks.append(need)
+        self.make_room(need)
+        return True
+
+    def next_read(self, nbytes: int, remote: bool) -> None:
+        pass
+
+
+def _fill_one(cache_dir: Path, data: bytes, gate: _Gate) -> str | BaseException:
+    """One file's fill (bytes already in memory) into ``cache_dir``; its path or error."""
+    disk.prepare(cache_dir)
+    target = Target(blake3.blake3(data).digest(), len(data), "file:///src", "f", 0, len(data))
+    job = FillJob(target, source="bytes", data=data)
+    return Store(cache_dir).fill(job, BytesReader(data), gate).results[0]
+
+
+def test_a_fill_that_loses_the_room_made_for_it_again_and_again_still_lands(small_tmpfs: Path):
+    """Fills that meet a full disk together each get room made and the first to write takes
+    it: the room made for this one goes to others 12 times (a CI run's fill failed after 8
+    such losses), then stays; the file lands whole."""
+    cache_dir = small_tmpfs / "c"
+    disk.prepare(cache_dir)
+    ballast = _fill_disk(small_tmpfs)
+    data = os.urandom(256 * 1024)
+
+    def make_room(need: int) -> None:
+        if len(gate.asks) > 12:  # others wrote theirs: this time the room stays
+            os.truncate(ballast, max(0, ballast.stat().st_size - need - (64 << 10)))
+
+    gate = _Gate(make_room)
+    path = _fill_one(cache_dir, data, gate)
+    assert not isinstance(path, BaseException), path
+    assert Path(path).read_bytes() == data
+    assert len(gate.asks) == 13 and set(gate.asks) == {len(data)}
+    assert tmp_files(cache_dir) == []
+
+
+def test_a_write_that_fails_with_the_room_free_fails_after_room_tries(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """A quota (EDQUOT) fails the write however much the disk has free: evicting cannot help,
+    so the file fails after ROOM_TRIES writes with the room there, not after ROOM_WAIT."""
+    def over_quota(self, data, offset):
+        raise OSError(errno.EDQUOT, "Disk quota exceeded (injected)")
+
+    monkeypatch.setattr(disk.TempFile, "write_at", over_quota)
+    monkeypatch.setattr(fillwork, "ROOM_WAIT", 60.0)
+    gate = _Gate()
+    started = time.monotonic()
+    result = _fill_one(tmp_path / "c", b"x" * 5000, gate)
+    assert isinstance(result, CacheFull) and "no space left" in str(result)
+    assert len(gate.asks) == fillwork.ROOM_TRIES
+    assert time.monotonic() - started < 30
+    assert tmp_files(tmp_path / "c") == [] and store_files(tmp_path / "c") == {}
+
+
+def test_a_fill_whose_room_others_always_take_fails_after_room_wait(small_tmpfs: Path,
+                                                                     monkeypatch) -> None:
+    """Room made and always taken by others (the disk never shows it free): the fill goes on
+    asking for ROOM_WAIT seconds, then fails with CacheFull and leaves no temp file."""
+    monkeypatch.setattr(fillwork, "ROOM_WAIT", 0.3)
+    cache_dir = small_tmpfs / "c"
+    disk.prepare(cache_dir)
+    _fill_disk(small_tmpfs)
+    gate = _Gate(lambda need: time.sleep(0.01))
+    started = time.monotonic()
+    result = _fill_one(cache_dir, os.urandom(100_000), gate)
+    assert isinstance(result, CacheFull), result
+    assert 0.3 <= time.monotonic() - started < 10
+    assert len(gate.asks) > fillwork.ROOM_TRIES  # losses are not tries
+    assert tmp_files(cache_dir) == [] and store_files(cache_dir) == {}
