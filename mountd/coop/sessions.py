@@ -48,6 +48,7 @@ from mountd.coop.requests import (
     LIVE_EPOCHS,
     MAX_CLAIM,
     MAX_EPOCH,
+    MAX_HELD,
     MAX_LOOKAHEAD,
     MAX_WORLD,
     check_ids,
@@ -576,7 +577,7 @@ class SessionRegistry:
 
     def claim(
         self, dataset: str, job: str, rank: int, n: int, *, epoch: int | None = None,
-        batch: int | None = None,
+        batch: int | None = None, held: int | None = None,
     ) -> Claim:
         """Up to ``n`` files for ``rank``: cached unread ones first, then misses to fetch now.
 
@@ -589,6 +590,8 @@ class SessionRegistry:
         check_int("n", n, 1, self.max_claim)
         if batch is not None:
             check_int("batch", batch, 1, self.max_claim)
+        if held is not None:
+            check_int("held", held, 0, MAX_HELD)
         target = session.epoch if epoch is None else check_int("epoch", epoch, 0, MAX_EPOCH)
         entry.check_epoch(session.epoch, target)
         entry.move(session, target, self._datasets[dataset])
@@ -607,7 +610,7 @@ class SessionRegistry:
                          "from its cold start", dataset, job, timings.t_miss)
                 self._allocate_due = True
         if claim is None:
-            claim = pool.claim(rank, n, session.rng, session.lookahead, now, batch)
+            claim = pool.claim(rank, n, session.rng, session.lookahead, now, batch, held)
         timings.on_claim(len(claim.hits), len(claim.fetch))
         return claim
 

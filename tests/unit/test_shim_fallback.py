@@ -239,3 +239,44 @@ def test_the_next_claim_is_not_waited_for_while_a_batch_is_left(paths, monkeypat
     assert len(waits) == 6
     assert max(waits[1], waits[3]) < 0.1, waits
     assert min(waits[0], waits[2], waits[4], waits[5]) >= 0.1, waits
+
+
+class _HeldClaims(_SlowClaims):
+    """:class:`_SlowClaims` without the delay, recording each claim's ``held`` beside the
+    files given before it."""
+
+    def __init__(self, files: int) -> None:
+        super().__init__(files, 0.0)
+        self.given = 0
+        self.held: list[tuple[int, int]] = []  # (held, given before the claim)
+
+    def request(self, op: str, **args):
+        self.held.append((args["held"], self.given))
+        answer = super().request(op, **args)
+        self.given += len(answer["hits"])
+        return answer
+
+
+@pytest.mark.parametrize(("margin", "expected"), [
+    # held = what the buffer holds: 0 of 0, then 8 given with 4 yielded, 16 with 12, 23 with 16.
+    (0.0, [(0, 0), (4, 8), (4, 16), (7, 23)]),
+    # Batches handed over less than the margin ago count as held: nothing is surely read yet.
+    (3600.0, [(0, 0), (8, 8), (16, 16), (23, 23)]),
+])
+def test_claims_say_what_the_sampler_has_not_surely_had_read(paths, monkeypatch, margin,
+                                                             expected) -> None:
+    """Each claim carries ``held``: of the files given before it, those the sampler still
+    buffers and those it handed to the loader less than HANDOVER_MARGIN ago (mountd ends a
+    finished chunk's grace once every rank handed over what it was given from it)."""
+    monkeypatch.setattr(shim, "_warned_off_mount", True)
+    monkeypatch.setattr(shim, "HANDOVER_MARGIN", margin)
+    sampler = QuiverBatchSampler(paths=paths, batch_size=4, fetch_size=8, threshold=1.0,
+                                 report=False)
+    control = _HeldClaims(len(paths))
+    sampler.control = control  # type: ignore[assignment]
+    sampler._cid_to_index = array("q", range(len(paths)))
+    seen = [i for batch in sampler for i in batch]
+    sampler.control = None
+    sampler.close()
+    assert sorted(seen) == list(range(len(paths)))
+    assert control.held == expected
