@@ -655,11 +655,11 @@ class EpochPool:
         rank was given a window of the next chunks' files, and a rank's share of a small
         chunk is less than its window (24 files of a 48-file chunk against 32 at 600 files
         in ``shim_vs_lru.py``), so with two slots the next chunk could not load before the
-        grace's second ended it (docs/substitutable-reads.md "Grace"). A rank that claims no more before the epoch's
-        end passes neither until it moves on; the grace's time decides then. The
-        DataLoader's own queue is not counted: its workers read a batch as soon as they are
-        sent it, unless they are all busy (the sampler counts a batch as held for
-        ``HANDOVER_MARGIN`` after it went)."""
+        grace's second ended it (docs/substitutable-reads.md "Grace"). A rank that claims
+        no more before the epoch's end passes neither until it moves on; the grace's time
+        decides then. The DataLoader's own queue is not counted: its workers read a batch
+        as soon as they are sent it, unless they are all busy (the sampler counts a batch
+        as held for ``HANDOVER_MARGIN`` after it went)."""
         given, handed = self.given_by_rank, self.handed
         marks = [(rank, given[rank], given[rank] + window)
                  for rank, window in enumerate(self.windows) if window]

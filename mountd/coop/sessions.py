@@ -584,7 +584,9 @@ class SessionRegistry:
         ``epoch`` None means the rank's current epoch; a later one moves the rank there first.
         An empty claim means the rank's part of the epoch is given out (``end_of_epoch``),
         unless it says ``wait`` (``batch``, the rank's batch size, given: the cache has no
-        room for more misses yet; :meth:`mountd.coop.claims.EpochPool.claim`).
+        room for more misses yet; :meth:`mountd.coop.claims.EpochPool.claim`). ``held``: of
+        the files given to the rank before, how many its sampler has not had read yet (ends
+        a finished chunk's grace early: :meth:`mountd.coop.claims.EpochPool._drained`).
         """
         entry, session = self._session(dataset, job, rank)
         check_int("n", n, 1, self.max_claim)

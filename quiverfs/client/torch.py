@@ -516,7 +516,7 @@ class _Claims:
     pause: float = CLAIM_PAUSE
     end: bool = False
     #: Batches handed to the DataLoader in the last HANDOVER_MARGIN seconds: (when, files).
-    handed: deque = field(default_factory=deque)
+    handed: deque[tuple[float, int]] = field(default_factory=deque)
 
     def handing(self, files: int) -> None:
         """A batch of ``files`` goes to the DataLoader now."""
