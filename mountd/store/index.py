@@ -188,6 +188,12 @@ class Index:
         """Rows waiting for a group commit (not counting a flight out)."""
         return len(self._group_rows) + len(self._unwritten)
 
+    @property
+    def uncommitted(self) -> int:
+        """Rows not committed yet as far as the trio thread knows: those waiting, and those
+        of a flight that has not landed (its COMMIT may still be running in its thread)."""
+        return self.pending + len(self._flying)
+
     # -- the group commit in a worker thread -----------------------------------------------
 
     def take_flight(self) -> GroupCommit | None:

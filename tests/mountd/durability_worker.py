@@ -36,7 +36,9 @@ async def main(cache_dir: Path, source: Path, synced: int, unsynced: int) -> Non
         assert await cache.checkpoint()
         print("synced", flush=True)
         await fill(names[synced:])
-        while cache.index.pending:  # the group commit is flushed within milliseconds
+        # The group commit is flushed within milliseconds, in a worker thread: wait for its
+        # flight to land too (pending alone is 0 while the rows are being committed).
+        while cache.index.uncommitted:
             await trio.sleep(0.01)
         print("filled", flush=True)
         await trio.sleep_forever()

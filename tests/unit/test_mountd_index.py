@@ -379,11 +379,13 @@ def test_a_flight_commits_its_rows_in_a_worker_thread(index: Index):
     index.insert(h(3), 30, None)
     flight = index.take_flight()
     assert flight is not None and [row.hash for row in flight.new] == [h(2), h(3)]
-    assert index.pending == 0
+    # Not waiting any more, but not committed either until the flight lands (a process
+    # killed now loses them: tests/mountd/durability_worker.py waits on uncommitted).
+    assert index.pending == 0 and index.uncommitted == 2
     thread = threading.Thread(target=index.write_flight, args=(flight,))
     thread.start()
     thread.join()
-    assert index.land()
+    assert index.land() and index.uncommitted == 0
     assert committed(index) == {h(1): (10, 0), h(2): (20, 0), h(3): (30, 0)}
     with sqlite3.connect(index.path) as other:
         assert other.execute("SELECT COUNT(*) FROM refs").fetchone()[0] == 2
