@@ -112,10 +112,6 @@ class Claim:
         return not self.hits and not self.fetch and not self.wait
 
 
-#: :attr:`EpochPool.handed` of a rank that moved on to a later epoch: everything.
-HANDED_ALL = 1 << 62
-
-
 @dataclass(eq=False)
 class EpochPool:
     """One job's epoch: what was given out, and the unread files of its current chunk.
@@ -140,9 +136,6 @@ class EpochPool:
     #: claimed): its fetch size plus its claim threshold, at most ``max(n, batch) + n``
     #: (:meth:`_drained`).
     windows: list[int] = field(init=False)
-    #: Per rank, the files its sampler had handed to its DataLoader at its last claim that
-    #: said (``held``: given minus what the sampler still held); -1 when none said.
-    handed: list[int] = field(init=False)
     quota: int = field(init=False)
     #: The chunk the job reads now (None before its first claim and after the epoch's end).
     chunk: int | None = field(init=False, default=None)
@@ -173,7 +166,6 @@ class EpochPool:
         plan = self.dataset.plan
         self.given_by_rank = [0] * self.world_size
         self.windows = [0] * self.world_size
-        self.handed = [-1] * self.world_size
         if self.scope is None:
             self.given = bytearray(n)
             self.given_per_chunk = [0] * plan.chunks
@@ -218,17 +210,13 @@ class EpochPool:
     # -- the claim -------------------------------------------------------------------------
 
     def claim(self, rank: int, n: int, rng: random.Random, lookahead: int, now: float,
-              batch: int | None = None, held: int | None = None) -> Claim:
+              batch: int | None = None) -> Claim:
         """Up to ``n`` files for ``rank`` (see the module docstring); marks them given.
 
         Misses are entered in the dataset's in-flight map; the caller must fetch them.
         ``batch``: the rank's batch size, when its sampler says (see :meth:`_miss_quota`).
-        ``held``: of the files given to the rank before this claim, how many its sampler
-        has not handed to its DataLoader yet, when it says (see :meth:`_drained`).
         """
         self.windows[rank] = max(n, batch or n) + n
-        if held is not None:
-            self.handed[rank] = max(self.handed[rank], self.given_by_rank[rank] - held)
         n = min(n, self.rank_remaining(rank))
         hits: list[int] = []
         fetch: list[int] = []
@@ -251,12 +239,6 @@ class EpochPool:
             self.epoch, tuple(hits), tuple(fetch), chunk, self.remaining, tuple(brought), wait,
             self.advised_fetch(),
         )
-
-    def rank_left(self, rank: int) -> None:
-        """``rank`` moved on to a later epoch: its loader went through this epoch's batches
-        (a DataLoader starts an epoch's iterator after the last one ended), so it read all
-        it was given here."""
-        self.handed[rank] = HANDED_ALL
 
     def advised_fetch(self) -> int | None:
         """The fetch size for this job's ranks (:func:`advised_fetch`) from the plan's mean
@@ -642,31 +624,20 @@ class EpochPool:
             self._enter_next(self.generation)
 
     def _drained(self) -> Drained | None:
-        """Whether the job's reads have passed what it was given until now, as a test for
-        later (None: no rank claimed). Each rank that claimed must pass one of two:
+        """Whether the job's reads have passed what it holds claimed now, as a test for
+        later: each rank that claimed was given a window more since (None: no rank claimed).
 
-        * its sampler said (``held`` in a later claim) that it handed to its DataLoader
-          everything given to it until now, or the rank moved on to a later epoch
-          (:attr:`handed`);
-        * it was given a window more since: a sampler claims again only when the files it
-          holds fall below its threshold, so by then it had handed over all it held now.
-
-        The first passes as soon as the rank reads past the chunk; the second not before the
-        rank was given a window of the next chunks' files, and a rank's share of a small
-        chunk is less than its window (24 files of a 48-file chunk against 32 at 600 files
-        in ``shim_vs_lru.py``), so with two slots the next chunk could not load before the
-        grace's second ended it (docs/substitutable-reads.md "Grace"). A rank that claims
-        no more before the epoch's end passes neither until it moves on; the grace's time
-        decides then. The DataLoader's own queue is not counted: its workers read a batch
-        as soon as they are sent it, unless they are all busy (the sampler counts a batch
-        as held for ``HANDOVER_MARGIN`` after it went)."""
-        given, handed = self.given_by_rank, self.handed
-        marks = [(rank, given[rank], given[rank] + window)
-                 for rank, window in enumerate(self.windows) if window]
+        A sampler claims again only when the files it holds fall below its threshold, so a
+        rank given ``window`` more files has read everything it held at this moment
+        (docs/substitutable-reads.md "Grace"). A rank that can claim no more (its epoch is
+        given out) never passes: the grace's time decides then. The DataLoader's own queue
+        is not counted: its workers read a batch as soon as they are sent it, unless they
+        are all busy."""
+        given = self.given_by_rank
+        marks = [(rank, given[rank] + window) for rank, window in enumerate(self.windows) if window]
         if not marks:
             return None
-        return lambda: all(handed[rank] >= upto or given[rank] >= mark
-                           for rank, upto, mark in marks)
+        return lambda: all(given[rank] >= mark for rank, mark in marks)
 
     # -- notifications (from DatasetState) -------------------------------------------------
 

@@ -92,9 +92,6 @@ class Job:
                 oldest = min(self.pools)
                 self.pools.pop(oldest).close()
         if session.epoch != epoch:
-            left = self.pools.get(session.epoch)
-            if left is not None:
-                left.rank_left(session.rank)
             session.epoch = epoch
             session.rng = session_rng(session.seed, self.job, epoch, session.rank)
         self.drop_unused_pools()

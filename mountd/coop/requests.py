@@ -30,8 +30,6 @@ __all__ = [
 MAX_CLAIM = 1 << 16
 MAX_WORLD = 1 << 16
 MAX_EPOCH = (1 << 31) - 1
-#: Largest ``held`` a claim may say (files a sampler holds claimed and not handed over).
-MAX_HELD = (1 << 31) - 1
 MAX_LOOKAHEAD = 1000
 MAX_NAME = 256
 #: Most id ranges a session's scope may have (it travels in one xattr name).

@@ -486,9 +486,9 @@ class CoopService:
         return info_json(info)
 
     def claim(self, dataset: str, job: str, rank: int, n: int, epoch: int | None,
-              batch: int | None = None, held: int | None = None) -> dict[str, Any]:
+              batch: int | None = None) -> dict[str, Any]:
         """``claim``: the registry's claim; its misses start filling now."""
-        claim = self.registry.claim(dataset, job, rank, n, epoch=epoch, batch=batch, held=held)
+        claim = self.registry.claim(dataset, job, rank, n, epoch=epoch, batch=batch)
         if claim.fetch and dataset in self.mountd_fills:
             view = self.views[dataset]
             self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,

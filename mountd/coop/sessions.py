@@ -48,7 +48,6 @@ from mountd.coop.requests import (
     LIVE_EPOCHS,
     MAX_CLAIM,
     MAX_EPOCH,
-    MAX_HELD,
     MAX_LOOKAHEAD,
     MAX_WORLD,
     check_ids,
@@ -577,23 +576,19 @@ class SessionRegistry:
 
     def claim(
         self, dataset: str, job: str, rank: int, n: int, *, epoch: int | None = None,
-        batch: int | None = None, held: int | None = None,
+        batch: int | None = None,
     ) -> Claim:
         """Up to ``n`` files for ``rank``: cached unread ones first, then misses to fetch now.
 
         ``epoch`` None means the rank's current epoch; a later one moves the rank there first.
         An empty claim means the rank's part of the epoch is given out (``end_of_epoch``),
         unless it says ``wait`` (``batch``, the rank's batch size, given: the cache has no
-        room for more misses yet; :meth:`mountd.coop.claims.EpochPool.claim`). ``held``: of
-        the files given to the rank before, how many its sampler has not had read yet (ends
-        a finished chunk's grace early: :meth:`mountd.coop.claims.EpochPool._drained`).
+        room for more misses yet; :meth:`mountd.coop.claims.EpochPool.claim`).
         """
         entry, session = self._session(dataset, job, rank)
         check_int("n", n, 1, self.max_claim)
         if batch is not None:
             check_int("batch", batch, 1, self.max_claim)
-        if held is not None:
-            check_int("held", held, 0, MAX_HELD)
         target = session.epoch if epoch is None else check_int("epoch", epoch, 0, MAX_EPOCH)
         entry.check_epoch(session.epoch, target)
         entry.move(session, target, self._datasets[dataset])
@@ -612,7 +607,7 @@ class SessionRegistry:
                          "from its cold start", dataset, job, timings.t_miss)
                 self._allocate_due = True
         if claim is None:
-            claim = pool.claim(rank, n, session.rng, session.lookahead, now, batch, held)
+            claim = pool.claim(rank, n, session.rng, session.lookahead, now, batch)
         timings.on_claim(len(claim.hits), len(claim.fetch))
         return claim
 

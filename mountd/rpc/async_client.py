@@ -401,19 +401,14 @@ class AsyncClient:
         })
 
     async def claim(self, dataset: str, job: str, rank: int, n: int, *,
-                    epoch: int | None = None, batch: int | None = None,
-                    held: int | None = None) -> dict[str, Any]:
+                    epoch: int | None = None, batch: int | None = None) -> dict[str, Any]:
         """Up to ``n`` compact ids: ``{"epoch", "hits", "fetch", "chunk", "remaining",
-        "wait"}``; ``batch``: the rank's batch size (empty claims may then say ``wait``);
-        ``held``: of the files given to the rank before, how many it has not had read yet
-        (docs/control-protocol.md)."""
+        "wait"}``; ``batch``: the rank's batch size (empty claims may then say ``wait``)."""
         args: dict[str, Any] = {"dataset": dataset, "job": job, "rank": rank, "n": n}
         if epoch is not None:
             args["epoch"] = epoch
         if batch is not None:
             args["batch"] = batch
-        if held is not None:
-            args["held"] = held
         return await self.call("claim", args)
 
     async def next_epoch(self, dataset: str, job: str, rank: int, epoch: int | None = None) -> dict[str, Any]:

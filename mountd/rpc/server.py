@@ -594,9 +594,9 @@ class Server:
         return await self._coop().open_session(dataset, job, **a)
 
     async def _op_claim(self, conn: Connection, request: Request) -> dict[str, Any]:
-        a = _known_args(request, {"dataset", "job", "rank", "n", "epoch", "batch", "held"})
+        a = _known_args(request, {"dataset", "job", "rank", "n", "epoch", "batch"})
         return self._coop().claim(a.get("dataset"), a.get("job"), a.get("rank"), a.get("n"),
-                                  a.get("epoch"), a.get("batch"), a.get("held"))
+                                  a.get("epoch"), a.get("batch"))
 
     async def _op_next_epoch(self, conn: Connection, request: Request) -> dict[str, Any]:
         a = _known_args(request, {"dataset", "job", "rank", "epoch"})

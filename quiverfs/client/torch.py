@@ -47,7 +47,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any, BinaryIO
 
@@ -84,10 +84,6 @@ MAX_SCOPE_RANGES = 6
 #: so, up to :data:`CLAIM_PAUSE_MAX`.
 CLAIM_PAUSE = 0.002
 CLAIM_PAUSE_MAX = 0.05
-
-#: Seconds after a batch goes to the DataLoader until its files count as read for mountd
-#: (``held`` in claims): a worker that is not busy opens them within milliseconds.
-HANDOVER_MARGIN = 0.1
 
 
 class _Wait:
@@ -376,7 +372,6 @@ class QuiverBatchSampler(Sampler[list[int]]):
                     break
                 taken = [buffer.popleft() for _ in range(min(self.batch_size, len(buffer)))]
                 recent = [i for i, _ in taken]
-                claims.handing(len(taken))
                 yield recent, sum(1 for _, miss in taken if miss)
                 produced += 1
                 if target is not None and produced >= target:
@@ -411,8 +406,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
         while not claims.end and len(buffer) < max(self.batch_size,
                                                    int(self.threshold * self.fetch_now())):
             if claims.ahead is None:
-                claims.ahead = self._claims_ahead().submit(self._claim, epoch,
-                                                           claims.held(len(buffer)))
+                claims.ahead = self._claims_ahead().submit(self._claim, epoch)
             if len(buffer) >= self.batch_size and not claims.ahead.done():
                 return  # a batch is here: the claim lands while it is read
             claimed, claims.ahead = claims.ahead.result(), None
@@ -444,7 +438,7 @@ class QuiverBatchSampler(Sampler[list[int]]):
             self._claimer_pid = os.getpid()
         return self._claimer
 
-    def _claim(self, epoch: int, held: int = 0) -> tuple[list[int], list[int]] | _Wait | None:
+    def _claim(self, epoch: int) -> tuple[list[int], list[int]] | _Wait | None:
         """The next claim's compact ids, ``(hits, fetch)``; :data:`WAIT` when mountd has no
         room for more misses yet; None at the end of the epoch."""
         assert self.control is not None
@@ -453,7 +447,6 @@ class QuiverBatchSampler(Sampler[list[int]]):
                                     "epoch": epoch}
             if self._send_batch:
                 args["batch"] = self.batch_size
-                args["held"] = held
             try:
                 answer = self.control.request("claim", **args)
             except OSError as exc:
@@ -515,20 +508,6 @@ class _Claims:
     ahead: Future | None = None
     pause: float = CLAIM_PAUSE
     end: bool = False
-    #: Batches handed to the DataLoader in the last HANDOVER_MARGIN seconds: (when, files).
-    handed: deque[tuple[float, int]] = field(default_factory=deque)
-
-    def handing(self, files: int) -> None:
-        """A batch of ``files`` goes to the DataLoader now."""
-        self.handed.append((time.monotonic(), files))
-
-    def held(self, buffered: int) -> int:
-        """Files claimed and not surely read: the ``buffered`` ones, and those handed over
-        less than HANDOVER_MARGIN ago (a worker may not have opened them yet)."""
-        handed, since = self.handed, time.monotonic() - HANDOVER_MARGIN
-        while handed and handed[0][0] <= since:
-            handed.popleft()
-        return buffered + sum(n for _, n in handed)
 
 
 def _seconds(seconds: float) -> str:

@@ -57,7 +57,7 @@ OPS: dict[str, tuple[str | None, dict[str, tuple[str, bool]]]] = {
                               "epoch": (_I, False), "seed": (_I, False), "lookahead": (_I, False),
                               "scope": (_R, False)}),
     "claim": ("claim", {"job": (_S, True), "rank": (_I, True), "n": (_I, True), "epoch": (_I, False),
-                        "batch": (_I, False), "held": (_I, False)}),
+                        "batch": (_I, False)}),
     "next": ("next_epoch", {"job": (_S, True), "rank": (_I, True), "epoch": (_I, False)}),
     "close": ("session_close", {"job": (_S, True), "rank": (_I, True), "s": (_F, False)}),
     "batch": ("report_batch", {"job": (_S, True), "rank": (_I, True), "s": (_F, True),

@@ -12,7 +12,6 @@ from mountd.coop.dataset_state import DatasetState
 from mountd.coop.plans import ChunkPlan
 from mountd.coop.sessions import SessionRegistry
 from mountd.coop.unread import UnreadSet
-from mountd.errors import InvalidRequest
 from quiverfs.testing.clock import FakeClock
 from quiverfs.testing.order_stats import spearman
 
@@ -418,6 +417,7 @@ def test_a_scoped_job_skips_chunks_without_its_files():
                                     [[30, 40], [0, 10]], "0-10", [[0, "10"]], [[0, 10, 20]],
                                     [[i, i + 1] for i in range(0, 130, 2)]])
 def test_malformed_scopes_are_refused(scope):
+    from mountd.errors import InvalidRequest
 
     registry = full_registry(100)
     with pytest.raises(InvalidRequest):
@@ -507,77 +507,6 @@ def test_chunked_claims_advise_a_quarter_chunk_between_the_ranks():
     full = full_registry(50)
     full.open_session("ds", "job")
     assert full.claim("ds", "job", 0, 4).advised_fetch is None
-
-
-def _spied_registry() -> tuple[SessionRegistry, list]:
-    """A chunked dataset of 200 files (20-file chunks) whose manager records each finisher's
-    ``drained`` test."""
-    registry = SessionRegistry(clock=FakeClock())
-    assert registry.add_dataset("ds", [100] * 200, budget=200 * 100 // 4, fraction=0.1).value == "chunked"
-    manager = registry.dataset("ds").manager
-    finished: list = []
-    real = manager.finished
-
-    def spy(holder, chunk, now, drained=None):
-        finished.append(drained)
-        real(holder, chunk, now, drained)
-
-    manager.finished = spy
-    return registry, finished
-
-
-def test_a_finished_chunk_is_read_past_once_every_rank_handed_over_what_it_was_given():
-    """A sampler that says what it still holds (``held``) ends its job's part of a finished
-    chunk's grace as soon as each rank has handed everything it was given until the finish
-    to its loader, long before it was given a window more (with small chunks, a rank's share
-    of the next chunk is less than its window); a rank that moves on to its next epoch has
-    read all of this one."""
-    registry, finished = _spied_registry()
-    for rank in (0, 1):
-        registry.open_session("ds", "job", rank=rank, world_size=2)
-    pool = registry.pool("ds", "job", 0)
-    rank = 0
-    while not finished:
-        registry.claim("ds", "job", rank, 4, batch=2, held=4)
-        rank = 1 - rank
-    drained = finished[0]
-    at_finish = list(pool.given_by_rank)
-    assert not drained()
-    registry.claim("ds", "job", 0, 1, batch=2, held=1)  # one of rank 0's files still held
-    registry.claim("ds", "job", 1, 1, batch=2, held=0)
-    assert pool.handed == [at_finish[0] - 1, at_finish[1]]
-    assert not drained()
-    registry.claim("ds", "job", 0, 1, batch=2, held=1)  # the one just given: the rest went
-    assert pool.handed == [at_finish[0] + 1 - 1, at_finish[1]] and drained()
-    # Far from a window more: the window alone would still hold the chunk.
-    assert all(given < done + 8 for given, done in zip(pool.given_by_rank, at_finish, strict=True))
-
-    # The handed count never goes back (a claim sent before a later one's answer).
-    registry.claim("ds", "job", 1, 1, batch=2, held=50)
-    assert pool.handed[1] == at_finish[1]
-
-    # A rank that moves on to its next epoch read all it was given in this one.
-    registry, finished = _spied_registry()
-    registry.open_session("ds", "job", rank=0, world_size=2)
-    registry.open_session("ds", "job", rank=1, world_size=2)
-    rank = 0
-    while not finished:
-        registry.claim("ds", "job", rank, 4, batch=2, held=8)
-        rank = 1 - rank
-    drained = finished[0]
-    old = registry.pool("ds", "job", 0)
-    registry.claim("ds", "job", 0, 4, batch=2, epoch=1)
-    assert old.handed[0] > old.given_by_rank[0] and not drained()  # rank 1 is still on it
-    registry.claim("ds", "job", 1, 4, batch=2, epoch=1)
-    assert drained()
-
-
-def test_a_claims_held_must_be_a_count():
-    registry, _ = _spied_registry()
-    registry.open_session("ds", "job")
-    with pytest.raises(InvalidRequest):
-        registry.claim("ds", "job", 0, 4, batch=2, held=-1)
-    assert registry.claim("ds", "job", 0, 4, batch=2, held=0).ids
 
 
 @pytest.mark.parametrize(("chunk_files", "world", "advice"),
