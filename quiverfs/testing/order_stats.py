@@ -12,6 +12,9 @@ them, a sampler that keeps files in place fails them):
 * :func:`early_share_quantile` — the share of epochs in which a file falls in the first
   tenth, at a high quantile over the files (~0.1 plus binomial spread for a shuffle).
 
+:func:`phase_offset` says how far apart two jobs' epochs run: jobs sharing chunks out of
+phase couple each job's order across epochs (docs/substitutable-reads.md "Jobs out of phase").
+
 Used by the end-to-end test of the shim (tests/mount/test_shim_order.py), the chunk-order
 simulation (tests/unit/test_chunk_order.py) and scripts/bench/shim_vs_lru.py. Pure Python:
 scipy may be absent.
@@ -31,6 +34,7 @@ __all__ = [
     "lag_correlations",
     "mean_lag_correlation",
     "pearson",
+    "phase_offset",
     "position_chi2_p",
     "spearman",
 ]
@@ -138,6 +142,22 @@ def early_share_quantile(epochs: Sequence[dict[int, int]], n: int, q: float = 0.
         return 0.0
     shares = sorted(c / len(epochs) for c in early.values())
     return shares[min(len(shares) - 1, int(q * len(shares)))]
+
+
+def phase_offset(ref: Sequence[float], other: Sequence[float], skip: int = 1) -> float:
+    """The mean fraction of an epoch by which job ``other``'s epochs start after job
+    ``ref``'s, folded into [-0.5, 0.5) (negative: ``other`` runs ahead). ``ref`` and
+    ``other`` are the times (or steps) at which each epoch started; ``ref``'s epoch ``e``
+    lasts until ``ref[e + 1]`` (append its last epoch's end to count that one). The first
+    ``skip`` epochs are left out: jobs started together part during the cold first one.
+    NaN when no epoch is left to compare."""
+    offsets = []
+    for e in range(skip, min(len(ref) - 1, len(other))):
+        length = ref[e + 1] - ref[e]
+        if length > 0:
+            x = (other[e] - ref[e]) / length
+            offsets.append(x - math.floor(x + 0.5))
+    return sum(offsets) / len(offsets) if offsets else math.nan
 
 
 def spearman(order: Sequence[int]) -> float:

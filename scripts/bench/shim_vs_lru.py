@@ -185,8 +185,11 @@ def bench(args: argparse.Namespace, caches: Path) -> list:
                              None, None, [])
 
     orders: dict[str, list[list[dict[int, int]]]] = {}
+    #: per run, each job's epoch starts (rank 0's), then its last epoch's end
+    epoch_starts: dict[str, list[list[float]]] = {}
     for name, (results, _, _, _) in runs.items():
         orders[name] = []
+        epoch_starts[name] = []
         for job in dict.fromkeys(r["job"] for r in results):
             ranks = sorted((r for r in results if r["job"] == job), key=lambda r: r["rank"])
             epochs = []
@@ -198,6 +201,8 @@ def bench(args: argparse.Namespace, caches: Path) -> list:
                                      f"{repeated} read twice (every file once per epoch)")
                 epochs.append(order_stats.epoch_positions(batches))
             orders[name].append(epochs)
+            times = ranks[0]["epochs"]
+            epoch_starts[name].append([e["started_at"] for e in times] + [times[-1]["ended_at"]])
 
     ref = summarize(runs["all-hit"][0])["mean_batch_s"]
     # files/s one job (all its ranks, a batch each per step) reads when data never waits
@@ -244,19 +249,24 @@ def bench(args: argparse.Namespace, caches: Path) -> list:
                  "remote/dataset/epoch", "waited misses/N/epoch", "epoch s", "target",
                  "result"], rows))
     print()
-    print("order across epochs, per job (a fair shuffle: p > 0.01, |r| < 0.1, first tenth ~0.2-0.4):")
+    print("order across epochs, per job (a fair shuffle: p > 0.01, |r| < 0.1, first tenth ~0.2-0.4;")
+    print("phase: how far behind job 0 its epochs start after the first, a fraction of an epoch:")
+    print("jobs out of phase couple their orders, docs/substitutable-reads.md 'Jobs out of phase'):")
     order_rows = []
     for name, jobs_epochs in orders.items():
         if name == "synthetic":
             continue
+        starts = epoch_starts[name]
         for k, epochs in enumerate(jobs_epochs):
             cross = (order_stats.cross_correlation(jobs_epochs[0], epochs) if k else None)
+            phase = order_stats.phase_offset(starts[0], starts[k]) if k else None
             order_rows.append([name, k, order_stats.position_chi2_p(epochs, spec.files),
                                order_stats.mean_lag_correlation(epochs),
                                order_stats.early_share_quantile(epochs, spec.files),
-                               "" if cross is None else f"{cross:+.3f}"])
+                               "" if cross is None else f"{cross:+.3f}",
+                               "" if phase is None or phase != phase else f"{phase:+.2f}"])
     print(table(["run", "job", "chi-square p", "epoch-to-epoch r", "first tenth (p99)",
-                 "r with job 0"], order_rows))
+                 "r with job 0", "phase vs job 0"], order_rows))
     shim_orders = orders["shim"]
     shim_fair = all(order_stats.position_chi2_p(e, spec.files) > 0.001
                     and abs(order_stats.mean_lag_correlation(e)) < 0.1 for e in shim_orders)

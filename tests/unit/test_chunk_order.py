@@ -12,112 +12,13 @@ from __future__ import annotations
 
 import random
 from array import array
-from collections import OrderedDict
 
 import pytest
 
-from mountd.coop.chunks import Evict, Preload
 from mountd.coop.packing import Packing
-from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionRegistry
 from quiverfs.testing import order_stats
-
-
-class SimulatedCache:
-    """Performs the registry's actions on a cache of ``capacity`` files: preloads land
-    ``rate`` files per step, claimed misses land at once, evictions happen at once; above
-    the capacity the oldest files no loading/resident chunk holds go first (LRU-like)."""
-
-    def __init__(self, registry: SessionRegistry, capacity: int, rate: int) -> None:
-        self.registry = registry
-        self.capacity = capacity
-        self.rate = rate
-        self.queue: list[int] = []
-        self.files: OrderedDict[int, None] = OrderedDict()
-        self.fetched = 0
-        self.now = 0.0
-
-    def fill(self, ids) -> None:
-        state = self.registry.dataset("ds")
-        new = [i for i in ids if not state.is_cached(i)]
-        self.fetched += len(new)
-        for i in new:
-            self.files[i] = None
-        self.registry.on_cached("ds", new)
-        self._trim()
-
-    def _trim(self) -> None:
-        state = self.registry.dataset("ds")
-        over = len(self.files) - self.capacity
-        if over <= 0:
-            return
-        gone = []
-        for i in self.files:
-            if len(gone) >= over:
-                break
-            if not state.pinned(i):
-                gone.append(i)
-        for i in gone:
-            del self.files[i]
-        self.registry.on_evicted("ds", gone)
-
-    def step(self) -> None:
-        self.now += 1.0
-        for action in self.registry.tick(self.now):
-            if isinstance(action, Preload):
-                self.queue = list(action.ids)
-            elif isinstance(action, Evict):
-                for i in action.ids:
-                    self.files.pop(i, None)
-                self.registry.on_evicted("ds", action.ids)
-        state = self.registry.dataset("ds")
-        batch = [i for i in self.queue[: self.rate] if not state.is_cached(i)]
-        self.queue = self.queue[self.rate :]
-        self.fill(batch)
-
-
-def run_epochs(*, n: int, jobs: int, world: int, epochs: int, batch: int, rate: int,
-               packing: Packing | None = None, seed: int = 7):
-    """Jobs claiming in turn (each rank ``batch`` files a step) for ``epochs`` epochs:
-    per job and epoch the order the files were given in, and the files fetched.
-
-    Each rank moves to its next epoch as soon as it has its share of the last one, as a real
-    rank does, so one rank may start epoch ``e + 1`` while another still claims in ``e``."""
-    clock = [0.0]
-    registry = SessionRegistry(clock=lambda: clock[0], chunk_grace=0.0)
-    sizes = [1000] * n
-    cache_bytes = sum(sizes) // 5  # 20% of the dataset
-    budget = int(cache_bytes * 0.8)  # mountd's BUDGET_FRACTION
-    mode = registry.add_dataset("ds", sizes, budget=budget, seed=seed, packing=packing)
-    assert mode is Mode.CHUNKED
-    cache = SimulatedCache(registry, capacity=n // 5, rate=rate)
-    rng = random.Random(seed)
-    names = [f"job{j}" for j in range(jobs)]
-    for name in names:
-        for rank in range(world):
-            registry.open_session("ds", name, rank=rank, world_size=world, seed=j_seed(name))
-    order: dict[str, list[list[int]]] = {name: [[] for _ in range(epochs)] for name in names}
-    epoch = {(name, rank): 0 for name in names for rank in range(world)}
-    while any(e < epochs for e in epoch.values()):
-        cache.step()
-        clock[0] = cache.now
-        for name in rng.sample(names, len(names)):  # jobs interleave in random order
-            for rank in range(world):
-                e = epoch[name, rank]
-                if e >= epochs:
-                    continue
-                claim = registry.claim("ds", name, rank, batch, epoch=e)
-                order[name][e].extend(claim.ids)
-                cache.fill(claim.fetch + claim.brought)
-                if registry.pool("ds", name, e).rank_remaining(rank) == 0:
-                    epoch[name, rank] = e + 1
-                    if e + 1 < epochs:
-                        registry.next_epoch("ds", name, rank, e + 1)
-    return order, cache.fetched, registry
-
-
-def j_seed(name: str) -> int:
-    return int(name.removeprefix("job")) + 1
+from quiverfs.testing.chunk_sim import run_epochs
 
 
 def check_order(order: dict[str, list[list[int]]], n: int) -> tuple[list[float], list[float]]:
@@ -171,8 +72,8 @@ def test_chunked_order_is_random_across_epochs(jobs, world, rate):
     ps: list[float] = []
     r: list[float] = []
     for seed in range(1, 5):
-        order, fetched, registry = run_epochs(n=n, jobs=jobs, world=world, epochs=10, batch=8,
-                                              rate=rate, seed=seed)
+        order, fetched, registry, _ = run_epochs(n=n, jobs=jobs, world=world, epochs=10,
+                                                 batch=8, rate=rate, seed=seed)
         assert registry.dataset("ds").plan.chunks >= 10
         run_ps, run_r = check_order(order, n)
         ps += run_ps
@@ -228,8 +129,8 @@ def test_packed_chunked_order_is_random_across_epochs():
     members = array("i", [i for g in groups for i in g])
     starts = array("i", list(range(0, n + 1, pack)))
     packing = Packing(array("i", chunk_of), starts, members)
-    order, fetched, registry = run_epochs(n=n, jobs=2, world=2, epochs=10, batch=8, rate=12,
-                                          packing=packing)
+    order, fetched, registry, _ = run_epochs(n=n, jobs=2, world=2, epochs=10, batch=8,
+                                             rate=12, packing=packing)
     plan = registry.dataset("ds").plan
     for c in range(plan.chunks):  # chunks stay unions of whole packed chunks
         assert {chunk_of[i] for i in plan.ids_of(c)}.isdisjoint(
@@ -238,3 +139,29 @@ def test_packed_chunked_order_is_random_across_epochs():
     assert min(ps) > 0.01 and max(ps) < 0.999, ps  # neither clustered nor too regular
     assert abs(sum(r) / len(r)) < 0.1, r
     assert fetched / n / 10 <= 1.3, fetched / n / 10
+
+
+def test_jobs_started_out_of_phase_keep_their_offset_and_read_every_file_once():
+    """The simulation's ``offsets`` (scripts/bench/chunk_phase.py): a job started 0.3 of an
+    epoch late stays about that far behind at the same pace, and every job is still given
+    every file exactly once per epoch."""
+    n = 600
+    run = run_epochs(n=n, jobs=2, world=2, epochs=6, batch=8, rate=12, offsets=[0.0, 0.3])
+    check_order(run.order, n)  # exactly once per epoch per job
+    assert run.starts["job0"][0] == 0
+    assert round(n / 16 * 0.3) <= run.starts["job1"][0] <= round(n / 16 * 0.3) + 1
+    phase = order_stats.phase_offset(run.starts["job0"], run.starts["job1"])
+    assert 0.2 < phase < 0.4, phase
+    # Together from the start: in phase.
+    together = run_epochs(n=n, jobs=2, world=2, epochs=6, batch=8, rate=12)
+    assert abs(order_stats.phase_offset(together.starts["job0"], together.starts["job1"])) < 0.1
+
+
+def test_phase_offset():
+    """Fractions of the reference's epochs, folded into [-0.5, 0.5), the first epoch left out."""
+    ref = [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert order_stats.phase_offset(ref, [0.0, 13.0, 23.0, 33.0]) == pytest.approx(0.3)
+    assert order_stats.phase_offset(ref, [0.0, 18.0, 28.0, 38.0]) == pytest.approx(-0.2)
+    assert order_stats.phase_offset(ref, [4.0, 10.0, 20.0], skip=0) == pytest.approx(0.4 / 3)
+    assert order_stats.phase_offset(ref, [0.0, 15.0], skip=1) == pytest.approx(-0.5)
+    assert order_stats.phase_offset(ref, [0.0]) != order_stats.phase_offset(ref, [0.0])  # NaN
