@@ -137,6 +137,8 @@ class EpochPool:
     #: (:meth:`_drained`).
     windows: list[int] = field(init=False)
     quota: int = field(init=False)
+    #: Files of the epoch (the scope's, or the dataset's).
+    in_scope: int = field(init=False)
     #: The chunk the job reads now (None before its first claim and after the epoch's end).
     chunk: int | None = field(init=False, default=None)
     #: Unread files of the current chunk, cached ones apart (None when no chunk).
@@ -177,6 +179,7 @@ class EpochPool:
             in_scope = self.scope.count(1)
             self.given_total = n - in_scope
             self.given_per_chunk = [plan.count_in(c, self.given) for c in range(plan.chunks)]
+        self.in_scope = in_scope
         self.quota = -(-in_scope // self.world_size)
         self.dataset.pools.add(self)
         if self.dataset.manager is not None:
@@ -197,6 +200,13 @@ class EpochPool:
         self.unread = None
         self.fill = None
         self.chunk = None
+
+    @property
+    def position(self) -> float:
+        """How far the job is: its epoch plus the share of the epoch's files given so far
+        (``3.25``: a quarter into epoch 3)."""
+        given = self.given_total - (self.dataset.count - self.in_scope)
+        return self.epoch + (given / self.in_scope if self.in_scope else 1.0)
 
     @property
     def remaining(self) -> int:

@@ -10,7 +10,9 @@ validates requests and ties jobs, datasets and timings together.
 
 from __future__ import annotations
 
+import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mountd.coop.claims import EpochPool
@@ -19,7 +21,14 @@ from mountd.coop.plans import Mode
 from mountd.coop.requests import LIVE_EPOCHS
 from mountd.errors import StaleEpoch
 
-__all__ = ["Job", "Session", "SessionInfo", "session_rng"]
+__all__ = [
+    "OUT_OF_PHASE", "Job", "Session", "SessionInfo", "fold_phase", "session_rng", "widest_phase",
+]
+
+#: Jobs further apart than this share of an epoch are out of phase in ``quiverfs stats``:
+#: chunks they share tie each job's order to the other's (docs/substitutable-reads.md,
+#: "Jobs out of phase"; 0.1 apart gives an epoch-to-epoch r of about +0.1).
+OUT_OF_PHASE = 0.1
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,26 @@ def session_rng(seed: int, job: str, epoch: int, rank: int) -> random.Random:
     # The job id is mixed in so that two jobs with the same (default) seed still draw
     # different misses: co-operation must not depend on users picking distinct seeds.
     return random.Random(f"claim:{seed}:{job}:{epoch}:{rank}")
+
+
+def fold_phase(difference: float) -> float:
+    """A difference of two positions in epochs (``3.25 - 1.9``) as a phase: the part of an
+    epoch between them, folded into [-0.5, 0.5) (``0.35``; ``0.6`` apart is ``-0.4``)."""
+    return difference - math.floor(difference + 0.5)
+
+
+def widest_phase(positions: Mapping[str, float]) -> tuple[str, str, float] | None:
+    """The two jobs furthest apart in phase, from their positions in epochs
+    (:meth:`SessionRegistry.positions`), and that distance (0 to 0.5 of an epoch); None for
+    fewer than two jobs."""
+    widest = None
+    jobs = sorted(positions)
+    for k, a in enumerate(jobs):
+        for b in jobs[k + 1:]:
+            apart = abs(fold_phase(positions[a] - positions[b]))
+            if widest is None or apart > widest[2]:
+                widest = (a, b, apart)
+    return widest
 
 
 @dataclass

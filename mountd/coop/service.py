@@ -69,7 +69,7 @@ from mountd.coop.benefit import BENEFIT_AWARE, BUDGET_ONLY, MANUAL, DatasetDeman
 from mountd.coop.chunks import ChunkReady, Evict, Preload
 from mountd.coop.dataset_state import DatasetState, protection_owner
 from mountd.coop.datasets import DatasetView, load_view
-from mountd.coop.jobs import SessionInfo
+from mountd.coop.jobs import OUT_OF_PHASE, SessionInfo, widest_phase
 from mountd.coop.plans import Mode
 from mountd.coop.sessions import SessionRegistry
 from mountd.errors import UnknownDataset
@@ -591,9 +591,12 @@ class CoopService:
             a = allocation.get(name)
             benefits = reg.benefits(name)
             counted = counted_benefits(DatasetDemand(name, 0, 0, jobs=tuple(j for j, _ in benefits)))
+            positions = reg.positions(name)
             jobs = [{"job": j.job, "gpus": j.gpus, "t_hit": j.t_hit, "t_miss": j.t_miss,
-                     "b": j.b, "g": j.g, "b_counted": b, "probing": j.probing, "probes": probes}
+                     "b": j.b, "g": j.g, "b_counted": b, "probing": j.probing, "probes": probes,
+                     "position": positions.get(j.job)}
                     for (j, probes), b in zip(benefits, counted, strict=True)]
+            widest = widest_phase(positions) if reg.mode(name) is Mode.CHUNKED else None
             out[name] = {
                 "mode": str(reg.mode(name)),
                 "bytes": a.budget + a.retain if a is not None else None,
@@ -602,6 +605,8 @@ class CoopService:
                 "reason": a.reason if a is not None else (
                     "fixed by --dataset-mode" if self.mode is not None else "not allocated yet"),
                 "jobs": jobs,
+                "out_of_phase": None if widest is None or widest[2] <= OUT_OF_PHASE else {
+                    "jobs": [widest[0], widest[1]], "epochs": round(widest[2], 3)},
             }
         return {"policy": self.policy, "benefit_aware": reg.benefit_aware, "budget": self.budget,
                 "datasets": out}

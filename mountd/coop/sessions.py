@@ -639,6 +639,14 @@ class SessionRegistry:
             for session in entry.sessions.values()
         ]
 
+    def positions(self, dataset: str) -> dict[str, float]:
+        """Each open job's position in ``dataset``: its newest epoch plus the share of it
+        given so far (:attr:`EpochPool.position`); jobs with no epoch open are left out."""
+        self._dataset(dataset)
+        return {job: max(pool.position for pool in entry.pools.values())
+                for (name, job), entry in sorted(self._jobs.items())
+                if name == dataset and entry.pools}
+
     def pool(self, dataset: str, job: str, epoch: int) -> EpochPool | None:
         """The job's pool for ``epoch`` if live (for tests and stats)."""
         self._dataset(dataset)

@@ -347,15 +347,17 @@ def _float(value: float | None, digits: int = 2) -> str:
 
 def print_allocation(allocation: Mapping[str, Any], console: Console | None = None) -> None:
     """Who gets the cache (Quiver §5.3): the policy in force (benefit-aware, budget-only or
-    manual); per dataset its mode, bytes and why; per job the measured mini-batch times,
-    ``b = t_miss / t_hit`` and ``g = b × GPUs`` (a job not measured yet shows the ``b`` the
-    allocation counts for it in parentheses)."""
+    manual); per dataset its mode, bytes and why; per job where it is (epoch and share
+    given), the measured mini-batch times, ``b = t_miss / t_hit`` and ``g = b × GPUs`` (a
+    job not measured yet shows the ``b`` the allocation counts for it in parentheses); and
+    for a chunked dataset whose jobs read out of phase, which two are furthest apart."""
     console = console or _console()
     policy = allocation.get("policy") or (  # mountds before the policy was named
         "benefit-aware" if allocation.get("benefit_aware") else "manual")
     table = Table(title=f"mountd: cache allocation ({policy}, budget "
                         f"{human_bytes(allocation.get('budget'))})", title_justify="left")
-    for column in ("dataset", "mode", "bytes", "G", "job", "GPUs", "t_hit", "t_miss", "b", "g"):
+    for column in ("dataset", "mode", "bytes", "G", "job", "epoch", "GPUs", "t_hit", "t_miss",
+                   "b", "g"):
         table.add_column(column, justify="left" if column in ("dataset", "mode", "job") else "right",
                          no_wrap=column != "dataset")
     reasons = []
@@ -368,13 +370,21 @@ def print_allocation(allocation: Mapping[str, Any], console: Console | None = No
                 name if first else "", row["mode"] if first else "",
                 (human_bytes(row["bytes"]) if row.get("bytes") is not None else "-") if first else "",
                 _float(row.get("benefit")) if first else "",
-                (job.get("job") or "-") + probing, str(job.get("gpus", "-")),
+                (job.get("job") or "-") + probing,
+                "-" if job.get("position") is None else f"{job['position']:.2f}",
+                str(job.get("gpus", "-")),
                 _seconds(job.get("t_hit")), _seconds(job.get("t_miss")),
                 _float(job.get("b")) if job.get("b") is not None or job.get("b_counted") is None
                 else f"({_float(job.get('b_counted'))})",
                 _float(job.get("g")),
             )
         reasons.append(f"  {name[:16]}: {row.get('reason')}")
+        apart = row.get("out_of_phase")
+        if apart:
+            a, b = apart["jobs"]
+            reasons.append(f"  {name[:16]}: jobs {a} and {b} read {apart['epochs']:.2f} of an "
+                           "epoch apart: the chunks they share tie each one's order to the "
+                           "other's (docs/substitutable-reads.md, \"Jobs out of phase\")")
     console.print(table)
     for line in reasons:
         console.print(line, style="dim")

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from mountd.coop.jobs import fold_phase
+
 __all__ = [
     "chi2_sf",
     "cross_correlation",
@@ -155,8 +157,7 @@ def phase_offset(ref: Sequence[float], other: Sequence[float], skip: int = 1) ->
     for e in range(skip, min(len(ref) - 1, len(other))):
         length = ref[e + 1] - ref[e]
         if length > 0:
-            x = (other[e] - ref[e]) / length
-            offsets.append(x - math.floor(x + 0.5))
+            offsets.append(fold_phase((other[e] - ref[e]) / length))
     return sum(offsets) / len(offsets) if offsets else math.nan
 
 

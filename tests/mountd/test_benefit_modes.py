@@ -274,3 +274,38 @@ async def test_datasets_enter_the_registry_in_registration_order_whichever_loads
             await client.register(small, digest=str(small_digest))
             await wait_until(lambda: len(coop.views) >= 2, 20, "both views loaded")
             assert [d.dataset for d in coop.registry.demands()] == [big, small]
+
+
+async def test_stats_show_each_jobs_epoch_and_jobs_out_of_phase(tmp_path: Path, capsys) -> None:
+    """Per job its position (epoch + share given); a chunked dataset whose jobs read more
+    than a tenth of an epoch apart names the two furthest apart (their orders are coupled:
+    docs/substitutable-reads.md "Jobs out of phase")."""
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=60_000,
+                          mode="chunked") as env:
+        coop = env.server.coop
+        assert coop is not None
+        registry = coop.registry
+        for job in ("a", "b"):
+            await env.client.session_open(env.dataset, job)
+        assert registry.mode(env.dataset) is Mode.CHUNKED
+
+        def give(job: str, files: int) -> None:
+            pool = registry.pool(env.dataset, job, 0)
+            while pool.given_total < files:
+                registry.claim(env.dataset, job, 0, min(5, files - pool.given_total), epoch=0)
+
+        give("a", 105)
+        give("b", 15)
+        row = coop.allocation_json()["datasets"][env.dataset]
+        positions = {job["job"]: job["position"] for job in row["jobs"]}
+        assert positions == {"a": pytest.approx(0.35), "b": pytest.approx(0.05)}
+        assert row["out_of_phase"] == {"jobs": ["a", "b"], "epochs": pytest.approx(0.3)}
+        print_allocation(coop.allocation_json())
+        out = capsys.readouterr().out
+        assert "0.35" in out and "0.05" in out
+        assert "jobs a and b read 0.30 of an epoch apart" in " ".join(out.split())
+        give("b", 90)  # 0.05 of an epoch apart: in phase
+        row = coop.allocation_json()["datasets"][env.dataset]
+        assert row["out_of_phase"] is None
+        print_allocation(coop.allocation_json())
+        assert "apart" not in capsys.readouterr().out

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from mountd.coop.jobs import fold_phase, widest_phase
 from mountd.coop.plans import Mode
 from mountd.coop.sessions import LIVE_EPOCHS, MAX_CLAIM, SessionRegistry
 from mountd.errors import (
@@ -227,6 +228,39 @@ def test_ranks_may_straddle_an_epoch_boundary():
     registry.next_epoch("ds", "job", 1)
     assert registry.pool("ds", "job", 0) is None  # nobody on epoch 0 any more
     assert sorted(first_of_1 + registry.claim("ds", "job", 1, 50).ids) == list(range(100))
+
+
+def test_positions_say_how_far_each_job_is():
+    """A job's position is its newest epoch plus the share of it given (stats show it, and
+    which jobs read out of phase: docs/substitutable-reads.md "Jobs out of phase")."""
+    registry = make_registry(n=100)
+    for rank in (0, 1):
+        registry.open_session("ds", "a", rank=rank, world_size=2)
+    registry.open_session("ds", "b")
+    registry.open_session("ds", "idle")
+    registry.claim("ds", "a", 0, 30)
+    registry.claim("ds", "a", 1, 10)
+    registry.claim("ds", "b", 0, 50)
+    registry.claim("ds", "b", 0, 50)
+    registry.claim("ds", "b", 0, 25, epoch=1)  # b a quarter into epoch 1
+    positions = registry.positions("ds")
+    assert positions["a"] == pytest.approx(0.4) and positions["b"] == pytest.approx(1.25)
+    assert positions["idle"] == pytest.approx(0.0)  # opened: epoch 0, nothing given
+    # A scoped job counts only its scope's files.
+    registry.open_session("ds", "scoped", scope=[[0, 20]])
+    registry.claim("ds", "scoped", 0, 5)
+    assert registry.positions("ds")["scoped"] == pytest.approx(0.25)
+    with pytest.raises(UnknownDataset):
+        registry.positions("nope")
+
+
+def test_fold_phase_and_the_widest_pair():
+    assert fold_phase(3.25 - 1.9) == pytest.approx(0.35)
+    assert fold_phase(0.6) == pytest.approx(-0.4)
+    assert fold_phase(2.0) == 0.0 and fold_phase(-0.5) == -0.5 and fold_phase(0.5) == -0.5
+    assert widest_phase({"a": 1.0}) is None and widest_phase({}) is None
+    a, b, apart = widest_phase({"a": 3.1, "b": 2.15, "c": 5.4})
+    assert (a, b) == ("a", "c") and apart == pytest.approx(0.3)  # b is 0.05 from a
 
 
 def test_a_new_rank_cannot_restart_an_epoch_that_is_over():
