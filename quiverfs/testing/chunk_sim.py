@@ -102,6 +102,56 @@ def job_seed(name: str) -> int:
     return int(name.removeprefix("job")) + 1
 
 
+class _SimJob:
+    """One job of :func:`run_epochs`: its ranks' epochs, the order it was given the files in,
+    and the step each of its epochs began."""
+
+    def __init__(self, registry: SessionRegistry, name: str, *, world: int, epochs: int,
+                 start: int) -> None:
+        self.registry = registry
+        self.name = name
+        self.world = world
+        self.epochs = epochs
+        self.start = start
+        self.opened = False
+        self.epoch = [0] * world
+        self.order: list[list[int]] = [[] for _ in range(epochs)]
+        self.starts: list[int] = []
+
+    @property
+    def done(self) -> bool:
+        return min(self.epoch) >= self.epochs
+
+    def open(self) -> None:
+        self.opened = True
+        for rank in range(self.world):
+            self.registry.open_session(DATASET, self.name, rank=rank, world_size=self.world,
+                                       seed=job_seed(self.name))
+
+    def step(self, step: int, batch: int, cache: SimulatedCache) -> None:
+        """Each rank claims ``batch`` files (from the step the job starts at)."""
+        if step < self.start:
+            return
+        if not self.opened:
+            self.open()
+        for rank in range(self.world):
+            e = self.epoch[rank]
+            if e < self.epochs:
+                self._claim(rank, e, step, batch, cache)
+
+    def _claim(self, rank: int, e: int, step: int, batch: int, cache: SimulatedCache) -> None:
+        registry = self.registry
+        if rank == 0 and len(self.starts) == e:
+            self.starts.append(step)
+        claim = registry.claim(DATASET, self.name, rank, batch, epoch=e)
+        self.order[e].extend(claim.ids)
+        cache.fill(claim.fetch + claim.brought)
+        if registry.pool(DATASET, self.name, e).rank_remaining(rank) == 0:
+            self.epoch[rank] = e + 1
+            if e + 1 < self.epochs:
+                registry.next_epoch(DATASET, self.name, rank, e + 1)
+
+
 def run_epochs(*, n: int, jobs: int, world: int, epochs: int, batch: int, rate: int,
                packing: Packing | None = None, seed: int = 7,
                offsets: Sequence[float] | None = None,
@@ -112,6 +162,9 @@ def run_epochs(*, n: int, jobs: int, world: int, epochs: int, batch: int, rate: 
     rank does, so one rank may start epoch ``e + 1`` while another still claims in ``e``.
     ``offsets[k]``: epochs by which job ``k`` starts after the first step (default: all 0).
     """
+    offsets = list(offsets) if offsets is not None else [0.0] * jobs
+    if len(offsets) != jobs or min(offsets) < 0:
+        raise ValueError("offsets: one non-negative value per job")
     clock = [0.0]
     registry = SessionRegistry(clock=lambda: clock[0], chunk_grace=0.0)
     sizes = [1000] * n
@@ -121,48 +174,18 @@ def run_epochs(*, n: int, jobs: int, world: int, epochs: int, batch: int, rate: 
     assert mode is Mode.CHUNKED
     cache = SimulatedCache(registry, capacity=n // 5, rate=rate)
     rng = random.Random(seed)
-    names = [f"job{j}" for j in range(jobs)]
-    offsets = list(offsets) if offsets is not None else [0.0] * jobs
-    if len(offsets) != jobs or min(offsets) < 0:
-        raise ValueError("offsets: one non-negative value per job")
     steps_per_epoch = n / (batch * world)
-    start = {name: round(offset * steps_per_epoch) for name, offset in zip(names, offsets,
-                                                                          strict=True)}
-    order: dict[str, list[list[int]]] = {name: [[] for _ in range(epochs)] for name in names}
-    starts: dict[str, list[int]] = {name: [] for name in names}
-    epoch = {(name, rank): 0 for name in names for rank in range(world)}
-    opened: set[str] = set()
-
-    def open_job(name: str) -> None:
-        opened.add(name)
-        for rank in range(world):
-            registry.open_session(DATASET, name, rank=rank, world_size=world,
-                                  seed=job_seed(name))
-
-    for name in names:
-        if start[name] == 0:
-            open_job(name)
+    sim = [_SimJob(registry, f"job{j}", world=world, epochs=epochs,
+                   start=round(offset * steps_per_epoch)) for j, offset in enumerate(offsets)]
+    for job in sim:
+        if job.start == 0:
+            job.open()  # before the first tick, as mountd sees jobs started together
     step = 0
-    while any(e < epochs for e in epoch.values()):
+    while not all(job.done for job in sim):
         cache.step()
         clock[0] = cache.now
-        for name in rng.sample(names, len(names)):  # jobs interleave in random order
-            if step < start[name]:
-                continue
-            if name not in opened:
-                open_job(name)
-            for rank in range(world):
-                e = epoch[name, rank]
-                if e >= epochs:
-                    continue
-                if rank == 0 and len(starts[name]) == e:
-                    starts[name].append(step)
-                claim = registry.claim(DATASET, name, rank, batch, epoch=e)
-                order[name][e].extend(claim.ids)
-                cache.fill(claim.fetch + claim.brought)
-                if registry.pool(DATASET, name, e).rank_remaining(rank) == 0:
-                    epoch[name, rank] = e + 1
-                    if e + 1 < epochs:
-                        registry.next_epoch(DATASET, name, rank, e + 1)
+        for job in rng.sample(sim, len(sim)):  # jobs interleave in random order
+            job.step(step, batch, cache)
         step += 1
-    return SimRun(order, cache.fetched, registry, starts)
+    return SimRun({job.name: job.order for job in sim}, cache.fetched, registry,
+                  {job.name: job.starts for job in sim})
