@@ -191,8 +191,8 @@ def _cluster(out: _Families, cluster: dict[str, Any] | None) -> None:
 
 
 def _allocation(out: _Families, allocation: dict[str, Any]) -> None:
-    """Cache allocation (Quiver §5.3): the policy in force; per dataset mode, bytes and G_D;
-    per job b, g."""
+    """Cache allocation (Quiver §5.3): the policy in force; per dataset mode, bytes, G_D and
+    how far apart its jobs read (chunked); per job b, g and its position."""
     if allocation.get("policy"):
         out.sample("quiverfs_allocation_policy", "gauge",
                    "1 for the allocation policy in force (benefit-aware, budget-only, manual).", 1,
@@ -208,6 +208,12 @@ def _allocation(out: _Families, allocation: dict[str, Any]) -> None:
             out.sample("quiverfs_dataset_benefit", "gauge",
                        "G_D: sum of b x GPUs over the dataset's jobs (assumed where unmeasured).",
                        float(row["benefit"]), labels)
+        if row.get("mode") == "chunked":
+            apart = row.get("out_of_phase")
+            out.sample("quiverfs_dataset_out_of_phase_epochs", "gauge",
+                       "How far apart (share of an epoch) the two jobs furthest apart in phase "
+                       "read, when over a tenth (0: in phase).",
+                       float(apart["epochs"]) if apart else 0.0, labels)
         for job in row.get("jobs") or []:
             job_labels = {**labels, "job": str(job.get("job"))}
             for key, name, help_text in (
@@ -215,6 +221,8 @@ def _allocation(out: _Families, allocation: dict[str, Any]) -> None:
                 ("t_miss", "quiverfs_job_miss_batch_seconds", "Mean mini-batch time on misses."),
                 ("b", "quiverfs_job_benefit", "b = t_miss / t_hit."),
                 ("g", "quiverfs_job_gpu_benefit", "g = b x GPUs (world size)."),
+                ("position", "quiverfs_job_position_epochs",
+                 "The job's epoch plus the share of it given so far."),
             ):
                 if job.get(key) is not None:
                     out.sample(name, "gauge", help_text, float(job[key]), job_labels)

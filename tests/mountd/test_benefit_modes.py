@@ -303,9 +303,14 @@ async def test_stats_show_each_jobs_epoch_and_jobs_out_of_phase(tmp_path: Path, 
         print_allocation(coop.allocation_json())
         out = capsys.readouterr().out
         assert "0.35" in out and "0.05" in out
+        text = render(await env.client.stats())
+        assert f'quiverfs_dataset_out_of_phase_epochs{{dataset="{env.dataset}"}} 0.3' in text
+        assert f'quiverfs_job_position_epochs{{dataset="{env.dataset}",job="a"}} 0.35' in text
         assert "jobs a and b read 0.30 of an epoch apart" in " ".join(out.split())
         give("b", 90)  # 0.05 of an epoch apart: in phase
         row = coop.allocation_json()["datasets"][env.dataset]
         assert row["out_of_phase"] is None
+        text = render(await env.client.stats())
+        assert f'quiverfs_dataset_out_of_phase_epochs{{dataset="{env.dataset}"}} 0.0' in text
         print_allocation(coop.allocation_json())
         assert "apart" not in capsys.readouterr().out
