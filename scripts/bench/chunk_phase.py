@@ -21,6 +21,7 @@ import argparse
 import os
 import sys
 import time
+from statistics import fmean
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -77,20 +78,16 @@ def main() -> None:
                 ps.append(order_stats.position_chi2_p(positions, args.files))
                 early.append(order_stats.early_share_quantile(positions, args.files))
             fetched.append(run.fetched / args.files / args.epochs)
-        rows.append([phi, _mean(measured), _mean(rs), max(rs), min(ps), _mean(early),
-                     3 * phi * (1 - phi), _mean(fetched)])
-        print(f"[chunk_phase] phase {phi:.2f}: r {_mean(rs):+.3f}, "
-              f"{_mean(fetched):.2f} datasets/epoch ({time.perf_counter() - t0:.0f} s)",
+        rows.append([phi, fmean(measured), fmean(rs), max(rs), min(ps), fmean(early),
+                     3 * phi * (1 - phi), fmean(fetched)])
+        print(f"[chunk_phase] phase {phi:.2f}: r {fmean(rs):+.3f}, "
+              f"{fmean(fetched):.2f} datasets/epoch ({time.perf_counter() - t0:.0f} s)",
               file=sys.stderr)
     print()
     print(table(["phase", "measured", "mean r", "max r", "min p", "first tenth p99",
                  "3φ(1-φ)", "datasets/epoch"], rows))
     print("(a fresh shuffle: r 0 ± 1/sqrt(files), p > 0.001, first tenth ~0.2-0.4; "
           "r is each job's mean over its epoch pairs, then over jobs and seeds)")
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
 
 
 if __name__ == "__main__":
