@@ -324,21 +324,29 @@ class AsyncClient:
         return opened_files(result, fds, hashes)
 
     async def prefetch(self, items: Iterable[tuple[bytes, int, Location | Mapping[str, Any]]],
-                       dataset: str | None = None, *, wait: bool = True) -> int | None:
-        """Queue fills; the number mountd queued (None with ``wait=False``: fire and forget)."""
+                       dataset: str | None = None, *, wait: bool = True,
+                       renew: bool = False) -> int | None:
+        """Queue fills; the number mountd queued (None with ``wait=False``: fire and forget).
+        ``renew``: items already in the store are protected again, as if just fetched ahead."""
         args: dict[str, Any] = {"items": [ensure_args(h, s, loc) for h, s, loc in items]}
         if dataset is not None:
             args["dataset"] = dataset
+        if renew:
+            args["renew"] = True
         if not wait:
             await self.notify("prefetch", args)
             return None
         return (await self.call("prefetch", args))["queued"]
 
-    async def hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int) -> None:
-        """Report reads served straight from the store (a notification: no answer awaited)."""
+    async def hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int,
+                   done: Sequence[bytes] = ()) -> None:
+        """Report reads served straight from the store (a notification: no answer awaited).
+        ``done``: files (hits or not) the reader will not read again until its next epoch."""
         args: dict[str, Any] = {"packed": b"".join(bytes(h) for h in hashes).hex(), "bytes": nbytes}
         if dataset is not None:
             args["dataset"] = dataset
+        if done:
+            args["done"] = b"".join(bytes(h) for h in done).hex()
         await self.notify("hits", args)
 
     async def register(self, dataset: str, *, digest: str | None = None, mountpoint: str | None = None,

@@ -324,6 +324,10 @@ class Server:
             "socket": {"mode": f"{self.socket_mode:04o}", "group": self.socket_group,
                        "shared": bool(self.socket_mode & stat.S_IWOTH)},
             "store_access": self.cache.config.store_modes.name,
+            # How files fetched ahead are kept until read (docs/store-layout.md "Holds and
+            # protection"): a mount's bounded sweep sizes itself and its renewals by them.
+            "protect_share": self.cache.config.protect_share,
+            "protect_seconds": self.cache.config.protect_seconds,
         }
 
     def _note_scheme(self, dataset: str | None, url: str) -> None:
@@ -370,13 +374,16 @@ class Server:
             # bytes prefetch by supplying them (the mount does).
             check_list(request.args, "items")
             return {"queued": 0}
+        renew = request.args.get("renew", False)
+        if not isinstance(renew, bool):
+            raise ProtocolError("'renew' must be true or false")
         items = []
         for raw in check_list(request.args, "items"):
             digest, size, where = check_item(raw)
             items.append((digest, size, Location(**where)))
         for url in {loc.url for _, _, loc in items}:
             self._note_scheme(dataset, url)
-        return {"queued": self.cache.prefetch(items, dataset, uid=conn.charge_uid)}
+        return {"queued": self.cache.prefetch(items, dataset, uid=conn.charge_uid, renew=renew)}
 
     async def _op_hits(self, conn: Connection, request: Request) -> dict[str, Any]:
         dataset = check_text(request.args, "dataset", optional=True)
@@ -386,6 +393,8 @@ class Server:
             hashes = [check_hash(h) for h in check_list(request.args, "hashes")]
         nbytes = check_int(request.args, "bytes")
         self.cache.record_hits(dataset, hashes, nbytes)
+        if "done" in request.args:  # read for this epoch (after the hits: they touch them)
+            self.cache.record_read_done(check_packed_hashes(request.args, "done"))
         user = self.users[conn.peer.uid]
         user.reported_hits += len(hashes)
         user.reported_hit_bytes += nbytes

@@ -354,6 +354,15 @@ class Cache(Misses, ChunkFills, BatchFills, Space, Protection, Commits):
         if self.holds.consumed(hashes):  # read: no longer protected
             self._notify_protect()
 
+    def record_read_done(self, hashes: Sequence[bytes]) -> None:
+        """Files a reader read and will not read again until its next epoch (a mount's
+        bounded sweep): its eviction policy may let them go first (``LRUPolicy``). Hashes
+        the index does not hold are ignored."""
+        index = self._require_open()
+        assert self._policy is not None
+        sizes = ((h, index.size_of(h)) for h in hashes)
+        self._policy.on_read_done([(h, size) for h, size in sizes if size is not None])
+
     # -- backends ------------------------------------------------------------------------------
 
     async def _backend(self, url: str) -> Backend:

@@ -8,8 +8,9 @@ yet). Add a policy by subclassing :class:`EvictionPolicy` and calling :func:`reg
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
 from typing import ClassVar
 
 from mountd.store.index import Index
@@ -40,16 +41,66 @@ class EvictionPolicy(ABC):
     def on_remove(self, hashes: Sequence[bytes]) -> None:  # noqa: B027 - optional hook
         """Files were removed (evicted, scrubbed or dropped by recovery)."""
 
+    def on_read_done(self, files: Iterable[tuple[bytes, int]]) -> None:  # noqa: B027 - optional hook
+        """Files (``(hash, size)``, indexed) a reader read and will not read again until its
+        next epoch (a mount's bounded sweep, docs/mount.md "The sweep")."""
+
 
 class LRUPolicy(EvictionPolicy):
     """Least recently used first: the index's ``last_use`` column (fills write it) and the
-    recency of hits the index keeps in memory (``Index.least_recent``)."""
+    recency of hits the index keeps in memory (``Index.least_recent``).
+
+    Except for files a reader is done with for its epoch (:meth:`on_read_done`): those go
+    first, the most recently read first. A shuffled reader of a dataset larger than the
+    cache reads every file once an epoch, so LRU would keep what it just read and evict what
+    it read an epoch ago, the files it is about to read again: it finds none of them (0 hits
+    at a 20% cache). Evicting what it is done with, newest first, keeps the files of its
+    last epoch that it has not read again yet (docs/mount.md "The sweep"). Anyone's access
+    to such a file makes it an ordinary one again."""
 
     name = "lru"
     page = 256
+    #: Files one pinned-or-not query looks up at a time, from the newest done file on.
+    DONE_PAGE = 64
+
+    def __init__(self, index: Index) -> None:
+        super().__init__(index)
+        #: hash -> size of the files readers are done with, the most recently read last
+        self.done: OrderedDict[bytes, int] = OrderedDict()
 
     def victims(self) -> Iterator[tuple[bytes, int]]:
-        return self.index.least_recent(self.page)
+        if not self.done:
+            return self.index.least_recent(self.page)
+        return self._done_first()
+
+    def _done_first(self) -> Iterator[tuple[bytes, int]]:
+        # A page at a time, each read off the dict whole: the caller removes its victims
+        # from ``done`` after it has chosen them all (and a page is one pinned query).
+        done = self.done
+        seen = 0
+        while page := list(islice(reversed(done.items()), seen, seen + self.DONE_PAGE)):
+            seen += len(page)
+            pinned = self.index.pinned_of([h for h, _ in page])
+            yield from ((h, size) for h, size in page if h not in pinned)
+        for hash, size in self.index.least_recent(self.page):
+            if hash not in done:
+                yield hash, size
+
+    def on_access(self, hashes: Sequence[bytes]) -> None:
+        if self.done:
+            for hash in hashes:
+                self.done.pop(hash, None)
+
+    def on_remove(self, hashes: Sequence[bytes]) -> None:
+        if self.done:
+            for hash in hashes:
+                self.done.pop(hash, None)
+
+    def on_read_done(self, files: Iterable[tuple[bytes, int]]) -> None:
+        done = self.done
+        for hash, size in files:
+            done.pop(hash, None)
+            done[hash] = size
 
 
 #: Kept entries :func:`keep_last` passes over at most before it gives them back in the

@@ -325,21 +325,28 @@ class Protection:
 
     def prefetch(
         self, items: Sequence[tuple[bytes, int, Location]], dataset: str | None = None,
-        *, uid: int | None = None,
+        *, uid: int | None = None, renew: bool = False,
     ) -> int:
         """Queue fills to run in the background (``prefetch_concurrency`` at once) and return
         how many were queued: cached, in-flight and already-queued hashes are skipped, and
         items beyond the queue's capacity are dropped. Errors are counted and logged only.
-        The fills are charged to ``uid`` (mountd/store/quota.py)."""
+        The fills are charged to ``uid`` (mountd/store/quota.py).
+
+        ``renew``: cached items are protected as if just fetched ahead (a protected one for
+        another ``protect_seconds``, another while the share has room): a mount's bounded
+        sweep keeps what its reader has yet to read this epoch (docs/mount.md "The sweep")."""
         index = self._require_open()
         fresh: dict[bytes, tuple[int, Location]] = {}
         for hash, size, location in items:
             hash = layout.check_hash(hash)
             if hash not in self._queued and hash not in self._flights:
                 fresh[hash] = (size, location)
+        absent = index.absent(list(fresh))  # one index query for the lot
+        if renew:
+            self._renew_protection(fresh, absent)
         queue, room = self._prefetches, self.config.prefetch_queue
         queued = 0
-        for hash in index.absent(list(fresh)):  # one index query for the lot
+        for hash in absent:
             if len(queue) >= room:
                 break
             size, location = fresh[hash]
@@ -351,6 +358,16 @@ class Protection:
             share = self._batch_share(len(queue))
             self._prefetch_idle.unpark(count=-(-len(queue) // share))
         return queued
+
+    def _renew_protection(self, items: dict[bytes, tuple[int, Location]],
+                          absent: Sequence[bytes]) -> None:
+        """Protect the cached ones of ``items`` (hash → size, location) again, or anew while
+        the share has room (at the size the store holds, not the one asked)."""
+        index, holds, missing = self._require_open(), self.holds, set(absent)
+        for hash in items:
+            size = None if hash in missing else index.size_of(hash)
+            if size is not None and (holds.protected(hash) or holds.fits(size)):
+                holds.protect(hash, size)
 
     async def _prefetch_worker(self) -> None:
         """Fill the prefetch queue, oldest first. Each file waits for protection room

@@ -103,15 +103,21 @@ def _read_ahead(stats: Mapping[str, Any]) -> str:
 
 
 def _sweep(stats: Mapping[str, Any]) -> str:
-    """A mount's sweep: ``off``, ``idle`` (its dataset is larger than the cache), or files sent
-    to mountd and their bytes."""
+    """A mount's sweep: ``off``, ``idle`` (not running: the cache's size not known yet, or a
+    dataset larger than the cache on a mount whose fills mountd does not keep), or files sent
+    to mountd and their bytes, and for a dataset larger than the cache what is asked for and
+    not read yet against its bound."""
     if "sweep" not in stats:
         return "-"  # an older mount
     if not stats["sweep"]:
         return "off"
     if not stats.get("sweep_running"):
         return "idle"
-    return f"{stats['sweep_files']} ({human_bytes(stats['sweep_bytes'])})"
+    sent = f"{stats['sweep_files']} ({human_bytes(stats['sweep_bytes'])})"
+    bound = stats.get("sweep_bound_bytes")
+    if not bound:
+        return sent
+    return f"{sent}, unread {human_bytes(stats['sweep_unread_bytes'])} of {human_bytes(bound)}"
 
 
 def _user_name(uid: str) -> str:

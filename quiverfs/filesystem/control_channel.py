@@ -92,6 +92,13 @@ class ControlChannel:
         self._paths_building: Any = None
         #: requests executed (not replayed), for tests and stats
         self.executed = 0
+        #: when the last request came (``clock``), None before the first
+        self.last_request: float | None = None
+
+    def used_within(self, seconds: float) -> bool:
+        """Whether a request came in the last ``seconds``: a sampler (the shim) is reading
+        this mount and tells mountd its order itself."""
+        return self.last_request is not None and self.clock() - self.last_request <= seconds
 
     def names(self) -> list[bytes]:
         """Attribute names to list on the root: none (control names are not listed)."""
@@ -107,7 +114,7 @@ class ControlChannel:
 
     async def handle(self, name: bytes) -> bytes | int:
         """Response bytes or an errno (the core of :meth:`getxattr`)."""
-        now = self.clock()
+        now = self.last_request = self.clock()
         self._expire(now)
         done = self._done.get(name)
         if done is not None:

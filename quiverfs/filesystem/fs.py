@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import struct
 from collections.abc import Callable, Sequence
@@ -81,6 +82,23 @@ FAILURE_MEMORY = 0.5
 #: Most items in one ``prefetch`` notification (well under the protocol's MAX_ITEMS).
 PREFETCH_BATCH = 10_000
 
+#: Share of what mountd lets files fetched ahead take (its ``protect_share`` of the cache) that
+#: a bounded sweep may hold asked for and not read: the rest stays for read-ahead and claims.
+BOUNDED_SHARE = 0.9
+
+#: A bounded sweep renews mountd's protection of what it asked for and was not read yet this
+#: many times per ``protect_seconds``, while its reader reads (docs/mount.md "The sweep").
+RENEWALS = 3
+
+#: Seconds after a control request (a sampler reading this mount in an order mountd planned)
+#: in which a bounded sweep asks for nothing: the sampler's claims fetch ahead for it.
+SAMPLER_QUIET_SECONDS = 60.0
+
+#: Seconds after a sweep starts over in which the workers' hit reports are not shown to it:
+#: they may be reads of the epoch that just ended (a worker reports every FLUSH_INTERVAL,
+#: 0.25 s), and marking those files read would keep the new sweep from asking for them.
+REPORT_LAG_SECONDS = 1.0
+
 #: Files read from the digest past those read-ahead asks the size of: a scan's window moves a
 #: file or two per file read, so a range query (~6 µs of its own, beside each row's) is made
 #: once per 64 files rather than per file (``add_hits`` in order, 100,000-file digest).
@@ -98,6 +116,15 @@ class Fetcher(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class KeepTerms:
+    """How mountd keeps files fetched ahead until they are read (its ``hello``): the share of
+    the cache they may take, and the seconds one stays protected unread (unless renewed)."""
+
+    share: float
+    seconds: float
+
+
 class Prefetcher(Protocol):
     """Asks for files to be filled in the background (mountd's ``prefetch``): read-ahead."""
 
@@ -105,9 +132,15 @@ class Prefetcher(Protocol):
         """The size of the cache the files go to (None: unknown); never raises."""
         ...
 
-    async def prefetch(self, entries: Sequence[FileEntry]) -> None:
+    async def keep_terms(self) -> KeepTerms | None:
+        """How mountd keeps what it fetched ahead for us (None: it does not: a mount that
+        supplies its own fills); never raises."""
+        ...
+
+    async def prefetch(self, entries: Sequence[FileEntry], *, renew: bool = False) -> None:
         """Queue fills of ``entries``; returns without waiting for them, and never raises
-        (read-ahead is advisory: nothing is lost if mountd is away)."""
+        (read-ahead is advisory: nothing is lost if mountd is away). ``renew``: entries
+        already in the store are protected (again) as if just fetched ahead."""
         ...
 
 
@@ -153,8 +186,9 @@ class QuiverOperations:
     adds its pid, mountpoint and mountd state). With a ``prefetcher`` and ``readahead`` > 0, scans
     in digest order are read ahead by up to that many files (and an eighth of the cache), once
     :meth:`send_prefetches` runs and has learnt the cache's size (quiverfs/filesystem/readahead.py);
-    with ``sweep`` > 0, the files of a dataset that fits in the cache are fetched ahead of reads
-    that are not a scan, up to ``sweep`` times what was read (quiverfs/filesystem/sweep.py).
+    with ``sweep`` > 0, the files of the dataset are fetched ahead of reads that are not a
+    scan, up to ``sweep`` times what was read, and for a dataset larger than the cache up to a
+    share of it at a time (quiverfs/filesystem/sweep.py).
     ``kept_bytes``: most bytes of store files this process keeps open (its share of the mount's:
     :func:`quiverfs.filesystem.reads.kept_bytes`; None: the default).
     """
@@ -210,6 +244,18 @@ class QuiverOperations:
         self._prefetched_bytes = 0
         self._swept = 0
         self._swept_bytes = 0
+        #: a bounded sweep's renewals: seconds between them (None: none), when the next is
+        #: due (trio time), the sweep's first reads at the last one, and files renewed so far
+        self._renew_every: float | None = None
+        self._renew_at = math.inf
+        self._renewed_reads = 0
+        self._renewed = 0
+        #: when the sweep last started over (trio time; see REPORT_LAG_SECONDS)
+        self._sweep_started = -math.inf
+        #: inodes whose pages the kernel is to drop (a bounded sweep's new epoch)
+        self._to_invalidate: list[int] = []
+        #: hashes read for this epoch, for mountd to evict first (a bounded sweep's reader)
+        self._pending_done: list[bytes] = []
 
     def close(self) -> None:
         """Release what the operations hold (not the digest: its owner closes it)."""
@@ -234,10 +280,19 @@ class QuiverOperations:
             if readahead is not None and readahead.sequential:
                 self._read_ahead(readahead.reported(inode))
         sweep = self.sweep
-        if sweep is not None:
+        if sweep is not None and trio.current_time() - self._sweep_started > REPORT_LAG_SECONDS:
             sweep.read_many([inode for _, inode in records], nbytes)
+            if self._epoch_reads():
+                self._pending_done.extend(content_hash for content_hash, _ in records)
             if readahead is None or not readahead.sequential:
-                self._sweep_ahead(sweep.step())
+                self._sweep_ahead(sweep)
+
+    def _epoch_reads(self) -> bool:
+        """Whether the reads here are a shuffled reader's epochs over a dataset larger than
+        the cache, each file once: a bounded sweep runs, and no sampler (which mountd plans
+        for) uses the control channel."""
+        return self._renew_every is not None and \
+            not self.control.used_within(SAMPLER_QUIET_SECONDS)
 
     def _served_from(self, content_hash: bytes, inode: int) -> None:
         """Remember that the kernel may now keep ``inode``'s pages, read from ``content_hash``."""
@@ -260,6 +315,12 @@ class QuiverOperations:
         served = self._served
         return [inode for h in hashes for inode in served.pop(h, ())]
 
+    def take_read_done(self) -> list[bytes]:
+        """The hashes read for this epoch since the last call (:meth:`_epoch_reads`): mountd's
+        policy evicts them first (``done`` of its ``hits``); clears them."""
+        done, self._pending_done = self._pending_done, []
+        return done
+
     def take_hits(self) -> tuple[list[bytes], int]:
         """The hashes opened from the store since the last call and their bytes; clears them."""
         hashes, nbytes = self._pending_hashes, self._pending_bytes
@@ -279,10 +340,19 @@ class QuiverOperations:
                      "sweep": self._sweep_factor if self._prefetcher is not None else 0,
                      "sweep_running": self.sweep is not None,
                      "sweep_files": self._swept, "sweep_bytes": self._swept_bytes,
-                     "sweep_restarts": self.sweep.restarts if self.sweep is not None else 0}
+                     "sweep_restarts": self.sweep.restarts if self.sweep is not None else 0,
+                     **self._sweep_bound_stats()}
         if self._extra_stats is not None:
             out.update(self._extra_stats())
         return out
+
+    def _sweep_bound_stats(self) -> dict:
+        """A bounded sweep's fields of ``user.quiver.stats`` (zeros when unbounded or off)."""
+        sweep = self.sweep
+        bounded = sweep is not None and sweep.bound_bytes is not None
+        return {"sweep_bound_bytes": sweep.bound_bytes if bounded else 0,
+                "sweep_unread_bytes": sweep.outstanding_bytes if bounded else 0,
+                "sweep_renewed": self._renewed}
 
     # -- forwarded requests ----------------------------------------------------------------
 
@@ -368,6 +438,8 @@ class QuiverOperations:
         front end's every hit), unless mountd handed the descriptor over (it counted that
         hit itself) or the read was counted already (quiverfs/filesystem/reads.py)."""
         self._served_from(entry.hash, entry.id)
+        if self._epoch_reads():
+            self._pending_done.append(entry.hash)
         if self.reads.first_read(entry.id, hit) and hit and not handed:
             self._pending_hashes.append(entry.hash)
             self._pending_bytes += entry.size
@@ -450,10 +522,27 @@ class QuiverOperations:
             self._read_ahead(readahead.observe(entry.id, reader))
         if sweep is not None:
             if sweep.lost(entry.id) and not os.path.exists(self.tree.store_path(entry.hash)):
-                sweep.start_over()  # a file read before is missing: the cache lost files
+                # A file read before is missing: the cache lost files (a new epoch of a
+                # dataset larger than the cache, as a rule).
+                log.info("the sweep starts over: %s was read before and is not in the store",
+                         entry.path)
+                sweep.start_over()
+                self._sweep_started = trio.current_time()
+                if self._epoch_reads():
+                    self._forget_served()
             sweep.read(entry.id, entry.size)
             if readahead is None or not readahead.sequential:
-                self._sweep_ahead(sweep.step())
+                self._sweep_ahead(sweep)
+
+    def _forget_served(self) -> None:
+        """Have the kernel drop the pages of every file served so far (sent by
+        :meth:`send_prefetches`): a bounded sweep's new epoch, in which each read must reach
+        the mount. A read the kernel answers from its pages is seen by neither the sweep nor
+        mountd, so a file the sweep asked mountd to keep would stay asked for and kept,
+        unread as far as they know, all epoch long: room lost to the files that need it."""
+        self._to_invalidate.extend(inode for inodes in self._served.values() for inode in inodes)
+        self._served.clear()
+        self._prefetch_wanted.set()
 
     def _read_ahead(self, ids: list[int]) -> None:
         """Queue the file ids the detector named for :meth:`send_prefetches`."""
@@ -461,20 +550,27 @@ class QuiverOperations:
             self._to_prefetch.extend(ids)
             self._prefetch_wanted.set()
 
-    def _sweep_ahead(self, ids: list[int]) -> None:
-        """Queue the file ids the sweep named for :meth:`send_prefetches`."""
+    def _sweep_ahead(self, sweep: Sweep) -> None:
+        """Queue the file ids the sweep names now for :meth:`send_prefetches` (none from a
+        bounded sweep while a sampler uses the control channel: mountd plans its reads)."""
+        if sweep.bound_bytes is not None and self.control.used_within(SAMPLER_QUIET_SECONDS):
+            return
+        ids = sweep.step()
         if ids:
             self._to_sweep.extend(ids)
             self._prefetch_wanted.set()
 
-    async def send_prefetches(self) -> None:
-        """Send the files read-ahead and the sweep name to mountd, as they come (runs until
-        cancelled).
+    async def send_prefetches(self, invalidate: Callable[[list[int]], None] | None = None) -> None:
+        """Send the files read-ahead and the sweep name to mountd, as they come, and renew a
+        bounded sweep's protections while its reader reads (runs until cancelled).
+        ``invalidate`` drops the kernel's pages of inodes (from a thread: see
+        :meth:`_forget_served`; None: a bounded sweep does not run).
 
         What gathers while one notification is sent goes in the next, so a burst of reads
         costs a few notifications, not one each. Files already in the store and empty files
         are left out here, off the read path (one ``stat`` each): a scan over cached files
-        costs mountd nothing.
+        costs mountd nothing. A bounded sweep sends the files in the store too, to be
+        protected until read (its reader reads each once this epoch).
         """
         prefetcher, digest = self._prefetcher, self.digest
         if prefetcher is None or not digest.file_count:
@@ -489,27 +585,65 @@ class QuiverOperations:
         if self._readahead_files > 0:
             self.readahead = ReadAhead(first, last, self._sizes, self._readahead_files,
                                        window_bytes(cache_bytes))
-        if self._sweep_factor > 0 and cache_bytes is not None and digest.total_bytes <= cache_bytes:
-            self.sweep = Sweep(first, last, self._sizes, self._sweep_factor)
+        if self._sweep_factor > 0 and cache_bytes is not None:
+            self.sweep = await self._new_sweep(prefetcher, first, last, cache_bytes,
+                                               bounded=invalidate is not None)
         while True:
-            await self._prefetch_wanted.wait()
+            with trio.move_on_at(self._renew_at):
+                await self._prefetch_wanted.wait()
             self._prefetch_wanted = trio.Event()
+            stale, self._to_invalidate = self._to_invalidate, []
+            if stale and invalidate is not None:
+                await trio.to_thread.run_sync(invalidate, stale)
             ids, self._to_prefetch = self._to_prefetch, []
             swept, self._to_sweep = self._to_sweep, []
             for batch in self._to_send(ids):
                 self._prefetched += len(batch)
                 self._prefetched_bytes += sum(entry.size for entry in batch)
                 await prefetcher.prefetch(batch)
-            for batch in self._to_send(swept):
+            bounded = self._renew_every is not None
+            for batch in self._to_send(swept, keep_cached=bounded):
                 self._swept += len(batch)
                 self._swept_bytes += sum(entry.size for entry in batch)
-                await prefetcher.prefetch(batch)
+                await prefetcher.prefetch(batch, renew=bounded)
+            if trio.current_time() >= self._renew_at:
+                await self._renew(prefetcher)
 
-    def _to_send(self, ids: list[int]) -> list[list[FileEntry]]:
-        """The entries of ``ids`` not in the store and not empty, in notifications of at
-        most :data:`PREFETCH_BATCH`."""
+    async def _new_sweep(self, prefetcher: Prefetcher, first: int, last: int,
+                         cache_bytes: int, *, bounded: bool) -> Sweep | None:
+        """The sweep for this dataset and cache: unbounded when the dataset fits; else, if
+        ``bounded`` may run, bounded to a share of what mountd keeps fetched ahead, with
+        renewals (None when mountd keeps nothing for us)."""
+        if self.digest.total_bytes <= cache_bytes:
+            return Sweep(first, last, self._sizes, self._sweep_factor)
+        terms = await prefetcher.keep_terms() if bounded else None
+        if terms is None or terms.seconds <= 0:
+            return None
+        bound = max(1, int(cache_bytes * terms.share * BOUNDED_SHARE))
+        self._renew_every = terms.seconds / RENEWALS
+        self._renew_at = trio.current_time() + self._renew_every
+        return Sweep(first, last, self._sizes, self._sweep_factor, bound_bytes=bound)
+
+    async def _renew(self, prefetcher: Prefetcher) -> None:
+        """Ask mountd again for what the bounded sweep asked for and was not read yet, so that
+        it stays protected (and what left the store comes back), if its reader read since the
+        last renewal: a reader that stops lets them go when mountd's time is up."""
+        sweep, every = self.sweep, self._renew_every
+        assert sweep is not None and every is not None
+        self._renew_at = trio.current_time() + every
+        if sweep.reads_seen == self._renewed_reads:
+            return
+        self._renewed_reads = sweep.reads_seen
+        for batch in self._to_send(sweep.outstanding(), keep_cached=True):
+            self._renewed += len(batch)
+            await prefetcher.prefetch(batch, renew=True)
+
+    def _to_send(self, ids: list[int], keep_cached: bool = False) -> list[list[FileEntry]]:
+        """The entries of ``ids`` that are not empty and (unless ``keep_cached``) not in the
+        store, in notifications of at most :data:`PREFETCH_BATCH`."""
         entries = [entry for entry in self._entries(ids)
-                   if entry.size and not os.path.exists(self.tree.store_path(entry.hash))]
+                   if entry.size and (keep_cached
+                                      or not os.path.exists(self.tree.store_path(entry.hash)))]
         return [entries[start:start + PREFETCH_BATCH]
                 for start in range(0, len(entries), PREFETCH_BATCH)]
 

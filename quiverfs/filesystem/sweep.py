@@ -70,6 +70,10 @@ START_READS = 16
 STEP = 32
 MAX_STEP = 1024
 
+#: A bounded sweep asks again once reads freed this fraction of its bound (steps of a
+#: 32nd of it), not after every read of a file it asked for.
+BOUND_STEPS = 32
+
 #: A file's state in the sweep's bitmap (0: neither).
 _ASKED = 1
 _READ = 2
@@ -78,20 +82,28 @@ _ASKED_RUN = bytes([_ASKED])
 
 class Sweep:
     """The sweep over the file ids ``first .. last`` (see the module docstring). ``sizes``
-    gives the files' sizes, asked about the ranges a step takes."""
+    gives the files' sizes, asked about the ranges a step takes. ``bound_bytes``: the most
+    bytes asked for and not read yet at any time (a dataset larger than the cache; None: no
+    such bound)."""
 
-    def __init__(self, first: int, last: int, sizes: Sizes, factor: int = FACTOR) -> None:
+    def __init__(self, first: int, last: int, sizes: Sizes, factor: int = FACTOR,
+                 bound_bytes: int | None = None) -> None:
         if factor < 1:
             raise ValueError(f"the sweep factor must be at least 1, not {factor}")
+        if bound_bytes is not None and bound_bytes <= 0:
+            raise ValueError(f"the sweep's bound must be positive, not {bound_bytes}")
         self.first = first
         self.last = last
         self.factor = factor
+        self.bound_bytes = bound_bytes
         self._sizes = sizes
         #: ids asked for by the sweep since the mount started, and their bytes
         self.requested = 0
         self.requested_bytes = 0
         #: sweeps started over (a file read in a finished sweep missed again: :meth:`lost`)
         self.restarts = 0
+        #: first reads of a file in its sweep, over every sweep (a reader's sign of life)
+        self.reads_seen = 0
         self._start()
 
     def _start(self) -> None:
@@ -101,6 +113,9 @@ class Sweep:
         self._cursor = 0  # where the next step looks first
         self._reads = self._read_bytes = 0  # files read for the first time, and their bytes
         self._asked = self._asked_bytes = 0
+        #: bounded only: offset -> size of each file asked for and not read yet
+        self._outstanding: dict[int, int] = {}
+        self.outstanding_bytes = 0
 
     @property
     def done(self) -> bool:
@@ -130,8 +145,11 @@ class Sweep:
             return False
         if not state:
             self._left -= 1
+        elif self._outstanding:
+            self.outstanding_bytes -= self._outstanding.pop(offset, 0)
         self._covered[offset] = _READ
         self._reads += 1
+        self.reads_seen += 1
         self._read_bytes += size
         if self._low < 0:
             self._low = self._high = self._cursor = offset
@@ -149,13 +167,29 @@ class Sweep:
             first = sum(self.read(file_id, 0) for file_id in file_ids)
             self._read_bytes += nbytes * first // len(file_ids)
 
+    def _byte_budget(self) -> int:
+        """Bytes a step may ask for: ``factor`` times the bytes read, and for a bounded sweep
+        no more than its bound leaves, nothing until reads freed a step's worth of it (not a
+        file at a time)."""
+        budget = self.factor * self._read_bytes + START_BYTES - self._asked_bytes
+        if self.bound_bytes is None:
+            return budget
+        room = self.bound_bytes - self.outstanding_bytes
+        return 0 if room < self.bound_bytes // BOUND_STEPS else min(budget, room)
+
+    def outstanding(self) -> list[int]:
+        """The ids asked for and not read yet, for a bounded sweep (oldest first; empty for
+        an unbounded one): what the caller renews mountd's protection of."""
+        first = self.first
+        return [first + offset for offset in self._outstanding]
+
     def step(self) -> list[int]:
         """The ids to ask for now, ascending runs from the cursor on (usually none: fewer
         reads than :data:`START_READS`, the budget used, or nothing left in the range)."""
         if self._reads < START_READS or self._left == 0:
             return []
         budget = min(MAX_STEP, self.factor * self._reads - self._asked)
-        byte_budget = self.factor * self._read_bytes + START_BYTES - self._asked_bytes
+        byte_budget = self._byte_budget()
         if budget < min(STEP, self._left) or byte_budget <= 0:
             return []
         out: list[int] = []
@@ -183,6 +217,9 @@ class Sweep:
                 byte_budget -= size
                 self._asked_bytes += size
                 self.requested_bytes += size
+                if self.bound_bytes is not None and size:  # an empty file is never fetched
+                    self._outstanding[offset + i] = size
+                    self.outstanding_bytes += size
             covered[offset:end] = _ASKED_RUN * (end - offset)
             out.extend(range(first + offset, first + end))
             self._left -= end - offset

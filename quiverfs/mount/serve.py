@@ -35,7 +35,7 @@ import trio
 
 from quiverfs.base.errors import QuiverError
 from quiverfs.filesystem import reads
-from quiverfs.filesystem.fs import QuiverOperations, StoreFileOpen
+from quiverfs.filesystem.fs import KeepTerms, QuiverOperations, StoreFileOpen
 from quiverfs.filesystem.readahead import WINDOW, WINDOW_BYTES
 from quiverfs.filesystem.supply import Supplier
 from quiverfs.filesystem.sweep import FACTOR
@@ -163,7 +163,14 @@ class MountdFetcher:
                  WINDOW_BYTES >> 20)
         return None
 
-    async def prefetch(self, entries) -> None:
+    async def keep_terms(self) -> KeepTerms | None:
+        info = self.client.info
+        share, seconds = info.get("protect_share"), info.get("protect_seconds")
+        if self.supplies or not isinstance(share, (int, float)) or not isinstance(seconds, (int, float)):
+            return None  # our own fills are not protected; or a mountd that does not say
+        return KeepTerms(float(share), float(seconds))
+
+    async def prefetch(self, entries, *, renew: bool = False) -> None:
         from mountd.errors import MountdUnavailable
 
         if self.supplies:
@@ -171,7 +178,7 @@ class MountdFetcher:
             return
         items = [(entry.hash, entry.size, entry.location) for entry in entries]
         try:
-            await self.client.prefetch(items, self.dataset, wait=False)
+            await self.client.prefetch(items, self.dataset, wait=False, renew=renew)
         except (MountdUnavailable, QuiverError, OSError) as exc:
             # Read-ahead is advisory: the reads fetch what it could not.
             log.debug("dropped read-ahead of %d files: %s", len(items), exc)
@@ -207,13 +214,15 @@ async def _report_hits(ops, client, dataset: str) -> None:
     while True:
         await trio.sleep(HITS_INTERVAL)
         hashes, nbytes = ops.take_hits()
-        if not hashes:
+        done = ops.take_read_done()  # a bounded sweep's reads: mountd evicts these first
+        if not hashes and not done:
             continue
         try:
-            for start in range(0, len(hashes), HITS_BATCH):
+            for start in range(0, max(len(hashes), len(done)), HITS_BATCH):
                 batch = hashes[start:start + HITS_BATCH]
                 # Bytes go with the first batch; mountd only sums them.
-                await client.hits(dataset, batch, nbytes if start == 0 else 0)
+                await client.hits(dataset, batch, nbytes if start == 0 else 0,
+                                  done[start:start + HITS_BATCH])
         except (MountdUnavailable, QuiverError, OSError) as exc:
             # Hit reports are advisory (they feed mountd's recency and statistics).
             log.debug("dropped %d hit reports: %s", len(hashes), exc)
@@ -376,7 +385,7 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
             stop = partial(_stop_serving, mountpoint, mine, pool)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
-                nursery.start_soon(ops.send_prefetches)
+                nursery.start_soon(ops.send_prefetches, partial(_invalidate, fuse_fd))
                 nursery.start_soon(_forget_evicted, ops, client, partial(_invalidate, fuse_fd),
                                    pool.sweep)
                 nursery.start_soon(_watch_signals, stop)
@@ -422,7 +431,7 @@ async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_
         status.mounted(mine)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_report_hits, ops, client, dataset)
-            nursery.start_soon(ops.send_prefetches)
+            nursery.start_soon(ops.send_prefetches, session.invalidate)
             nursery.start_soon(_forget_evicted, ops, client, session.invalidate)
             nursery.start_soon(_watch_signals, partial(unmount_own, mountpoint, mine))
             nursery.start_soon(_announce_ready, mountpoint, status, dataset)

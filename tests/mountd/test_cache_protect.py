@@ -392,3 +392,67 @@ async def test_pins_expected_for_a_loading_chunk_count_before_their_files_land(
         assert cache.index.pinned_bytes == 0 and cache.holds.protect_bytes == 5 * K
         await landed(cache, ahead)
         assert [stored(tmp_path, o) for o in ahead] == [o.data for o in ahead]
+
+
+async def test_a_renewed_prefetch_protects_cached_files_and_keeps_them_protected(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    # A mount's bounded sweep (docs/mount.md "The sweep"): files in the store its reader has
+    # yet to read are protected at its asking, and stay so while it renews them.
+    cached = source.many(3, K, "cached")
+    absent = source.many(1, K, "absent")
+    async with running(config(tmp_path / "c", size=10 * K, protect_seconds=0.4), backends) as cache:
+        for o in cached:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+        assert cache.prefetch(items(cached), "ds") == 0  # cached: skipped, not protected
+        assert not any(cache.holds.protected(o.hash) for o in cached)
+        # With renew: the cached ones protected (at the store's size, not the one asked),
+        # the absent one queued as before.
+        asked = [(o.hash, 99 * K, o.location) for o in cached] + items(absent)
+        assert cache.prefetch(asked, "ds", renew=True) == 1
+        assert all(cache.holds.protected(o.hash) for o in cached)
+        await landed(cache, absent)
+        assert cache.holds.protected(absent[0].hash)
+        assert cache.usage()["protection"]["bytes"] == 4 * K
+        for _ in range(4):  # renewed every 0.2 s: still protected after 0.8 s
+            await trio.sleep(0.2)
+            cache.prefetch(items(cached[:2]), "ds", renew=True)
+        assert [cache.holds.protected(o.hash) for o in cached] == [True, True, False]
+        assert not cache.holds.protected(absent[0].hash)
+        cache.record_hits("ds", [cached[0].hash], K)  # read: its protection ends
+        assert not cache.holds.protected(cached[0].hash)
+        assert cache.usage()["protection"]["ended"]["read"] == 1
+
+
+async def test_a_renewal_protects_no_new_file_past_the_share(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    cached = source.many(4, K, "cached")
+    async with running(config(tmp_path / "c", size=10 * K, protect_share=0.2), backends) as cache:
+        for o in cached:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+        cache.prefetch(items(cached), "ds", renew=True)  # room for 2 K of the 4 K
+        assert [cache.holds.protected(o.hash) for o in cached] == [True, True, False, False]
+        cache.prefetch(items(cached), "ds", renew=True)  # the two renewed, no third
+        assert [cache.holds.protected(o.hash) for o in cached] == [True, True, False, False]
+
+
+async def test_files_a_reader_is_done_with_are_evicted_first(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    # A shuffled reader's epochs over a larger dataset: LRU would evict the files it read
+    # an epoch ago, those it reads next; the ones it read this epoch go first instead.
+    old = source.many(3, K, "old")  # read last epoch, not yet this one
+    now = source.many(2, K, "now")  # read this epoch
+    async with running(config(tmp_path / "c", size=5 * K), backends) as cache:
+        cache.holds.seconds = 0.01  # answer holds out of the way
+        for o in old + now:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+            await trio.sleep(0.02)
+        cache.record_read_done([o.hash for o in now] + [b"\0" * 32])  # an unknown one: ignored
+        fresh = source.many(2, K, "fresh")
+        for o in fresh:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+            await trio.sleep(0.02)
+        assert [cache.contains(o.hash) for o in old] == [True, True, True]
+        assert [cache.contains(o.hash) for o in now] == [False, False]

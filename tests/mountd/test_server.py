@@ -76,6 +76,8 @@ def test_hello_reports_version_pid_and_admin(client, daemon):
     assert info["cache_dir"] == str(daemon.cache_dir)
     assert info["cache_size"] == 256 << 20  # running_mountd's --cache-size 256M
     assert info["admin"] is True and info["peer"]["pid"] == os.getpid()
+    # How it keeps files fetched ahead: a mount's bounded sweep sizes itself by these.
+    assert (info["protect_share"], info["protect_seconds"]) == (0.5, 30.0)
 
 
 def test_ensure_returns_the_verified_store_file(client, daemon, dataset):
@@ -312,6 +314,23 @@ async def test_prefetch_fills_in_the_background(daemon, dataset):
     assert counters["prefetches"] == 5 and counters["remote_requests"]["GET"] == 5
     for f in batch:
         assert layout.store_path(daemon.cache_dir, f.hash).read_bytes() == f.data
+
+
+async def test_a_renewing_prefetch_protects_cached_files(daemon, dataset):
+    url, files = dataset
+    f = files[19]
+    async with open_client(daemon.cache_dir) as c:
+        await c.ensure(f.hash, f.size, location(url, f), dataset="renew")
+        before = (await c.call("usage"))["protection"]["started"]
+        assert await c.prefetch([(f.hash, f.size, location(url, f))], "renew", renew=True) == 0
+        usage = (await c.call("usage"))["protection"]
+        assert usage["started"] == before + 1 and usage["files"] >= 1
+        with pytest.raises(ProtocolError, match="'renew' must be true or false"):
+            await c.call("prefetch", {"items": [], "renew": "yes"})
+        await c.hits("renew", [], 0, done=[f.hash])  # read for the epoch: evicted first
+        with pytest.raises(ProtocolError, match="'done' must be hex digits"):
+            await c.call("hits", {"packed": "", "bytes": 0, "done": "xyz"})
+        assert (await c.call("usage"))["protection"]["files"] >= 1  # the connection still serves
 
 
 def test_evict_removes_a_datasets_files(client, daemon, dataset):

@@ -61,6 +61,11 @@ def test_the_mounts_table_shows_each_mounts_read_ahead_and_sweep() -> None:
          "stats": {"opens": 1, "hits": 0, "misses": 1, "reads": 1, "bytes": 1, "errors": 0,
                    "readahead": 64, "readahead_files": 0, "readahead_bytes": 0,
                    "sweep": 8, "sweep_running": False, "sweep_files": 0, "sweep_bytes": 0}},
+        {"mountpoint": "/mnt/bounded", "dataset": "e" * 64, "pid": 14,
+         "stats": {"opens": 1, "hits": 0, "misses": 1, "reads": 1, "bytes": 1, "errors": 0,
+                   "readahead": 64, "readahead_files": 0, "readahead_bytes": 0,
+                   "sweep": 8, "sweep_running": True, "sweep_files": 9, "sweep_bytes": MIB,
+                   "sweep_bound_bytes": 4 * MIB, "sweep_unread_bytes": MIB // 2}},
         {"mountpoint": "/mnt/gone", "dataset": "c" * 64, "pid": 12, "stats": None,
          "stats_error": "not a mount point"},
     ]
@@ -68,4 +73,5 @@ def test_the_mounts_table_shows_each_mounts_read_ahead_and_sweep() -> None:
     cells = {line.split("│")[1].strip(): (line.split("│")[-3].strip(), line.split("│")[-2].strip())
              for line in lines if "/mnt/" in line}
     assert cells == {"/mnt/on": ("12 (3.0 MiB)", "40 (5.0 MiB)"), "/mnt/off": ("off", "off"),
-                     "/mnt/big": ("0 (0 B)", "idle"), "/mnt/gone": ("-", "-")}
+                     "/mnt/big": ("0 (0 B)", "idle"), "/mnt/gone": ("-", "-"),
+                     "/mnt/bounded": ("0 (0 B)", "9 (1.0 MiB), unread 512.0 KiB of 4.0 MiB")}

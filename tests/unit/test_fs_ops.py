@@ -988,7 +988,8 @@ def names(body: bytes) -> list[bytes]:
 READAHEAD_OFF = {"readahead": 0, "readahead_cap_bytes": 0, "readahead_window_files": 0,
                  "readahead_window_bytes": 0, "readahead_files": 0, "readahead_bytes": 0,
                  "sweep": 0, "sweep_running": False, "sweep_files": 0, "sweep_bytes": 0,
-                 "sweep_restarts": 0}
+                 "sweep_restarts": 0, "sweep_bound_bytes": 0, "sweep_unread_bytes": 0,
+                 "sweep_renewed": 0}
 
 
 async def test_xattrs(env: Env) -> None:

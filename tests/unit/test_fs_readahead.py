@@ -6,6 +6,7 @@ sent. The detector itself is tested in test_readahead.py."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 from pathlib import Path
@@ -17,12 +18,14 @@ import trio.testing
 from digests.digest import Digest, FileEntry
 from digests.write import NewFile, write_digest
 from mountd.store import layout
-from quiverfs.filesystem.fs import SIZES_AHEAD, QuiverOperations
+from quiverfs.filesystem.fs import BOUNDED_SHARE, SIZES_AHEAD, KeepTerms, QuiverOperations
 from quiverfs.filesystem.readahead import START_BYTES, window_bytes
 from quiverfs.filesystem.reads import SharedCounters
-from quiverfs.filesystem.sweep import START_READS
+from quiverfs.filesystem.sweep import BOUND_STEPS, START_READS
+from quiverfs.filesystem.tree import ROOT_INODE
 from quiverfs.protocol import fuse_wire as w
 from quiverfs.protocol import worker_messages
+from quiverfs.protocol.control import make_name
 from tests.unit.test_fs_ops import FakeFetcher, b3, read_request
 
 #: 400 files in one directory (ids in name order), file 30 empty.
@@ -30,19 +33,30 @@ FILES = {f"d/f{i:03d}": (b"" if i == 30 else f"content {i}".encode()) for i in r
 
 
 class FakePrefetcher:
-    """Plays mountd's ``prefetch``: records the paths of each notification, and the bytes."""
+    """Plays mountd's ``prefetch``: records the paths of each notification, and the bytes;
+    ``renewed`` the notifications sent with ``renew``."""
 
-    def __init__(self, cache_size: int | None = 1 << 30) -> None:
+    def __init__(self, cache_size: int | None = 1 << 30,
+                 terms: KeepTerms | None = KeepTerms(0.5, 30.0)) -> None:
         self.sent: list[list[str]] = []
+        self.renewed: list[list[str]] = []
+        #: inodes whose pages the kernel was told to drop
+        self.invalidated: list[int] = []
         self.bytes = 0
         self.cache_size = cache_size
+        self.terms = terms
 
     async def cache_bytes(self) -> int | None:
         return self.cache_size
 
-    async def prefetch(self, entries: list[FileEntry]) -> None:
+    async def keep_terms(self) -> KeepTerms | None:
+        return self.terms
+
+    async def prefetch(self, entries: list[FileEntry], *, renew: bool = False) -> None:
         self.sent.append([entry.path for entry in entries])
         self.bytes += sum(entry.size for entry in entries)
+        if renew:
+            self.renewed.append(self.sent[-1])
 
 
 @pytest.fixture
@@ -81,7 +95,7 @@ async def read_files(ops: QuiverOperations, digest: Digest, numbers, reader: int
 async def sent_after(ops: QuiverOperations, prefetcher: FakePrefetcher, work) -> list[list[str]]:
     """Run ``work`` with ``send_prefetches`` running; the notifications sent meanwhile."""
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(ops.send_prefetches)
+        nursery.start_soon(ops.send_prefetches, prefetcher.invalidated.extend)
         await trio.testing.wait_all_tasks_blocked()  # it has learnt the cache's size
         await work()
         await trio.testing.wait_all_tasks_blocked()
@@ -219,15 +233,122 @@ async def test_a_miss_after_the_sweep_was_done_starts_it_over(digest: Digest, tm
     ops.close()
 
 
-async def test_a_dataset_larger_than_the_cache_is_not_swept(digest: Digest, tmp_path: Path) -> None:
-    # 399 files of 10 bytes against a cache of 1,000 bytes: an epoch cycles through the cache
-    # anyway, and files fetched early would push out the ones about to be read.
+async def test_a_dataset_larger_than_the_cache_is_swept_within_a_bound(digest: Digest, tmp_path: Path) -> None:
+    # 399 files of 9-11 bytes against a cache of 1,000 bytes, mountd protecting half of it:
+    # the sweep keeps at most 0.9 x 500 bytes asked for and not read yet, and sends every
+    # file with ``renew`` (in the store or not: its reader reads each once this epoch).
     ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+    unread: list[int] = []
+
+    async def work() -> None:
+        for i in order[:200]:
+            await read_files(ops, digest, [i])
+            assert ops.sweep is not None
+            unread.append(ops.sweep.outstanding_bytes)
+
+    sent = await sent_after(ops, prefetcher, work)
+    bound = int(1000 * 0.5 * BOUNDED_SHARE)
+    assert ops.sweep is not None and ops.sweep.bound_bytes == bound
+    assert max(unread) <= bound and max(unread) > bound - 2 * bound // BOUND_STEPS
+    flat = [path for batch in sent for path in batch]
+    assert len(flat) == len(set(flat)) and prefetcher.renewed == sent
+    # Each file sent was read since, or is still counted as asked for and unread.
+    read = {f"d/f{i:03d}" for i in order[:200]}
+    still = {ops.tree.file(file_id).path for file_id in ops.sweep.outstanding()}
+    assert set(flat) == (set(flat) & read) | still and not still & read
+    assert sum(len(FILES[path]) for path in still) == ops.sweep.outstanding_bytes
+    # Every file read is reported done for the epoch (mountd evicts those first).
+    assert sorted(ops.take_read_done()) == sorted(b3(FILES[f"d/f{i:03d}"]) for i in order[:200])
+    assert ops.take_read_done() == []
+    stats = ops.stats()
+    assert (stats["sweep_running"], stats["sweep_bound_bytes"]) == (True, bound)
+    assert stats["sweep_unread_bytes"] == ops.sweep.outstanding_bytes
+    ops.close()
+
+
+async def test_a_bounded_sweeps_new_epoch_drops_the_kernels_pages_and_late_reports(
+        digest: Digest, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    ops, prefetcher = operations(digest, cache, cache_size=1000, sweep=8)
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+
+    async def work() -> None:
+        await read_files(ops, digest, order)  # an epoch: every file read once, here
+        assert ops.sweep is not None and ops.sweep.done and prefetcher.invalidated == []
+        # The next epoch's first read misses a file read before: a new sweep, and every
+        # file served so far has its pages dropped, so that each read reaches the mount.
+        layout.store_path(cache, b3(FILES[f"d/f{order[0]:03d}"])).unlink()
+        await read_files(ops, digest, order[:1])
+        assert ops.stats()["sweep_restarts"] == 1
+        with trio.fail_after(5):
+            while not prefetcher.invalidated:
+                await trio.sleep(0.01)  # sent from a thread
+        assert sorted(prefetcher.invalidated) == sorted(ino(digest, i) for i in order)
+        # A hit report right after: reads of the epoch that ended, not shown to the sweep.
+        ops.add_hits(hits(digest, order[1:11]))
+        assert ops.sweep.reads_seen == len(order) + 1
+
+    await sent_after(ops, prefetcher, work)
+    ops.close()
+
+
+async def test_a_mount_that_supplies_its_own_fills_does_not_sweep_a_larger_dataset(
+        digest: Digest, tmp_path: Path) -> None:
+    # Nothing keeps what such a mount fetches ahead: files swept early would be evicted unread.
+    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    prefetcher.terms = None
     order = [i for i in range(400) if i != 30]
     random.Random(5).shuffle(order)
     sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, order[:100]))
     assert sent == [] and ops.sweep is None
     assert (ops.stats()["sweep"], ops.stats()["sweep_running"]) == (8, False)
+    ops.close()
+
+
+async def test_a_bounded_sweep_renews_what_is_unread_while_its_reader_reads(
+        digest: Digest, tmp_path: Path) -> None:
+    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    prefetcher.terms = KeepTerms(0.5, 0.3)  # renewals every 0.1 s
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+
+    async def work() -> None:
+        await read_files(ops, digest, order[:60])
+        assert ops.sweep is not None
+        swept = len(prefetcher.sent)
+        await trio.sleep(0.15)  # one renewal: what was asked and is not read yet
+        renewal = prefetcher.renewed[swept:]
+        assert [path for batch in renewal for path in batch] == [
+            ops.tree.file(file_id).path for file_id in ops.sweep.outstanding()]
+        assert ops.stats()["sweep_renewed"] == len(ops.sweep.outstanding()) > 0
+        # The reader stopped: no more renewals (mountd lets them go when their time is up).
+        await trio.sleep(0.35)
+        assert len(prefetcher.sent) == swept + len(renewal)
+        await read_files(ops, digest, order[60:61])  # it reads again: renewed again
+        await trio.sleep(0.15)
+        assert len(prefetcher.sent) > swept + len(renewal)
+
+    await sent_after(ops, prefetcher, work)
+    ops.close()
+
+
+async def test_a_bounded_sweep_asks_nothing_while_a_sampler_uses_the_control_channel(
+        digest: Digest, tmp_path: Path) -> None:
+    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+
+    async def work() -> None:
+        info = json.loads(await ops.getxattr(ROOT_INODE, make_name("info").encode()))
+        assert info["files"] == 400
+        await read_files(ops, digest, order[:100])
+
+    sent = await sent_after(ops, prefetcher, work)
+    assert sent == [] and ops.sweep is not None and ops.sweep.bound_bytes is not None
+    assert ops.take_read_done() == []  # nor does it tell mountd what to evict first
     ops.close()
 
 

@@ -75,6 +75,24 @@ def test_lru_order_and_touch(index: Index):
     assert index.totals() == (5, 150)
 
 
+def test_files_a_reader_is_done_with_go_first_newest_first(index: Index):
+    # A shuffled reader's epochs over a larger dataset (docs/mount.md "The sweep"): what it
+    # read this epoch goes before what it read last epoch and will read again.
+    for i in range(6):
+        index.insert(h(i), 10, "ds")
+    lru = LRUPolicy(index)
+    lru.on_read_done([(h(4), 10), (h(1), 10), (h(3), 10)])
+    assert [x for x, _ in lru.victims()] == [h(3), h(1), h(4), h(0), h(2), h(5)]
+    lru.on_read_done([(h(1), 10)])  # read again: the newest
+    lru.on_access([h(3)])  # anyone's access: an ordinary file again
+    index.touch([h(3)], None)
+    index.set_pinned([h(4)], True)  # never offered, done or not
+    lru.on_remove([h(0)])
+    assert [x for x, _ in lru.victims()][:2] == [h(1), h(0)]
+    assert h(4) not in [x for x, _ in lru.victims()]
+    assert list(lru.done) == [h(4), h(1)]
+
+
 def _stored_pins(index: Index) -> dict[bytes, int]:
     return dict(index.conn.execute("SELECT hash, pinned FROM entries").fetchall())
 

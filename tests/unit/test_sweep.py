@@ -144,3 +144,51 @@ def test_a_shuffled_epoch_is_swept_whole_and_can_start_over() -> None:
 def test_a_factor_below_one_is_refused(factor: int) -> None:
     with pytest.raises(ValueError, match="at least 1"):
         sweep(factor=factor)
+
+
+def bounded(bound: int, last: int = 1000) -> Sweep:
+    return Sweep(1, last, lambda first, end: [100] * (end - first + 1), 8, bound_bytes=bound)
+
+
+def test_a_bounded_sweep_keeps_what_is_asked_and_unread_within_its_bound() -> None:
+    s = bounded(2_000)  # 20 files of 100 bytes
+    order = random.Random(4).sample(range(1, 1001), 1000)
+    asked: set[int] = set()
+    for n, file_id in enumerate(order):
+        s.read(file_id, 100)
+        asked |= set(s.step())
+        unread = asked - set(order[:n + 1])
+        assert set(s.outstanding()) == unread
+        assert s.outstanding_bytes == 100 * len(unread) <= 2_000
+    assert s.done and s.outstanding() == [] and s.outstanding_bytes == 0
+    assert s.requested > 3 * 20  # it went on asking as the reads freed room (~20 (1 + ln 50))
+
+
+def test_a_bounded_sweep_asks_again_only_when_reads_freed_a_step() -> None:
+    s = bounded(3_200)  # 32 files; a step is a 32nd of the bound: one file
+    reads = list(range(1, 1001, 50))[:START_READS]
+    named = read(s, reads)
+    assert s.outstanding_bytes == 3_200 and len(named) == 32
+    assert read(s, [999]) == []  # a file it did not ask for frees nothing
+    assert read(s, [named[5]]) == [named[-1] + 1]  # one it asked for frees one file's room
+    s2 = Sweep(1, 10_000, lambda first, end: [100] * (end - first + 1), 64, bound_bytes=32_000)
+    named = read(s2, [i * 10 for i in reads])  # 320 files, a step 10 files of room
+    assert len(named) == 320
+    assert read(s2, named[:9]) == []
+    assert len(read(s2, named[9:10])) == 10
+
+
+def test_a_shuffled_epoch_finds_about_the_share_the_bound_predicts() -> None:
+    # An ideal cache that keeps what the sweep asked for until it is read: with B files
+    # unread at a time, a shuffled epoch of N files finds about B/N (1 + ln(N/B)) of them
+    # there (each read finds B of the R files left): 0.31 for B = 90, N = 1,000.
+    s = bounded(9_000)
+    order = random.Random(9).sample(range(1, 1001), 1000)
+    kept: set[int] = set()
+    found = 0
+    for file_id in order:
+        found += file_id in kept
+        kept.discard(file_id)
+        s.read(file_id, 100)
+        kept |= set(s.step())
+    assert 0.25 <= found / 1000 <= 0.36
