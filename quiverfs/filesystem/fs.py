@@ -553,7 +553,7 @@ class QuiverOperations:
     def _sweep_ahead(self, sweep: Sweep) -> None:
         """Queue the file ids the sweep names now for :meth:`send_prefetches` (none from a
         bounded sweep while a sampler uses the control channel: mountd plans its reads)."""
-        if sweep.bound_bytes is not None and self.control.used_within(SAMPLER_QUIET_SECONDS):
+        if sweep.bound_bytes is not None and not self._epoch_reads():
             return
         ids = sweep.step()
         if ids:
@@ -631,7 +631,7 @@ class QuiverOperations:
         sweep, every = self.sweep, self._renew_every
         assert sweep is not None and every is not None
         self._renew_at = trio.current_time() + every
-        if sweep.reads_seen == self._renewed_reads:
+        if sweep.reads_seen == self._renewed_reads or not self._epoch_reads():
             return
         self._renewed_reads = sweep.reads_seen
         for batch in self._to_send(sweep.outstanding(), keep_cached=True):
