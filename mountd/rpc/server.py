@@ -57,6 +57,7 @@ from mountd.stats.costs import scheme_of
 from mountd.stats.users import UserStats
 from mountd.store.cache import Cache
 from mountd.store.evictions import EvictionJournal
+from mountd.store.holds import SWEEP_SHARE
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.base.backends.base import Location
 from quiverfs.base.errors import QuiverError
@@ -325,8 +326,10 @@ class Server:
                        "shared": bool(self.socket_mode & stat.S_IWOTH)},
             "store_access": self.cache.config.store_modes.name,
             # How files fetched ahead are kept until read (docs/store-layout.md "Holds and
-            # protection"): a mount's bounded sweep sizes itself and its renewals by them.
+            # protection"): a mount's bounded sweep sizes itself by ``sweep_share`` and its
+            # renewals by ``protect_seconds``.
             "protect_share": self.cache.config.protect_share,
+            "sweep_share": max(SWEEP_SHARE, self.cache.config.protect_share),
             "protect_seconds": self.cache.config.protect_seconds,
         }
 

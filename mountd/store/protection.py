@@ -25,7 +25,7 @@ from mountd.store.batchfill import PREFETCH_BATCH, Prefetch
 from mountd.store.config import CacheConfig
 from mountd.store.fillpool import Fills
 from mountd.store.flights import Flight
-from mountd.store.holds import HOLD_SHARE, Displaced, Holds
+from mountd.store.holds import HOLD_SHARE, SWEEP_SHARE, Displaced, Holds
 from mountd.store.index import Index
 from mountd.store.limits import Turns
 from quiverfs.base.backends.base import Location
@@ -97,6 +97,7 @@ class Protection:
         self.holds = Holds(int(config.cache_size * HOLD_SHARE),
                            protect_bytes=int(config.cache_size * config.protect_share),
                            protect_seconds=config.protect_seconds)
+        self.holds.sweep_bytes = int(config.cache_size * max(SWEEP_SHARE, config.protect_share))
         #: The pinned bytes the protection cap was last sized for (:meth:`_cap_protection`).
         self._protect_cap_pinned = 0
         #: Files that will be pinned once they land (a loading chunk's: :meth:`expect_pins`),
@@ -112,6 +113,9 @@ class Protection:
         #: :meth:`_prefetch_worker`, so not a channel).
         self._prefetches: deque[Prefetch] = deque()
         self._queued: set[bytes] = set()
+        #: Queued hashes a mount's bounded sweep asked for (``renew``): their gate is the
+        #: sweep's share (Holds.fits); each leaves the set as it leaves the queue.
+        self._sweep_queued: set[bytes] = set()
         self._prefetch_idle = trio.lowlevel.ParkingLot()
 
     def pin(self, hashes: Sequence[bytes]) -> int:
@@ -165,6 +169,7 @@ class Protection:
         self._protect_cap_pinned = pinned
         room = max(0, self.config.cache_size - pinned)
         self.holds.protect_bytes = int(room * self.config.protect_share)
+        self.holds.sweep_bytes = int(room * max(SWEEP_SHARE, self.config.protect_share))
         if grew:
             self._notify_protect()  # more room: waiting prefetches may start
 
@@ -332,9 +337,11 @@ class Protection:
         items beyond the queue's capacity are dropped. Errors are counted and logged only.
         The fills are charged to ``uid`` (mountd/store/quota.py).
 
-        ``renew``: cached items are protected as if just fetched ahead (a protected one for
-        another ``protect_seconds``, another while the share has room): a mount's bounded
-        sweep keeps what its reader has yet to read this epoch (docs/mount.md "The sweep")."""
+        ``renew``: a mount's bounded sweep keeps what its reader has yet to read this epoch
+        (docs/mount.md "The sweep"): cached items are protected as if just fetched ahead (a
+        protected one for another ``protect_seconds``, another while the sweep's share,
+        ``SWEEP_SHARE``, has room), and the others wait for that share, not
+        ``--protect-share``."""
         index = self._require_open()
         fresh: dict[bytes, tuple[int, Location]] = {}
         for hash, size, location in items:
@@ -352,6 +359,8 @@ class Protection:
             size, location = fresh[hash]
             queue.append((hash, size, location, dataset, uid))
             self._queued.add(hash)
+            if renew:
+                self._sweep_queued.add(hash)
             queued += 1
         if queue:
             # As many workers as the queue has batches for (each takes its share).
@@ -362,11 +371,11 @@ class Protection:
     def _renew_protection(self, items: dict[bytes, tuple[int, Location]],
                           absent: Sequence[bytes]) -> None:
         """Protect the cached ones of ``items`` (hash → size, location) again, or anew while
-        the share has room (at the size the store holds, not the one asked)."""
+        the sweep's share has room (at the size the store holds, not the one asked)."""
         index, holds, missing = self._require_open(), self.holds, set(absent)
         for hash in items:
             size = None if hash in missing else index.size_of(hash)
-            if size is not None and (holds.protected(hash) or holds.fits(size)):
+            if size is not None and (holds.protected(hash) or holds.fits(size, sweep=True)):
                 holds.protect(hash, size)
 
     async def _prefetch_worker(self) -> None:
@@ -383,7 +392,9 @@ class Protection:
                 continue
             item = queue.popleft()
             hash, size = item[0], item[1]
-            while not self.holds.fits(size) and not self._cached_or_coming(hash):
+            sweep = hash in self._sweep_queued
+            self._sweep_queued.discard(hash)
+            while not self.holds.fits(size, sweep=sweep) and not self._cached_or_coming(hash):
                 await self._protect_changed.wait()
             if not self._prefetch_wanted(item):
                 continue
@@ -411,10 +422,13 @@ class Protection:
             following = queue[0]
             if not self._prefetch_wanted(following):
                 queue.popleft()
+                self._sweep_queued.discard(following[0])
                 continue
-            if self._batch_key(following) != key or not self.holds.fits(following[1]):
+            sweep = following[0] in self._sweep_queued
+            if self._batch_key(following) != key or not self.holds.fits(following[1], sweep=sweep):
                 break
             queue.popleft()
+            self._sweep_queued.discard(following[0])
             self._queued.discard(following[0])
             self.holds.protect(following[0], following[1])
             batch.append(following)

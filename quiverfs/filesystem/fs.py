@@ -82,8 +82,8 @@ FAILURE_MEMORY = 0.5
 #: Most items in one ``prefetch`` notification (well under the protocol's MAX_ITEMS).
 PREFETCH_BATCH = 10_000
 
-#: Share of what mountd lets files fetched ahead take (its ``protect_share`` of the cache) that
-#: a bounded sweep may hold asked for and not read: the rest stays for read-ahead and claims.
+#: Share of what mountd lets a sweep's files fetched ahead take (its ``sweep_share`` of the
+#: cache) that a bounded sweep may hold asked for and not read: the rest stays for read-ahead.
 BOUNDED_SHARE = 0.9
 
 #: A bounded sweep renews mountd's protection of what it asked for and was not read yet this

@@ -165,7 +165,7 @@ class MountdFetcher:
 
     async def keep_terms(self) -> KeepTerms | None:
         info = self.client.info
-        share, seconds = info.get("protect_share"), info.get("protect_seconds")
+        share, seconds = info.get("sweep_share"), info.get("protect_seconds")
         if self.supplies or not isinstance(share, (int, float)) or not isinstance(seconds, (int, float)):
             return None  # our own fills are not protected; or a mountd that does not say
         return KeepTerms(float(share), float(seconds))

@@ -424,17 +424,21 @@ async def test_a_renewed_prefetch_protects_cached_files_and_keeps_them_protected
         assert cache.usage()["protection"]["ended"]["read"] == 1
 
 
-async def test_a_renewal_protects_no_new_file_past_the_share(
+async def test_a_renewal_protects_no_new_file_past_the_sweeps_share(
     tmp_path: Path, source: Source, backends: Backends
 ) -> None:
-    cached = source.many(4, K, "cached")
+    # A sweep's files may take SWEEP_SHARE (0.8) of the room, other prefetches --protect-share.
+    cached = source.many(10, K, "cached")
     async with running(config(tmp_path / "c", size=10 * K, protect_share=0.2), backends) as cache:
         for o in cached:
             await cache.ensure(o.hash, o.size, o.location, "ds")
-        cache.prefetch(items(cached), "ds", renew=True)  # room for 2 K of the 4 K
-        assert [cache.holds.protected(o.hash) for o in cached] == [True, True, False, False]
-        cache.prefetch(items(cached), "ds", renew=True)  # the two renewed, no third
-        assert [cache.holds.protected(o.hash) for o in cached] == [True, True, False, False]
+        assert (cache.holds.protect_bytes, cache.holds.sweep_bytes) == (2 * K, 8 * K)
+        cache.prefetch(items(cached), "ds", renew=True)  # room for 8 K of the 10 K
+        assert [cache.holds.protected(o.hash) for o in cached] == [True] * 8 + [False] * 2
+        cache.prefetch(items(cached), "ds", renew=True)  # the eight renewed, no ninth
+        assert [cache.holds.protected(o.hash) for o in cached] == [True] * 8 + [False] * 2
+        assert not cache.holds.fits(K)  # a claim's or read-ahead's prefetch waits
+        assert cache.usage()["protection"]["sweep_cap_bytes"] == 8 * K
 
 
 async def test_files_a_reader_is_done_with_are_evicted_first(
@@ -456,3 +460,18 @@ async def test_files_a_reader_is_done_with_are_evicted_first(
             await trio.sleep(0.02)
         assert [cache.contains(o.hash) for o in old] == [True, True, True]
         assert [cache.contains(o.hash) for o in now] == [False, False]
+
+
+async def test_a_sweeps_prefetches_wait_for_the_sweeps_share_not_protect_share(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    plain, swept = source.many(4, K, "plain"), source.many(5, K, "swept")
+    async with running(config(tmp_path / "c", size=10 * K, protect_share=0.2), backends) as cache:
+        assert cache.prefetch(items(plain), "ds") == 4
+        await landed(cache, plain[:2])
+        await trio.sleep(0.3)  # the other two wait for --protect-share's 2 K
+        assert sum(cache.contains(o.hash) for o in plain) == 2
+        assert cache.prefetch(items(swept), "ds", renew=True) == 5
+        await landed(cache, swept)  # up to the sweep's 8 K: 2 K + 5 K
+        assert all(cache.holds.protected(o.hash) for o in swept)
+        assert sum(cache.contains(o.hash) for o in plain) == 2

@@ -77,7 +77,7 @@ def test_hello_reports_version_pid_and_admin(client, daemon):
     assert info["cache_size"] == 256 << 20  # running_mountd's --cache-size 256M
     assert info["admin"] is True and info["peer"]["pid"] == os.getpid()
     # How it keeps files fetched ahead: a mount's bounded sweep sizes itself by these.
-    assert (info["protect_share"], info["protect_seconds"]) == (0.5, 30.0)
+    assert (info["protect_share"], info["sweep_share"], info["protect_seconds"]) == (0.5, 0.8, 30.0)
 
 
 def test_ensure_returns_the_verified_store_file(client, daemon, dataset):
