@@ -57,7 +57,6 @@ from mountd.stats.costs import scheme_of
 from mountd.stats.users import UserStats
 from mountd.store.cache import Cache
 from mountd.store.evictions import EvictionJournal
-from mountd.store.holds import SWEEP_SHARE
 from mountd.store.supplied import SuppliedBytes
 from quiverfs.base.backends.base import Location
 from quiverfs.base.errors import QuiverError
@@ -329,7 +328,7 @@ class Server:
             # protection"): a mount's bounded sweep sizes itself by ``sweep_share`` and its
             # renewals by ``protect_seconds``.
             "protect_share": self.cache.config.protect_share,
-            "sweep_share": max(SWEEP_SHARE, self.cache.config.protect_share),
+            "sweep_share": self.cache.config.sweep_share,
             "protect_seconds": self.cache.config.protect_seconds,
         }
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mountd.store.access import StoreModes, store_modes
+from mountd.store.holds import SWEEP_SHARE
 from quiverfs.base.errors import UsageError
 
 
@@ -73,6 +74,13 @@ class CacheConfig:
     #: Share of the cache's unpinned room that protected files may take (``--protect-share``);
     #: past it new prefetches wait.
     protect_share: float = 0.5
+
+    @property
+    def sweep_share(self) -> float:
+        """Share of the room pins leave that a mount's bounded sweep may protect (with
+        everyone else's protections): :data:`~mountd.store.holds.SWEEP_SHARE`, or
+        ``protect_share`` when that is larger."""
+        return max(SWEEP_SHARE, self.protect_share)
 
     @property
     def store_modes(self) -> StoreModes:

@@ -198,8 +198,13 @@ class Holds:
         :attr:`sweep_bytes`). Always true while nothing is protected, so one file larger
         than the share still makes progress."""
         self.expire()
-        cap = max(self.protect_bytes, self.sweep_bytes) if sweep else self.protect_bytes
+        cap = self.sweep_cap if sweep else self.protect_bytes
         return self.protected_bytes == 0 or self.protected_bytes + size <= cap
+
+    @property
+    def sweep_cap(self) -> int:
+        """Bytes protections may reach with a mount's bounded sweep's files."""
+        return max(self.protect_bytes, self.sweep_bytes)
 
     def room(self) -> int:
         """Bytes protections may still take."""
@@ -332,7 +337,7 @@ class Holds:
         self.expire()
         return {
             "files": len(self._protected), "bytes": self.protected_bytes,
-            "cap_bytes": self.protect_bytes, "sweep_cap_bytes": max(self.sweep_bytes, self.protect_bytes),
+            "cap_bytes": self.protect_bytes, "sweep_cap_bytes": self.sweep_cap,
             "seconds": self.protect_seconds,
             "started": self.started, "started_bytes": self.started_bytes,
             "ended": dict(self.ended), "ended_bytes": dict(self.ended_bytes),

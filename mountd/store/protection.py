@@ -25,7 +25,7 @@ from mountd.store.batchfill import PREFETCH_BATCH, Prefetch
 from mountd.store.config import CacheConfig
 from mountd.store.fillpool import Fills
 from mountd.store.flights import Flight
-from mountd.store.holds import HOLD_SHARE, SWEEP_SHARE, Displaced, Holds
+from mountd.store.holds import HOLD_SHARE, Displaced, Holds
 from mountd.store.index import Index
 from mountd.store.limits import Turns
 from quiverfs.base.backends.base import Location
@@ -97,7 +97,7 @@ class Protection:
         self.holds = Holds(int(config.cache_size * HOLD_SHARE),
                            protect_bytes=int(config.cache_size * config.protect_share),
                            protect_seconds=config.protect_seconds)
-        self.holds.sweep_bytes = int(config.cache_size * max(SWEEP_SHARE, config.protect_share))
+        self.holds.sweep_bytes = int(config.cache_size * config.sweep_share)
         #: The pinned bytes the protection cap was last sized for (:meth:`_cap_protection`).
         self._protect_cap_pinned = 0
         #: Files that will be pinned once they land (a loading chunk's: :meth:`expect_pins`),
@@ -169,7 +169,7 @@ class Protection:
         self._protect_cap_pinned = pinned
         room = max(0, self.config.cache_size - pinned)
         self.holds.protect_bytes = int(room * self.config.protect_share)
-        self.holds.sweep_bytes = int(room * max(SWEEP_SHARE, self.config.protect_share))
+        self.holds.sweep_bytes = int(room * self.config.sweep_share)
         if grew:
             self._notify_protect()  # more room: waiting prefetches may start
 
