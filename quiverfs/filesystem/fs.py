@@ -282,10 +282,16 @@ class QuiverOperations:
         sweep = self.sweep
         if sweep is not None and trio.current_time() - self._sweep_started > REPORT_LAG_SECONDS:
             sweep.read_many([inode for _, inode in records], nbytes)
-            if self._epoch_reads():
+            if self._one_readers_epoch():
                 self._pending_done.extend(content_hash for content_hash, _ in records)
             if readahead is None or not readahead.sequential:
                 self._sweep_ahead(sweep)
+
+    def _one_readers_epoch(self) -> bool:
+        """Whether a file read now is done with until the next epoch (:meth:`_epoch_reads`,
+        and one reader: with several jobs reading through this mount, the others read it
+        later in theirs, and evicting it first would take it from them)."""
+        return self._epoch_reads() and self.sweep is not None and self.sweep.one_reader
 
     def _epoch_reads(self) -> bool:
         """Whether the reads here are a shuffled reader's epochs over a dataset larger than
@@ -438,7 +444,7 @@ class QuiverOperations:
         front end's every hit), unless mountd handed the descriptor over (it counted that
         hit itself) or the read was counted already (quiverfs/filesystem/reads.py)."""
         self._served_from(entry.hash, entry.id)
-        if self._epoch_reads():
+        if self._one_readers_epoch():
             self._pending_done.append(entry.hash)
         if self.reads.first_read(entry.id, hit) and hit and not handed:
             self._pending_hashes.append(entry.hash)

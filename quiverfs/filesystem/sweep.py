@@ -74,6 +74,10 @@ MAX_STEP = 1024
 #: 32nd of it), not after every read of a file it asked for.
 BOUND_STEPS = 32
 
+#: One read in this many of a file read before in the same sweep is still one reader's epoch
+#: (a read the kernel sends again after dropping a page); more is several readers.
+REREADS = 20
+
 #: A file's state in the sweep's bitmap (0: neither).
 _ASKED = 1
 _READ = 2
@@ -112,6 +116,7 @@ class Sweep:
         self._low = self._high = -1  # the range read, as offsets (-1: nothing read yet)
         self._cursor = 0  # where the next step looks first
         self._reads = self._read_bytes = 0  # files read for the first time, and their bytes
+        self._rereads = 0  # reads of files read before in this sweep
         self._asked = self._asked_bytes = 0
         #: bounded only: offset -> size of each file asked for and not read yet
         self._outstanding: dict[int, int] = {}
@@ -142,6 +147,7 @@ class Sweep:
         offset = file_id - self.first
         state = self._covered[offset]
         if state == _READ:
+            self._rereads += 1
             return False
         if not state:
             self._left -= 1
@@ -176,6 +182,13 @@ class Sweep:
             return budget
         room = self.bound_bytes - self.outstanding_bytes
         return 0 if room < self.bound_bytes // BOUND_STEPS else min(budget, room)
+
+    @property
+    def one_reader(self) -> bool:
+        """Whether the reads look like one reader's epoch, each file read once: at most one
+        in :data:`REREADS` reads of this sweep was of a file read before in it. Several jobs
+        reading the dataset through one mount read each file once each."""
+        return self._rereads * REREADS <= self._reads + self._rereads
 
     def outstanding(self) -> list[int]:
         """The ids asked for and not read yet, for a bounded sweep (oldest first; empty for

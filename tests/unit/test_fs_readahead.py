@@ -295,6 +295,26 @@ async def test_a_bounded_sweeps_new_epoch_drops_the_kernels_pages_and_late_repor
     ops.close()
 
 
+async def test_files_are_not_reported_done_when_several_jobs_read_through_the_mount(
+        digest: Digest, tmp_path: Path) -> None:
+    # Two jobs, each a shuffle of its own over the same files: a file one read, the other
+    # reads later in its epoch, so it must not go first from mountd's cache.
+    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    files = [i for i in range(400) if i != 30]
+    first, second = random.Random(5).sample(files, 399), random.Random(6).sample(files, 399)
+
+    async def work() -> None:
+        await read_files(ops, digest, first[:100])
+        assert len(ops.take_read_done()) == 100  # one reader so far
+        ops.add_hits(hits(digest, second[:100]))  # the other job: hits, a quarter rereads
+        await read_files(ops, digest, first[100:150])
+        assert ops.sweep is not None and not ops.sweep.one_reader
+        assert ops.take_read_done() == []
+
+    await sent_after(ops, prefetcher, work)
+    ops.close()
+
+
 async def test_a_mount_that_supplies_its_own_fills_does_not_sweep_a_larger_dataset(
         digest: Digest, tmp_path: Path) -> None:
     # Nothing keeps what such a mount fetches ahead: files swept early would be evicted unread.

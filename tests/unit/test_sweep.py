@@ -192,3 +192,19 @@ def test_a_shuffled_epoch_finds_about_the_share_the_bound_predicts() -> None:
         s.read(file_id, 100)
         kept |= set(s.step())
     assert 0.25 <= found / 1000 <= 0.36
+
+
+def test_one_reader_is_a_file_read_once_per_sweep() -> None:
+    s = bounded(9_000)
+    order = random.Random(2).sample(range(1, 1001), 1000)
+    for file_id in order[:500]:
+        s.read(file_id, 100)
+    s.read(order[0], 100)  # one file read again (a page the kernel dropped): still one reader
+    assert s.one_reader
+    # A second job reading the same files through the same mount, in an order of its own:
+    second = random.Random(3).sample(order[:500], 500)
+    for file_id in second[:100]:
+        s.read(file_id, 100)
+    assert not s.one_reader
+    s.start_over()
+    assert s.one_reader
