@@ -108,6 +108,8 @@ class Sweep:
         self.restarts = 0
         #: first reads of a file in its sweep, over every sweep (a reader's sign of life)
         self.reads_seen = 0
+        #: whether the last sweep's reads looked like one reader's (:attr:`one_reader`)
+        self._was_one_reader = True
         self._start()
 
     def _start(self) -> None:
@@ -137,6 +139,7 @@ class Sweep:
     def start_over(self) -> None:
         """Sweep again, with nothing read yet (the cache lost files: :meth:`lost`)."""
         self.restarts += 1
+        self._was_one_reader = self.one_reader
         self._start()
 
     def read(self, file_id: int, size: int) -> bool:
@@ -187,8 +190,13 @@ class Sweep:
     def one_reader(self) -> bool:
         """Whether the reads look like one reader's epoch, each file read once: at most one
         in :data:`REREADS` reads of this sweep was of a file read before in it. Several jobs
-        reading the dataset through one mount read each file once each."""
-        return self._rereads * REREADS <= self._reads + self._rereads
+        reading the dataset through one mount read each file once each, which shows only
+        as their reads meet (a tenth into their epoch): so after a sweep that did not look
+        like one reader's, the next is not taken for one until a quarter of the files were
+        read with as few rereads."""
+        if self._rereads * REREADS > self._reads + self._rereads:
+            return False
+        return self._was_one_reader or self._reads * 4 >= len(self._covered)
 
     def outstanding(self) -> list[int]:
         """The ids asked for and not read yet, for a bounded sweep (oldest first; empty for

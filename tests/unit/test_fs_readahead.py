@@ -295,7 +295,7 @@ async def test_a_bounded_sweeps_new_epoch_drops_the_kernels_pages_and_late_repor
     ops.close()
 
 
-async def test_files_are_not_reported_done_when_several_jobs_read_through_the_mount(
+async def test_a_bounded_sweep_stands_aside_when_several_jobs_read_through_the_mount(
         digest: Digest, tmp_path: Path) -> None:
     # Two jobs, each a shuffle of its own over the same files: a file one read, the other
     # reads later in its epoch, so it must not go first from mountd's cache.
@@ -310,6 +310,12 @@ async def test_files_are_not_reported_done_when_several_jobs_read_through_the_mo
         await read_files(ops, digest, first[100:150])
         assert ops.sweep is not None and not ops.sweep.one_reader
         assert ops.take_read_done() == []
+        # Nor does it keep a share of the cache for files nobody read yet: the jobs' next
+        # reads are mostly of files another read, which that share would push out.
+        await trio.testing.wait_all_tasks_blocked()
+        sent = len(prefetcher.sent)
+        await read_files(ops, digest, first[150:250])
+        assert len(prefetcher.sent) == sent
 
     await sent_after(ops, prefetcher, work)
     ops.close()

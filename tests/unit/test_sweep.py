@@ -206,5 +206,12 @@ def test_one_reader_is_a_file_read_once_per_sweep() -> None:
     for file_id in second[:100]:
         s.read(file_id, 100)
     assert not s.one_reader
+    # The next sweep is not taken for one reader's until a quarter of the files were read
+    # with few rereads (several jobs' reads only meet a tenth into their epochs).
     s.start_over()
+    assert not s.one_reader
+    for file_id in order[:249]:
+        s.read(file_id, 100)
+    assert not s.one_reader
+    s.read(order[249], 100)
     assert s.one_reader
