@@ -11,10 +11,14 @@ order of the epoch is random, but its *set* is not: the files in the range the r
 So when the reads are not a scan, the sweep asks mountd to ``prefetch`` the files of that range
 in digest order, the cheap path, and the reads that land on files it brought are hits.
 
-**When.** Only while the reads are not a scan (read-ahead has those), only for a dataset that
-fits in mountd's cache (a shuffled epoch over a larger one brings it all through the cache
-anyway, and the files swept early would push out the ones about to be read: that is the
-shim's case, docs/substitutable-reads.md), and only after :data:`START_READS` reads.
+**When.** Only while the reads are not a scan (read-ahead has those), and only after
+:data:`START_READS` reads. For a dataset larger than mountd's cache the sweep is
+**bounded** (``bound_bytes``): what it asked for and was not read yet stays within the
+bound (:meth:`outstanding`, which the caller has mountd keep until read), so it keeps a
+share of the cache filled with files the reader has yet to read this epoch, where an
+unbounded sweep would push out the ones about to be read; and its caller uses it only while
+the reads look like one reader's (:attr:`one_reader`). docs/mount.md "A dataset larger than
+the cache".
 
 **What.** The ids between the lowest and the highest id read so far, never one read or asked
 for before (a bitmap of the dataset's files, one byte each), from where the sweep stopped
