@@ -233,13 +233,25 @@ async def test_a_miss_after_the_sweep_was_done_starts_it_over(digest: Digest, tm
     ops.close()
 
 
+def larger_than_the_cache(digest: Digest, cache: Path) -> tuple[QuiverOperations, FakePrefetcher]:
+    """Operations whose cache (1,000 bytes) is smaller than the dataset (~4 KB), with the
+    sweep on: a bounded sweep."""
+    return operations(digest, cache, cache_size=1000, sweep=8)
+
+
+def shuffled() -> list[int]:
+    """Every non-empty file's number, in one shuffled order."""
+    order = [i for i in range(400) if i != 30]
+    random.Random(5).shuffle(order)
+    return order
+
+
 async def test_a_dataset_larger_than_the_cache_is_swept_within_a_bound(digest: Digest, tmp_path: Path) -> None:
     # 399 files of 9-11 bytes against a cache of 1,000 bytes, mountd protecting half of it:
     # the sweep keeps at most 0.9 x 500 bytes asked for and not read yet, and sends every
     # file with ``renew`` (in the store or not: its reader reads each once this epoch).
-    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
-    order = [i for i in range(400) if i != 30]
-    random.Random(5).shuffle(order)
+    ops, prefetcher = larger_than_the_cache(digest, tmp_path / "cache")
+    order = shuffled()
     unread: list[int] = []
 
     async def work() -> None:
@@ -271,9 +283,8 @@ async def test_a_dataset_larger_than_the_cache_is_swept_within_a_bound(digest: D
 async def test_a_bounded_sweeps_new_epoch_drops_the_kernels_pages_and_late_reports(
         digest: Digest, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
-    ops, prefetcher = operations(digest, cache, cache_size=1000, sweep=8)
-    order = [i for i in range(400) if i != 30]
-    random.Random(5).shuffle(order)
+    ops, prefetcher = larger_than_the_cache(digest, cache)
+    order = shuffled()
 
     async def work() -> None:
         await read_files(ops, digest, order)  # an epoch: every file read once, here
@@ -299,7 +310,7 @@ async def test_a_bounded_sweep_stands_aside_when_several_jobs_read_through_the_m
         digest: Digest, tmp_path: Path) -> None:
     # Two jobs, each a shuffle of its own over the same files: a file one read, the other
     # reads later in its epoch, so it must not go first from mountd's cache.
-    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    ops, prefetcher = larger_than_the_cache(digest, tmp_path / "cache")
     files = [i for i in range(400) if i != 30]
     first, second = random.Random(5).sample(files, 399), random.Random(6).sample(files, 399)
 
@@ -324,10 +335,9 @@ async def test_a_bounded_sweep_stands_aside_when_several_jobs_read_through_the_m
 async def test_a_mount_that_supplies_its_own_fills_does_not_sweep_a_larger_dataset(
         digest: Digest, tmp_path: Path) -> None:
     # Nothing keeps what such a mount fetches ahead: files swept early would be evicted unread.
-    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    ops, prefetcher = larger_than_the_cache(digest, tmp_path / "cache")
     prefetcher.terms = None
-    order = [i for i in range(400) if i != 30]
-    random.Random(5).shuffle(order)
+    order = shuffled()
     sent = await sent_after(ops, prefetcher, lambda: read_files(ops, digest, order[:100]))
     assert sent == [] and ops.sweep is None
     assert (ops.stats()["sweep"], ops.stats()["sweep_running"]) == (8, False)
@@ -336,10 +346,9 @@ async def test_a_mount_that_supplies_its_own_fills_does_not_sweep_a_larger_datas
 
 async def test_a_bounded_sweep_renews_what_is_unread_while_its_reader_reads(
         digest: Digest, tmp_path: Path) -> None:
-    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
+    ops, prefetcher = larger_than_the_cache(digest, tmp_path / "cache")
     prefetcher.terms = KeepTerms(0.5, 0.3)  # renewals every 0.1 s
-    order = [i for i in range(400) if i != 30]
-    random.Random(5).shuffle(order)
+    order = shuffled()
 
     async def work() -> None:
         await read_files(ops, digest, order[:60])
@@ -363,9 +372,8 @@ async def test_a_bounded_sweep_renews_what_is_unread_while_its_reader_reads(
 
 async def test_a_bounded_sweep_asks_nothing_while_a_sampler_uses_the_control_channel(
         digest: Digest, tmp_path: Path) -> None:
-    ops, prefetcher = operations(digest, tmp_path / "cache", cache_size=1000, sweep=8)
-    order = [i for i in range(400) if i != 30]
-    random.Random(5).shuffle(order)
+    ops, prefetcher = larger_than_the_cache(digest, tmp_path / "cache")
+    order = shuffled()
 
     async def work() -> None:
         info = json.loads(await ops.getxattr(ROOT_INODE, make_name("info").encode()))
