@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,23 @@ def test_sigterm_unmounts_cleanly(world, mountpoint) -> None:
         assert mount.proc.wait(30) == 0
         assert not is_mounted(mountpoint)
         assert os.listdir(mountpoint) == []
+    finally:
+        mount.stop()
+
+
+def test_a_sigterm_right_after_an_unmount_still_ends_the_mount_with_0(world, mountpoint) -> None:
+    # An unmount followed at once by SIGTERM (the soak's remount, a service manager): the
+    # signals keep coming while the process winds down, and none may kill it (exit -15).
+    mount = MountProcess(world["digest"], mountpoint, world["cache"]).start()
+    try:
+        assert (mountpoint / "top").read_bytes() == b"top"
+        subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], check=True)
+        deadline = time.monotonic() + 30
+        while mount.proc.poll() is None and time.monotonic() < deadline:
+            mount.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.001)
+        assert mount.proc.wait(5) == 0
+        assert not is_mounted(mountpoint)
     finally:
         mount.stop()
 
