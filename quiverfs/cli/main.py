@@ -169,7 +169,7 @@ def mountd_command(
     ),
     protect_share: float = typer.Option(
         0.5, "--protect-share", metavar="SHARE", min=0.01, max=1.0,
-        help="Share of the cache that files fetched ahead may keep protected (0.5), counted in the room pinned chunks leave; past it new prefetches wait until reads free room.",
+        help="Share of the cache that files fetched ahead may keep protected (0.5), counted in the room pinned chunks leave; past it new prefetches wait until reads free room. A mount's sweep of a dataset larger than the cache may reach 0.8, or this share if larger.",
     ),
     user_quota: str | None = typer.Option(
         None, "--user-quota", metavar="SIZE",

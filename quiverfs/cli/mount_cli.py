@@ -186,9 +186,10 @@ def register(app: typer.Typer) -> None:
         ),
         sweep: int = typer.Option(
             FACTOR, "--sweep", metavar="N",
-            help="When the reads are not a scan (a shuffled epoch) and the dataset fits in the "
-                 "cache, fetch the files of the range they cover in digest order, up to N files "
-                 "(and N times the bytes) per file read; 0: off.",
+            help="When the reads are not a scan (a shuffled epoch), fetch the files of the range "
+                 "they cover in digest order, up to N files (and N times the bytes) per file read; "
+                 "for a dataset larger than the cache, at most 72% of the cache fetched and unread "
+                 "at a time, kept until read; 0: off.",
         ),
         mountd_wait: float = typer.Option(
             MOUNTD_WAIT, "--mountd-wait", metavar="SECONDS",
