@@ -98,7 +98,7 @@ class Misses:
     _tell: Callable[[str, Callable[[CacheListener], object]], None]
     _open_span: Callable[[Flight], tuple[Span, list[Flight]] | None]
     _run_span: Callable[[Span, list[Flight]], Awaitable[None]]
-    _queued: set[bytes]
+    _queued: dict[bytes, bool]
     _join_demand_batch: Callable[[Flight], bool]
 
     def _init_misses(self, config: CacheConfig, fills: Fills | None) -> None:
@@ -542,7 +542,7 @@ class Misses:
         if index is None:
             raise CacheClosed("the cache is not open (call open() first, or it was closed)")
         index.insert(flight.hash, flight.size, flight.dataset, flight.uid)
-        self._queued.discard(flight.hash)  # landed: a prefetch queued for it has no work left
+        self._queued.pop(flight.hash, None)  # landed: a prefetch queued for it has no work left
         self._unsynced.set()
         self.used += flight.size
         self.entries += 1

@@ -112,10 +112,9 @@ class Protection:
         #: waiting for it to have files (a worker looks at the file after the one it took:
         #: :meth:`_prefetch_worker`, so not a channel).
         self._prefetches: deque[Prefetch] = deque()
-        self._queued: set[bytes] = set()
-        #: Queued hashes a mount's bounded sweep asked for (``renew``): their gate is the
-        #: sweep's share (Holds.fits); each leaves the set as it leaves the queue.
-        self._sweep_queued: set[bytes] = set()
+        #: queued hash -> whether a mount's bounded sweep asked for it (``renew``: its gate
+        #: is the sweep's share, Holds.fits)
+        self._queued: dict[bytes, bool] = {}
         self._prefetch_idle = trio.lowlevel.ParkingLot()
 
     def pin(self, hashes: Sequence[bytes]) -> int:
@@ -358,9 +357,7 @@ class Protection:
                 break
             size, location = fresh[hash]
             queue.append((hash, size, location, dataset, uid))
-            self._queued.add(hash)
-            if renew:
-                self._sweep_queued.add(hash)
+            self._queued[hash] = renew
             queued += 1
         if queue:
             # As many workers as the queue has batches for (each takes its share).
@@ -392,13 +389,12 @@ class Protection:
                 continue
             item = queue.popleft()
             hash, size = item[0], item[1]
-            sweep = hash in self._sweep_queued
-            self._sweep_queued.discard(hash)
+            sweep = self._queued.get(hash, False)
             while not self.holds.fits(size, sweep=sweep) and not self._cached_or_coming(hash):
                 await self._protect_changed.wait()
             if not self._prefetch_wanted(item):
                 continue
-            self._queued.discard(hash)
+            self._queued.pop(hash, None)
             self.holds.protect(hash, size)
             key = self._batch_key(item)
             if key is None:
@@ -422,14 +418,12 @@ class Protection:
             following = queue[0]
             if not self._prefetch_wanted(following):
                 queue.popleft()
-                self._sweep_queued.discard(following[0])
                 continue
-            sweep = following[0] in self._sweep_queued
+            sweep = self._queued.get(following[0], False)
             if self._batch_key(following) != key or not self.holds.fits(following[1], sweep=sweep):
                 break
             queue.popleft()
-            self._sweep_queued.discard(following[0])
-            self._queued.discard(following[0])
+            self._queued.pop(following[0], None)
             self.holds.protect(following[0], following[1])
             batch.append(following)
         return batch
@@ -441,7 +435,7 @@ class Protection:
         if hash not in self._queued:
             return False
         if self._index is None or hash in self._flights:
-            self._queued.discard(hash)
+            self._queued.pop(hash, None)
             return False
         return True
 
