@@ -279,19 +279,18 @@ def _invalidate(fuse_fd: int, inodes: list[int]) -> None:
             return  # unmounted
 
 
-def _ignore_stop_signals() -> None:
-    """Ignore SIGTERM, SIGINT and SIGHUP, just before the signal watcher (:func:`_watch_signals`)
-    starts: it handles them while the mount serves, and when it ends (the mount is ending
-    anyway) it puts back what it found, this. Before, it put back the default action, and a
-    SIGTERM right after an unmount (the soak's remount, ``quiverfs umount`` then a service
-    manager's stop) killed the process as it wound down (exit -15 instead of 0; the soak,
-    2026-12-01)."""
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
+#: What asks a mount to stop.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 async def _watch_signals(stop: Callable[[], None]) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    # Ignored first, so that this is what the receiver puts back when it ends (the mount is
+    # ending then anyway). Before, it put back the default action, and a SIGTERM right after
+    # an unmount (the soak's remount, `quiverfs umount` then a service manager's stop) killed
+    # the process as it wound down: exit -15 instead of 0 (the soak, 2026-12-01).
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async for signum in signals:
             log.info("%s: unmounting", signal.Signals(signum).name)
             stop()
@@ -394,12 +393,11 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
             pool = WorkerPool(workers, target, counters, fuse_fd)
             pool.start()
             stop = partial(_stop_serving, mountpoint, mine, pool)
-            _ignore_stop_signals()  # what the signal watcher leaves behind when it ends
+            invalidate = partial(_invalidate, fuse_fd)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_report_hits, ops, client, dataset)
-                nursery.start_soon(ops.send_prefetches, partial(_invalidate, fuse_fd))
-                nursery.start_soon(_forget_evicted, ops, client, partial(_invalidate, fuse_fd),
-                                   pool.sweep)
+                nursery.start_soon(ops.send_prefetches, invalidate)
+                nursery.start_soon(_forget_evicted, ops, client, invalidate, pool.sweep)
                 nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
                 nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool, backing)
@@ -441,7 +439,6 @@ async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_
                 raise MountError(f"cannot mount at {mountpoint} with pyfuse3: {exc}") from None
             mine = mount_identity(mountpoint)
         status.mounted(mine)
-        _ignore_stop_signals()  # what the signal watcher leaves behind when it ends
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_report_hits, ops, client, dataset)
             nursery.start_soon(ops.send_prefetches, session.invalidate)
