@@ -14,7 +14,9 @@ Start-up order (each step registers its teardown, which runs in reverse):
    endpoint; only then is the process ready.
 
 SIGTERM and SIGINT (and the ``shutdown`` request) cancel the nursery: in-flight requests are
-cancelled, the socket is removed, the cache is closed (its lock released). A ``kill -9``
+cancelled, the socket is removed, the cache is closed (its lock released). Their watcher
+starts before the socket answers, and later ones, while mountd winds down, are ignored
+(quiverfs/base/stop_signals.py). A ``kill -9``
 leaves the socket file behind; the next mountd removes it, and the cache's crash recovery
 deals with half-written fills.
 """
@@ -50,6 +52,7 @@ from mountd.store.fillpool import ProcessFills
 from mountd.store.limits import spare_slots
 from quiverfs.base.backends import BackendOptions, open_backend
 from quiverfs.base.errors import UsageError
+from quiverfs.base.stop_signals import stop_signal_receiver
 
 log = logging.getLogger("mountd")
 
@@ -208,8 +211,13 @@ def _remove_socket(path: Path) -> None:
         path.unlink()
 
 
-async def _watch_signals(shutdown: trio.Event) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+async def _watch_signals(shutdown: trio.Event, *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Shut down at SIGTERM or SIGINT; started before the socket answers, so a signal sent
+    once mountd answers always stops it. Those that come while it winds down are ignored
+    (quiverfs/base/stop_signals.py): they used to kill it before its cache was closed."""
+    with stop_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         async for signum in signals:
             log.info("%s: shutting down", signal.Signals(signum).name)
             shutdown.set()
@@ -248,6 +256,8 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         cluster = None if config.cluster is None else Cluster(config.cluster, cache)
         server = make_server(cache, config, cluster)
         nursery = await stack.enter_async_context(trio.open_nursery())
+        if handle_signals:
+            await nursery.start(_watch_signals, server.shutdown)
         await nursery.start(cache.run)
         if cluster is not None:
             await nursery.start(cluster.run)
@@ -260,8 +270,6 @@ async def serve(config: DaemonConfig, *, handle_signals: bool = True,
         if config.metrics_port is not None:
             metrics_port = await nursery.start(serve_metrics, server, config.metrics_port)
             log.info("metrics on http://127.0.0.1:%d/metrics", metrics_port)
-        if handle_signals:
-            nursery.start_soon(_watch_signals, server.shutdown)
         log.info("mountd %d ready: cache %s (%s store), socket %s (%s), user quota %s", os.getpid(),
                  cache_dir, config.cache.store_modes.name, socket_path, config.socket.describe(),
                  "none" if config.cache.user_quota is None else f"{config.cache.user_quota} bytes")

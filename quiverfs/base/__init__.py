@@ -1,2 +1,3 @@
 """The base: the error vocabulary, remote storage backends, how commands run and fail, helper
-processes and the version. Imports nothing of ours outside this folder; everything may import it."""
+processes, how a server takes its stop signals, and the version. Imports nothing of ours outside
+this folder; everything may import it."""

@@ -34,6 +34,7 @@ from pathlib import Path
 import trio
 
 from quiverfs.base.errors import QuiverError
+from quiverfs.base.stop_signals import stop_signal_receiver
 from quiverfs.filesystem import reads
 from quiverfs.filesystem.fs import KeepTerms, QuiverOperations, StoreFileOpen
 from quiverfs.filesystem.readahead import WINDOW, WINDOW_BYTES
@@ -283,14 +284,13 @@ def _invalidate(fuse_fd: int, inodes: list[int]) -> None:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-async def _watch_signals(stop: Callable[[], None]) -> None:
-    # Ignored first, so that this is what the receiver puts back when it ends (the mount is
-    # ending then anyway). Before, it put back the default action, and a SIGTERM right after
-    # an unmount (the soak's remount, `quiverfs umount` then a service manager's stop) killed
-    # the process as it wound down: exit -15 instead of 0 (the soak, 2026-12-01).
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
-    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+async def _watch_signals(stop: Callable[[], None], *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Unmount at the first stop signal; started (``nursery.start``) before the mount says it
+    is ready, so a signal sent once it is ready always unmounts. Later ones, as the mount
+    winds down, are ignored (quiverfs/base/stop_signals.py)."""
+    with stop_signal_receiver(*STOP_SIGNALS) as signals:
+        task_status.started()
         async for signum in signals:
             log.info("%s: unmounting", signal.Signals(signum).name)
             stop()
@@ -395,10 +395,10 @@ async def serve(options: MountOptions, digest, status: Status | None = None) -> 
             stop = partial(_stop_serving, mountpoint, mine, pool)
             invalidate = partial(_invalidate, fuse_fd)
             async with trio.open_nursery() as nursery:
+                await nursery.start(_watch_signals, stop)
                 nursery.start_soon(_report_hits, ops, client, dataset)
                 nursery.start_soon(ops.send_prefetches, invalidate)
                 nursery.start_soon(_forget_evicted, ops, client, invalidate, pool.sweep)
-                nursery.start_soon(_watch_signals, stop)
                 nursery.start_soon(_announce_ready, mountpoint, status, dataset)
                 nursery.start_soon(_serve_forwarded, ops, trio.socket.from_stdlib_socket(ours), pool, backing)
                 await pool.watch()
@@ -440,10 +440,10 @@ async def _serve_pyfuse3(ops, client, dataset: str, options: MountOptions, fuse_
             mine = mount_identity(mountpoint)
         status.mounted(mine)
         async with trio.open_nursery() as nursery:
+            await nursery.start(_watch_signals, partial(unmount_own, mountpoint, mine))
             nursery.start_soon(_report_hits, ops, client, dataset)
             nursery.start_soon(ops.send_prefetches, session.invalidate)
             nursery.start_soon(_forget_evicted, ops, client, session.invalidate)
-            nursery.start_soon(_watch_signals, partial(unmount_own, mountpoint, mine))
             nursery.start_soon(_announce_ready, mountpoint, status, dataset)
             await session.serve()
             nursery.cancel_scope.cancel()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import blake3
@@ -70,6 +71,20 @@ def reap(request):
                 wait_until(lambda pid=pid: pid_gone(pid), 10, f"mountd {pid} to stop")
             except AssertionError:
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterms_that_keep_coming_while_mountd_winds_down_still_end_it_with_0(tmp_path):
+    # A service manager's stop, then a user's kill (or Ctrl-C twice): the signals keep
+    # coming while mountd closes its cache and stops its fill processes, and none may kill
+    # it half-way (exit -15 before its index was closed).
+    with running_mountd(tmp_path / "cache") as daemon:
+        deadline = time.monotonic() + 30
+        while daemon.proc.poll() is None and time.monotonic() < deadline:
+            daemon.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.001)
+        assert daemon.proc.wait(5) == 0, daemon.log()
+        assert "stopped" in daemon.log()
+        assert not daemon.socket_path.exists()
 
 
 def test_sigterm_stops_cleanly_and_removes_the_socket(tmp_path):
