@@ -87,19 +87,33 @@ class ProcSample:
     threads: int
 
 
-def proc_sample(pid: int) -> ProcSample | None:
+def proc_sample(pid: int, data: tuple[str, ...] = ()) -> ProcSample | None:
     """``pid``'s resident memory (``statm``), descriptors (``/proc/PID/fd``) and threads
-    (``/proc/PID/task``); None once it is gone, a zombie, or was never there."""
+    (``/proc/PID/task``); None once it is gone, a zombie, or was never there. Descriptors of
+    files under the folders ``data`` (a reader's dataset) are not counted: see :class:`Role`."""
     if not alive(pid):
         return None  # gone, or dead and not yet reaped: nothing of it is left to count
     try:
         with open(f"/proc/{pid}/statm") as f:
             rss = int(f.read().split()[1]) * _PAGE
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        fds = _held_descriptors(pid, data) if data else len(os.listdir(f"/proc/{pid}/fd"))
         threads = len(os.listdir(f"/proc/{pid}/task"))
     except (OSError, IndexError, ValueError):
         return None
     return ProcSample(pid, rss, fds, threads)
+
+
+def _held_descriptors(pid: int, data: tuple[str, ...]) -> int:
+    """``pid``'s open descriptors as ``/proc/PID/fd`` lists them, less those of files under
+    ``data`` (each a folder); one that closed since the listing still counts, as it does in
+    a plain count."""
+    prefixes = tuple(folder.rstrip("/") + "/" for folder in data)
+    fds = os.listdir(f"/proc/{pid}/fd")
+    reading = 0
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            reading += os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefixes)
+    return len(fds) - reading
 
 
 def alive(pid: int) -> bool:
@@ -163,21 +177,28 @@ def mountd_pid(cache_dir: str | os.PathLike[str], timeout: float = 2.0) -> int |
 @dataclass(frozen=True)
 class Role:
     """A set of processes that plays one part, found afresh at each sample: ``pids()``
-    returns them now (empty: none running). Use :meth:`main` and :meth:`children_of`."""
+    returns them now (empty: none running). Use :meth:`main` and :meth:`children_of`.
+
+    ``data``: folders whose files the processes read as their work (a job's dataset). Their
+    descriptors are left out of the count: a reader has the file it reads open for most of
+    its time, so a reading catches one or not by chance, and a period's floor of two busy
+    DataLoader workers went 24–26 and back all run long, which the soak took for a leak
+    (2026-12-01, twice). What a leak keeps open is anything else, and that is counted."""
 
     name: str
     pids: Callable[[], Sequence[int]]
+    data: tuple[str, ...] = ()
 
     @staticmethod
-    def main(name: str, pid: Callable[[], int | None]) -> Role:
+    def main(name: str, pid: Callable[[], int | None], data: tuple[str, ...] = ()) -> Role:
         """The single process ``pid()`` (e.g. a ``Popen``'s pid, mountd's from its socket)."""
-        return Role(name, lambda: [p] if (p := pid()) else [])
+        return Role(name, lambda: [p] if (p := pid()) else [], data)
 
     @staticmethod
-    def children_of(name: str, pid: Callable[[], int | None]) -> Role:
+    def children_of(name: str, pid: Callable[[], int | None], data: tuple[str, ...] = ()) -> Role:
         """The children of ``pid()``: mountd's fill processes, a mount's FUSE workers, a
         DataLoader's worker processes."""
-        return Role(name, lambda: children(p) if (p := pid()) else [])
+        return Role(name, lambda: children(p) if (p := pid()) else [], data)
 
 
 @dataclass(frozen=True)
@@ -203,7 +224,7 @@ class RoleSample:
 def sample_role(role: Role, t: float | None = None) -> RoleSample:
     """:func:`proc_sample` of each of ``role``'s processes, added up (those that vanished
     between listing and reading are left out)."""
-    samples = [s for pid in role.pids() if (s := proc_sample(pid)) is not None]
+    samples = [s for pid in role.pids() if (s := proc_sample(pid, role.data)) is not None]
     return RoleSample(role.name, time.monotonic() if t is None else t,
                       tuple(s.pid for s in samples), sum(s.rss for s in samples),
                       sum(s.fds for s in samples), sum(s.threads for s in samples))

@@ -38,7 +38,8 @@ again, the proxy disarmed, the worker replaced, the filler removed, the new moun
 plus a grace of 10 s for the recovery. Every ``--sample-every`` seconds the script samples
 the resident memory, open descriptors and threads of every quiverfs process, by role:
 mountd, its fill processes, each mount's main process and its FUSE workers, each job's main
-process and its loader workers; and the bytes in the cache's ``store/`` and ``tmp/`` (also
+process and its loader workers (a job's descriptors of the files under its mount left out:
+those are the reads in progress, quiverfs/testing/soak.py ``Role``); and the bytes in the cache's ``store/`` and ``tmp/`` (also
 every 2 s, for the maximum).
 
 Printed at the end: a table of every series after the warm-up (first five minutes) with its
@@ -332,9 +333,10 @@ class Soak(SoakReport):
                     Role.children_of(f"mount {mount.dataset.tag} workers", lambda m=mount: m.pid)]
         for job in self.jobs:
             who = f" ({self.user.name})" if job.user is not None else ""
-            out += [Role.main(f"job {job.spec.name}{who}", lambda j=job: j.pid if j.running else None),
+            data = (job.spec.root,)  # the files it is reading now are not held (Role)
+            out += [Role.main(f"job {job.spec.name}{who}", lambda j=job: j.pid if j.running else None, data),
                     Role.children_of(f"job {job.spec.name} loader workers",
-                                     lambda j=job: j.pid if j.running else None)]
+                                     lambda j=job: j.pid if j.running else None, data)]
         return out
 
     def sample(self, roles: list[Role]) -> None:
