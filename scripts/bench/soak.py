@@ -39,8 +39,8 @@ plus a grace of 10 s for the recovery. Every ``--sample-every`` seconds the scri
 the resident memory, open descriptors and threads of every quiverfs process, by role:
 mountd, its fill processes, each mount's main process and its FUSE workers, each job's main
 process and its loader workers (a job's descriptors of the files under its mount left out:
-those are the reads in progress, quiverfs/testing/soak.py ``Role``); and the bytes in the cache's ``store/`` and ``tmp/`` (also
-every 2 s, for the maximum).
+those are the reads in progress, quiverfs/testing/soak.py ``Role``); and the bytes in the
+cache's ``store/`` and ``tmp/`` (also every 2 s, for the maximum).
 
 Printed at the end: a table of every series after the warm-up (first five minutes) with its
 least-squares slope per minute, fitted within each process's life (a restarted process starts
