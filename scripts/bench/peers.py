@@ -130,7 +130,7 @@ class Bench:
         os.environ.update(s3_env(source.endpoint))
         wanted = self.args.contenders
         keys, labels = data.keys, [data.classes.index(r.split("/", 1)[0]) for r in data.rels]
-        chunk = chunk_bytes_for(data.total_bytes, self.cache_limit(data), self.args.workers)
+        chunk = chunk_bytes_for(data.total_bytes)
         self.chunk_bytes = chunk
         if any(CONTENDERS[c].quiverfs for c in wanted):
             self._measured(source, "quiverfs", lambda: self._digest(source))
@@ -141,11 +141,6 @@ class Bench:
         if "mosaic" in wanted:
             self._measured(source, "mosaic", lambda: setup_mds(
                 source.endpoint, BUCKET, keys, labels, MDS_PREFIX, chunk), stored=MDS_PREFIX)
-
-    def cache_limit(self, data) -> int:
-        """Scenario (b)'s cache, for every tool that has a limit: ``--cache-fraction`` of the
-        dataset."""
-        return int(data.total_bytes * self.args.cache_fraction)
 
     def clear_conversions(self) -> None:
         """Remove the converted copies of an earlier run (before the bucket is served: the
@@ -194,7 +189,7 @@ class Bench:
     def run_row(self, source: Source, data, scenario: str, name: str) -> None:
         c = CONTENDERS[name]
         jobs = self.args.jobs if scenario == "c" else 1
-        cache_bytes = self.cache_limit(data) if scenario == "b" else None
+        cache_bytes = int(data.total_bytes * self.args.cache_fraction) if scenario == "b" else None
         row = self.rows.setdefault((scenario, name), Row(scenario, name, jobs))
         setup_of = "quiverfs" if c.quiverfs else name
         if setup_of in self.failed:
@@ -359,8 +354,8 @@ def versions() -> dict[str, str]:
 def configurations(args: argparse.Namespace, bench: Bench, data, names: list[str]) -> list[str]:
     """One line per contender: what it was given."""
     loader = f"batch {args.batch_size}, {args.workers} workers"
-    limit = bench.cache_limit(data)
-    chunk = getattr(bench, "chunk_bytes", chunk_bytes_for(data.total_bytes, limit, args.workers))
+    limit = int(data.total_bytes * args.cache_fraction)
+    chunk = getattr(bench, "chunk_bytes", chunk_bytes_for(data.total_bytes))
     lines = {
         "qfs-mount": f"quiverfs mount (defaults), ImageFolder, DataLoader(shuffle=True, {loader}, persistent); "
                      f"mountd --cache-size 2x dataset, (b) {limit:,} B; digest of s3://{BUCKET}/{PREFIX}",

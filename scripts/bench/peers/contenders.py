@@ -150,26 +150,12 @@ class SetupResult:
     bucket: dict[str, Any] = field(default_factory=dict)
 
 
-#: litdata's ``max_pre_download`` (its default): chunks each DataLoader worker fetches ahead.
-LITDATA_PRE_DOWNLOAD = 2
-
-
-def chunk_bytes_for(dataset_bytes: int, cache_limit: int | None = None, workers: int = 4) -> int:
+def chunk_bytes_for(dataset_bytes: int) -> int:
     """Chunk (litdata) and shard (MDS) size: 64 MiB, both tools' documented size, unless the
     dataset is too small to make 32 of them (a ``--quick`` run): then dataset / 32, so that a
-    small run has as many chunks as the default one (mosaicml-streaming refuses a
-    ``cache_limit`` under 4 shards).
-
-    And no larger than half of what litdata's own rule fits in scenario (b)'s ``cache_limit``:
-    its peak cache is about ``workers`` x ``max_pre_download`` x chunk (its warning says so),
-    and with larger chunks a worker waits for a chunk that never fits (``ChunkWaitTimeoutError``
-    in every (b) run until 2026-12-01, so litdata had no (b) row). Sized to its cache, litdata
-    ran (b) at 437-445 img/s and 1.00 datasets an epoch, 1.6x quiverfs's best row (2026-12-01,
-    docs/benchmark-history.md): leaving it out was a misconfiguration of ours."""
-    size = max(1 << 20, min(64 << 20, dataset_bytes // 32))
-    if cache_limit:
-        size = min(size, max(1 << 20, cache_limit // (2 * workers * LITDATA_PRE_DOWNLOAD)))
-    return size
+    small run has as many chunks as the default one, and a 20% cache holds ~6 of them
+    (mosaicml-streaming refuses a ``cache_limit`` under 4 shards)."""
+    return max(1 << 20, min(64 << 20, dataset_bytes // 32))
 
 
 def _fetch_item(job: tuple[str, str, str, int]) -> dict[str, Any]:
