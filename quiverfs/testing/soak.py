@@ -108,12 +108,8 @@ def _held_descriptors(pid: int, data: tuple[str, ...]) -> int:
     ``data`` (each a folder); one that closed since the listing still counts, as it does in
     a plain count."""
     prefixes = tuple(folder.rstrip("/") + "/" for folder in data)
-    fds = os.listdir(f"/proc/{pid}/fd")
-    reading = 0
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            reading += os.readlink(f"/proc/{pid}/fd/{fd}").startswith(prefixes)
-    return len(fds) - reading
+    listed, targets = _fd_links(pid)
+    return listed - sum(target.startswith(prefixes) for target in targets)
 
 
 def alive(pid: int) -> bool:
@@ -134,15 +130,21 @@ def fd_count(pid: int | str = "self") -> int:
 def fd_targets(pid: int) -> list[str]:
     """What each open descriptor of ``pid`` is (``readlink`` of ``/proc/PID/fd/N``: a path,
     ``socket:[…]``, ``pipe:[…]``, ``anon_inode:…``); empty once it is gone."""
-    out = []
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
+        return sorted(_fd_links(pid)[1])
     except OSError:
-        return out
+        return []
+
+
+def _fd_links(pid: int) -> tuple[int, list[str]]:
+    """How many descriptors ``/proc/PID/fd`` of ``pid`` lists, and the target of each still
+    open when read (raises OSError once the process is gone)."""
+    fds = os.listdir(f"/proc/{pid}/fd")
+    targets = []
     for fd in fds:
         with contextlib.suppress(OSError):
-            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-    return sorted(out)
+            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return len(fds), targets
 
 
 def children(pid: int) -> list[int]:
