@@ -15,6 +15,12 @@ What a chunk fill keeps exactly as a fill of one file (docs/store-layout.md "Chu
 * **Space and quota.** The span reserves the sum of its members' sizes (charged to the
   requester's uid, as a plain fill is) before its GET; each member's share turns into use
   in the trio step its row is indexed.
+* **Spans in flight, bounded in bytes.** All spans in flight together cover at most a
+  quarter of the cache (:data:`SPAN_BUDGET_SHARE`) beyond a floor each of the cache ÷ (4 ×
+  ``remote_concurrency``): a span is as large as that budget still allows. Larger spans in
+  a small cache evicted each other's members before they were read; a fixed share per
+  request in flight, the bound before 2026-12-01, made a 20% cache of 110 KB files fetch
+  2.2 members a GET where its packed chunks held 19 (``scripts/bench/peers.py`` (b)).
 * **Verification.** Each member is verified against its own hash; one that fails is
   dropped alone (its waiters get :class:`~quiverfs.base.errors.CorruptObject`, EIO), its
   neighbours are stored.
@@ -49,6 +55,9 @@ from mountd.store.peers import PeerSource
 from mountd.store.quota import Charges
 from mountd.store.span import ChunkMembers, Member, Span, plan_span
 
+#: Share of the cache that the spans in flight may cover together (beyond each one's floor).
+SPAN_BUDGET_SHARE = 0.25
+
 
 class ChunkFills:
     """Chunk fills of :class:`mountd.store.cache.Cache` (see the module docstring)."""
@@ -63,6 +72,10 @@ class ChunkFills:
     _fill_slots: SourceSlots
     _filler: Filler
     _chunk_members: ChunkMembers | None
+    #: Bytes the spans in flight cover (set by Cache.__init__; see "Spans in flight").
+    _span_bytes: int
+    #: Files a loading chunk will pin as they land (protection.py ``expect_pins``).
+    _expected_pins: dict[bytes, int]
     peers: PeerSource | None
     _nursery: trio.Nursery | None
     _require_open: Callable[[], Index]
@@ -90,25 +103,24 @@ class ChunkFills:
         if not members:
             return None
         index = self._require_open()
-        # Memory per span is bounded like a streamed fill's chunk; a span never asks for a
-        # large share of the cache (or of the requester's quota) at once: with every remote
-        # request in flight a span, all of them together take at most a quarter of the cache,
-        # so concurrent spans cannot evict each other's members before they are read (1.9 MB
-        # spans in a 7.7 MB cache did: readers met ENOENT three times, packed_training.py).
-        limit = min(cfg.span_max_bytes, cfg.chunk_size,
-                    cfg.cache_size // (4 * max(1, cfg.remote_concurrency)))
+        limit = min(cfg.span_max_bytes, cfg.chunk_size, self._span_room())
         if cfg.user_quota is not None and flight.uid is not None:
             limit = min(limit, cfg.user_quota // 4)
 
         holds = self.holds
         sizes = {m.hash: m.size for m in members}
 
+        expected = self._expected_pins
+
         def wanted(content: bytes) -> bool:
             # A member nobody asked for is fetched ahead: only while protection has room
             # for it (then it is protected below); past that the span covers what was
             # asked (protected by a claim, or this miss) and stops (mountd/store/holds.py).
+            # A member of the loading chunk needs no room: its pin keeps it once it lands
+            # (without this, a chunk load of a packed dataset in a small cache made one GET
+            # a file: 4,902 GETs in 2 epochs of 2,000 files in 144 objects, peers.py (b)).
             return content not in self._flights and index.size_of(content) is None and (
-                holds.protected(content) or holds.fits(sizes[content]))
+                content in expected or holds.protected(content) or holds.fits(sizes[content]))
 
         requested = Member(flight.hash, flight.size, flight.location)
         span = plan_span(members, requested, wanted, limit, cfg.span_max_gap)
@@ -117,16 +129,33 @@ class ChunkFills:
         flights = [flight]
         for member in span.members:
             if member.hash != flight.hash:
-                if not holds.protected(member.hash):
+                if not holds.protected(member.hash) and member.hash not in expected:
                     holds.protect(member.hash, member.size)  # brought along: keep until read
                 sibling = Flight(member.hash, member.size, member.location, flight.dataset,
                                  prefetch=False, uid=flight.uid)
                 self._flights[member.hash] = sibling
                 flights.append(sibling)
+        self._span_bytes += span.length
         return span, flights
 
+    def _span_room(self) -> int:
+        """The most bytes a new span may cover (see "Spans in flight" above): what the
+        budget has left, and never less than an equal share of it per request in flight.
+        Memory per span is bounded like a streamed fill's chunk by the caller."""
+        cfg = self.config
+        budget = int(cfg.cache_size * SPAN_BUDGET_SHARE)
+        floor = budget // max(1, cfg.remote_concurrency)
+        return max(floor, budget - self._span_bytes)
+
     async def _run_span(self, span: Span, flights: list[Flight]) -> None:
-        """A chunk fill, alone or in a cluster (see the module docstring)."""
+        """A chunk fill, alone or in a cluster (see the module docstring); its bytes leave
+        the spans' budget when it ends, whichever way."""
+        try:
+            await self._span_flights(span, flights)
+        finally:
+            self._span_bytes -= span.length
+
+    async def _span_flights(self, span: Span, flights: list[Flight]) -> None:
         peers = self.peers
         if peers is None:
             await self._fetch_span(span, flights)

@@ -112,6 +112,7 @@ class Misses:
         #: The order in which fills started together take a fill slot (a claim's fetches).
         self._turns = Turns()
         self._chunk_members: ChunkMembers | None = None
+        self._span_bytes = 0  # bytes the chunk fills in flight cover (chunkfill.py)
         #: Other caches asked before the bucket (mountd/store/peers.py); None: none.
         self.peers: PeerSource | None = None
         #: Where the data movement of fills runs (mountd/store/fillpool.py): the fill

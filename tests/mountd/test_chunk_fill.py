@@ -254,6 +254,41 @@ async def test_the_span_is_capped(tmp_path: Path, moto):
         assert w.cache.counters.total.remote_bytes <= 8 * SIZE
 
 
+async def test_a_small_cache_with_many_requests_allowed_still_fetches_whole_chunks(tmp_path: Path, moto):
+    """The spans' room is a quarter of the cache for the spans in flight, not a share per
+    request slot: with 64 slots, a cache of five chunks' bytes used to give each span
+    cache / 256 (10 KiB: no span at all), and a 20% cache fetched 2.2 members a GET
+    (scripts/bench/peers.py (b), 2026-12-01)."""
+    async with world(tmp_path, moto, size=5 * MEMBERS * SIZE, remote_concurrency=64) as w:
+        await w.ensure(w.files[9])
+        assert w.backends.gets() == 1
+        assert all(w.stored(f) == f.data for f in w.files)
+        assert (w.cache.counters.total.chunk_fills, w.cache.counters.total.chunk_members) == (1, MEMBERS)
+        assert w.cache._span_bytes == 0
+
+
+async def test_spans_in_flight_share_a_quarter_of_the_cache(tmp_path: Path, moto):
+    """Two misses in two chunks at once: the first span takes the quarter of the cache (one
+    chunk's worth), the second gets only the floor (cache / 4 / 64 < one member: fetched
+    alone), so the spans in flight never cover more than a quarter plus the floors."""
+    chunk = MEMBERS * (SIZE + 512)  # a member and its tar header
+    async with world(tmp_path, moto, members=2 * MEMBERS, size=4 * chunk + 4096, remote_concurrency=64) as w:
+        first, second = w.files[5], w.files[MEMBERS + 5]
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.ensure, first)
+            with trio.fail_after(5):  # until its span is open (its GET takes milliseconds)
+                while w.cache._span_bytes == 0:
+                    await trio.sleep(0)
+            assert w.cache._span_bytes > 3 * chunk // 4
+            nursery.start_soon(w.ensure, second)
+        assert w.stored(first) == first.data and w.stored(second) == second.data
+        assert w.backends.gets() == 2
+        total = w.cache.counters.total
+        assert (total.chunk_fills, total.chunk_members) == (1, MEMBERS)
+        assert total.remote_bytes == chunk - 512 + SIZE  # one chunk's span + the second miss alone
+        assert w.cache._span_bytes == 0
+
+
 async def test_claims_preloads_and_prefetches_fetch_chunks(tmp_path: Path, moto):
     async with world(tmp_path, moto, members=64) as w:
         first, second = w.files[:32], w.files[32:]
@@ -328,6 +363,31 @@ async def test_a_chunk_fill_extends_only_while_protection_has_room(tmp_path: Pat
         assert all(w.stored(f) == f.data for f in brought)  # the rest came with it
         assert all(holds.protected(f.hash) for f in brought)  # kept until read
         assert holds.protected_bytes == len(brought) * SIZE
+
+
+async def test_a_loading_chunks_members_join_its_spans_without_protection_room(tmp_path: Path, moto):
+    """A chunk preload (``fetch_now(protect=False)``: the loading chunk's pin keeps what
+    lands) brings the members the chunk will pin however full the protection share is; they
+    are not protected (the pin keeps them). Without it a packed dataset's chunk loads in a
+    20% cache made one GET per file (peers.py (b), 2026-12-01)."""
+    async with world(tmp_path, moto, members=64) as w:
+        loading, other = w.files[:32], w.files[32:]
+        w.cache.expect_pins((f.hash, len(f.data)) for f in loading)
+        holds = w.cache.holds
+        holds.protect_bytes = 8 * SIZE
+        holds.protect(b"\xee" * 32, 8 * SIZE, "someone")  # the share is full
+        target = loading[11]
+        assert w.cache.fetch_now([(target.hash, SIZE, w.location(target))], w.dataset, protect=False) == 1
+        with trio.fail_after(10):
+            while not all(w.cache.contains(f.hash) for f in loading):
+                await trio.sleep(0.01)
+        assert w.backends.gets() == 1
+        assert all(w.stored(f) == f.data for f in loading)
+        assert not any(holds.protected(f.hash) for f in loading)
+        assert all(w.stored(f) is None for f in other)  # another object: not this GET's
+        # a member of a chunk that is not loading still needs room: fetched alone
+        await w.ensure(other[3])
+        assert w.backends.gets() == 2 and sum(w.stored(f) is not None for f in other) == 1
 
 
 async def test_packed_chunks_large_for_the_cache_are_warned_about(tmp_path: Path, moto):
