@@ -8,13 +8,16 @@ small S3 server of ours answers listings and writes: scripts/bench/peers/source.
 training-like loop for every contender (``DataLoader`` with ``--workers`` workers, PIL decode
 + RandomResizedCrop/flip/normalize, ``--compute`` seconds of sleep per batch); contenders
 (scripts/bench/peers/contenders.py): quiverfs (mount + ImageFolder, mount + QuiverBatchSampler,
-DirectDataset + shim), s3torchconnector (map and iterable), litdata, mosaicml-streaming and a
+DirectDataset + shim, and the last on a ``digests pack`` copy), s3torchconnector (map and iterable), litdata, mosaicml-streaming and a
 plain boto3 Dataset. Scenarios:
 
   a  one job, each cache larger than the dataset
   b  one job, each cache limited to 20% of the dataset where the tool has a limit (quiverfs
      ``--cache-size``, litdata ``max_cache_size``, streaming ``cache_limit``); the tools
-     without a cache read the bucket every epoch as in (a), and their (a) rows are reused
+     without a cache read the bucket every epoch as in (a), and their (a) rows are reused.
+     Chunked copies are sized for that cache as their tools ask: litdata gets a second
+     conversion whose chunks fit its peak-cache rule (contenders.litdata_chunk_for_cache),
+     the packed copy is packed in chunks of at most 5% of it (mountd's warning)
   c  three jobs on the same dataset at once, caches as in (a)
 
 For each row: epoch 0 (cold) and epoch 1 images/s per job, bucket GETs and bytes per epoch
@@ -69,6 +72,8 @@ from peers.contenders import (  # noqa: E402
     CONTENDERS,
     SetupResult,
     chunk_bytes_for,
+    litdata_chunk_for_cache,
+    packed_files_for_cache,
     s3_env,
     setup_litdata,
     setup_mds,
@@ -81,6 +86,9 @@ from peers.source import Source, count, nginx_available, probe  # noqa: E402
 
 WORK = REPO / ".bench" / "peers"
 BUCKET, PREFIX, LITDATA_PREFIX, MDS_PREFIX = "peers", "train", "litdata", "mds"
+#: litdata's conversion for scenario b (chunks sized for its cache) and the packed copy
+LITDATA_B_PREFIX, PACKED_PREFIX = "litdata-b", "packed"
+CONVERTED = (LITDATA_PREFIX, LITDATA_B_PREFIX, MDS_PREFIX, PACKED_PREFIX)
 INSTALL = ".venv/bin/pip install -e '.[peers]'"
 SCENARIOS = {"a": "one job, cache larger than the dataset",
              "b": "one job, cache 20% of the dataset",
@@ -119,25 +127,33 @@ class Bench:
         self.rows: dict[tuple[str, str], Row] = {}
         self.setups: dict[str, SetupResult] = {}
         self.digest: Path | None = None
+        #: the packed copy's digest (``qfs-packed``)
+        self.packed_digest: Path | None = None
         #: contender → why its set-up failed (its rows are then marked failed)
         self.failed: dict[str, str] = {}
 
     # -- set-up ---------------------------------------------------------------------------------
 
-    def setup(self, source: Source, data) -> None:
+    def setup(self, source: Source, data, scenarios: list[str]) -> None:
         env = self.env | s3_env(source.endpoint)
         self.env = env
         os.environ.update(s3_env(source.endpoint))
         wanted = self.args.contenders
         keys, labels = data.keys, [data.classes.index(r.split("/", 1)[0]) for r in data.rels]
-        chunk = chunk_bytes_for(data.total_bytes)
-        self.chunk_bytes = chunk
+        chunk = self.chunk_bytes = chunk_bytes_for(data.total_bytes)
         if any(CONTENDERS[c].quiverfs for c in wanted):
             self._measured(source, "quiverfs", lambda: self._digest(source))
-        if "litdata" in wanted:
+        if "qfs-packed" in wanted and "quiverfs" not in self.failed:
+            self._measured(source, "qfs-packed", lambda: self._pack(data), stored=PACKED_PREFIX)
+        if "litdata" in wanted and scenarios != ["b"]:
             self._measured(source, "litdata", lambda: setup_litdata(
                 source.endpoint, BUCKET, keys, labels, LITDATA_PREFIX, chunk, self.args.convert_workers,
                 str(WORK / "convert")), stored=LITDATA_PREFIX)
+        if "litdata" in wanted and "b" in scenarios:
+            b_chunk = litdata_chunk_for_cache(self.cache_b(data), self.args.workers, chunk)
+            self._measured(source, "litdata (b)", lambda: setup_litdata(
+                source.endpoint, BUCKET, keys, labels, LITDATA_B_PREFIX, b_chunk, self.args.convert_workers,
+                str(WORK / "convert-b")), stored=LITDATA_B_PREFIX)
         if "mosaic" in wanted:
             self._measured(source, "mosaic", lambda: setup_mds(
                 source.endpoint, BUCKET, keys, labels, MDS_PREFIX, chunk), stored=MDS_PREFIX)
@@ -145,9 +161,20 @@ class Bench:
     def clear_conversions(self) -> None:
         """Remove the converted copies of an earlier run (before the bucket is served: the
         server's listing must not hold them), so that this run's set-up is measured whole."""
-        for prefix in (LITDATA_PREFIX, MDS_PREFIX):
+        for prefix in CONVERTED:
             shutil.rmtree(self.root / BUCKET / prefix, ignore_errors=True)
-        shutil.rmtree(WORK / "convert", ignore_errors=True)
+        for folder in ("convert", "convert-b"):
+            shutil.rmtree(WORK / folder, ignore_errors=True)
+
+    def cache_b(self, data) -> int:
+        """Every cache's limit in scenario b."""
+        return int(data.total_bytes * self.args.cache_fraction)
+
+    def packed_files(self, data) -> int:
+        from mountd.coop.service import PACKED_CHUNK_WARN_SHARE
+
+        return packed_files_for_cache(self.cache_b(data), data.total_bytes / data.spec.files,
+                                      PACKED_CHUNK_WARN_SHARE)
 
     def _measured(self, source: Source, name: str, step, stored: str | None = None) -> None:
         say(f"set-up of {name}")
@@ -184,17 +211,37 @@ class Bench:
         self.digest = digest
         return SetupResult("digests build", seconds, notes=f"digest {digest.stat().st_size / 1e6:.1f} MB, local")
 
+    def _pack(self, data) -> SetupResult:
+        """``digests pack`` of the dataset into the bucket, from the loose digest (nothing
+        hashed again), in chunks sized for the (b) cache (:meth:`packed_files`)."""
+        import trio
+
+        from digests.pack import pack
+        from quiverfs.base.backends.settings import RemoteSettings
+
+        out = WORK / "packed.qd"
+        for old in WORK.glob("packed.qd*"):
+            old.unlink()
+        files = self.packed_files(data)
+        started = time.perf_counter()
+        settings = RemoteSettings.from_environ(self.env)
+        trio.run(lambda: pack(f"s3://{BUCKET}/{PREFIX}", f"s3://{BUCKET}/{PACKED_PREFIX}", out,
+                              chunk_size=files, seed=0, digest=self.digest, settings=settings))
+        self.packed_digest = out
+        return SetupResult("digests pack", time.perf_counter() - started,
+                           notes=f"{files} files a chunk, seed 0, from the loose digest")
+
     # -- one row --------------------------------------------------------------------------------
 
     def run_row(self, source: Source, data, scenario: str, name: str) -> None:
         c = CONTENDERS[name]
         jobs = self.args.jobs if scenario == "c" else 1
-        cache_bytes = int(data.total_bytes * self.args.cache_fraction) if scenario == "b" else None
+        cache_bytes = self.cache_b(data) if scenario == "b" else None
         row = self.rows.setdefault((scenario, name), Row(scenario, name, jobs))
-        setup_of = "quiverfs" if c.quiverfs else name
-        if setup_of in self.failed:
-            row.error = self.failed[setup_of]
-            return
+        for setup_of in setup_steps(name, scenario):
+            if setup_of in self.failed:
+                row.error = self.failed[setup_of]
+                return
         for r in range(self.args.rounds):
             say(f"({scenario}) {name}, round {r + 1}/{self.args.rounds}")
             try:
@@ -218,7 +265,8 @@ class Bench:
                 "name": f"{c.name}-{j}", "contender": c.name, "epochs": self.args.epochs,
                 "batch_size": self.args.batch_size, "workers": self.args.workers, "compute_s": self.args.compute,
                 "seed": j, "endpoint": source.endpoint, "bucket": BUCKET, "prefix": PREFIX,
-                "litdata_prefix": LITDATA_PREFIX, "mds_prefix": MDS_PREFIX, "cache_dir": str(cache_dir),
+                "litdata_prefix": LITDATA_B_PREFIX if scenario == "b" else LITDATA_PREFIX,
+                "mds_prefix": MDS_PREFIX, "cache_dir": str(cache_dir),
                 "cache_bytes": cache_bytes, "root": "",
             })
         timeout = 300 + data.spec.files * self.args.epochs * jobs / 20
@@ -226,7 +274,8 @@ class Bench:
         disk_paths = [str(caches)]
         if c.quiverfs:
             size = cache_bytes or 2 * data.total_bytes
-            dataset = WorldDataset(DatasetSpec(files=data.spec.files), self.root / BUCKET / PREFIX, self.digest,
+            digest = self.packed_digest if c.name == "qfs-packed" else self.digest
+            dataset = WorldDataset(DatasetSpec(files=data.spec.files), self.root / BUCKET / PREFIX, digest,
                                    "", tuple(data.rels), data.total_bytes)
             world = World(dataset, f"peers-{c.name}", MountdConfig(cache_size=size), root=WORK / "worlds",
                           env=self.env, cache_dir=caches / "mountd")
@@ -318,6 +367,17 @@ class Bench:
 # -- main ------------------------------------------------------------------------------------------
 
 
+def setup_steps(name: str, scenario: str) -> list[str]:
+    """The set-up steps (names in :meth:`Bench.setup`) a row of ``name`` in ``scenario`` needs."""
+    if name == "qfs-packed":
+        return ["quiverfs", "qfs-packed"]
+    if CONTENDERS[name].quiverfs:
+        return ["quiverfs"]
+    if name == "litdata" and scenario == "b":
+        return ["litdata (b)"]
+    return [name]
+
+
 def check_contenders(names: list[str]) -> list[str]:
     """The contenders whose packages import here; one line for each left out."""
     ok = []
@@ -354,20 +414,24 @@ def versions() -> dict[str, str]:
 def configurations(args: argparse.Namespace, bench: Bench, data, names: list[str]) -> list[str]:
     """One line per contender: what it was given."""
     loader = f"batch {args.batch_size}, {args.workers} workers"
-    limit = int(data.total_bytes * args.cache_fraction)
+    limit = bench.cache_b(data)
     chunk = getattr(bench, "chunk_bytes", chunk_bytes_for(data.total_bytes))
+    b_chunk = litdata_chunk_for_cache(limit, args.workers, chunk)
     lines = {
         "qfs-mount": f"quiverfs mount (defaults), ImageFolder, DataLoader(shuffle=True, {loader}, persistent); "
                      f"mountd --cache-size 2x dataset, (b) {limit:,} B; digest of s3://{BUCKET}/{PREFIX}",
         "qfs-shim": "as qfs-mount, QuiverBatchSampler(batch_size, report_lag=workers x 2) as batch_sampler",
         "qfs-direct": "as qfs-shim, DirectDataset.of(ImageFolder(mount)) (store files read directly)",
+        "qfs-packed": f"as qfs-direct on digests pack --chunk-size {bench.packed_files(data)} (chunks <= 5% of the "
+                      f"(b) cache, as mountd's warning asks) to s3://{BUCKET}/{PACKED_PREFIX}",
         "s3tc-map": f"S3MapDataset.from_prefix(s3://{BUCKET}/{PREFIX}/, endpoint, "
                     f"S3ClientConfig(force_path_style=True), sequential reader), DataLoader(shuffle=True, {loader})",
         "s3tc-iter": "S3IterableDataset.from_prefix(..., enable_sharding=True), same client config, "
                      f"DataLoader({loader}), no shuffle",
-        "litdata": f"optimize(chunk_bytes={chunk:,}, {args.convert_workers} workers) to s3://{BUCKET}/{LITDATA_PREFIX}; "
-                   f"StreamingDataset(shuffle=True, cache_dir shared by the jobs, max_cache_size default / (b) "
-                   f"{limit:,} B, max_pre_download 2), StreamingDataLoader({loader})",
+        "litdata": f"optimize(chunk_bytes={chunk:,}, {args.convert_workers} workers) to s3://{BUCKET}/{LITDATA_PREFIX}, "
+                   f"for (b) chunk_bytes={b_chunk:,} ({args.workers} workers x 8 chunks fit its cache) to "
+                   f"s3://{BUCKET}/{LITDATA_B_PREFIX}; StreamingDataset(shuffle=True, cache_dir shared by the jobs, "
+                   f"max_cache_size default / (b) {limit:,} B, max_pre_download 2), StreamingDataLoader({loader})",
         "mosaic": f"MDSWriter(size_limit={chunk:,}, no compression) to s3://{BUCKET}/{MDS_PREFIX}; "
                   f"StreamingDataset(shuffle=True (py1e), batch_size, local per job, cache_limit none / (b) "
                   f"{limit:,} B, predownload 8 x batch), DataLoader({loader}, persistent)",
@@ -425,7 +489,7 @@ def main() -> None:
         say("probing the bucket server")
         bench.capacity = probe(source.raw_endpoint, paths, connections=8) if source.raw_endpoint else None
         delayed = probe(source.endpoint, paths, connections=64, seconds=2.0)
-        bench.setup(source, data)
+        bench.setup(source, data, scenarios)
         for scenario in scenarios:
             for name in args.contenders:
                 c = CONTENDERS[name]

@@ -17,7 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"
 
 boto3 = pytest.importorskip("boto3")
 
-from peers.contenders import CONTENDERS, chunk_bytes_for  # noqa: E402
+from peers.contenders import (  # noqa: E402
+    CONTENDERS,
+    LITDATA_CHUNKS_PER_WORKER,
+    chunk_bytes_for,
+    litdata_chunk_for_cache,
+    packed_files_for_cache,
+)
 from peers.s3dir import S3Dir, etag_of  # noqa: E402
 from peers.source import Counts, Source, count, kind_of, nginx_available, parse_log, probe  # noqa: E402
 
@@ -220,6 +226,24 @@ def test_chunk_size_and_contender_table():
     assert {"qfs-shim", "s3tc-map", "litdata", "mosaic", "boto3"} <= set(CONTENDERS)
     assert all(c.cache_limit == (c.name.startswith("qfs-") or c.name in ("litdata", "mosaic"))
                for c in CONTENDERS.values())
+
+
+def test_scenario_b_chunks_fit_each_tools_cache_rule():
+    """(b)'s converted copies: litdata's chunks such that every worker's chunks fit its
+    cache (its workers timed out waiting for chunks otherwise), the packed chunks at most
+    mountd's warning share of the cache; the defaults wherever they already fit."""
+    quick, full = 2_000 * 110_000, 20_000 * 110_000
+    cache = int(quick * 0.2)
+    chunk = litdata_chunk_for_cache(cache, 4, chunk_bytes_for(quick))
+    assert 4 * LITDATA_CHUNKS_PER_WORKER * chunk <= cache < 4 * LITDATA_CHUNKS_PER_WORKER * (chunk + 1)
+    assert chunk < 2_570_000  # the size that still timed out (2026-12-01)
+    # the full run's 64 MiB chunks break the rule too: 440 MB / 32
+    assert litdata_chunk_for_cache(int(full * 0.2), 4, 64 << 20) == int(full * 0.2) // 32
+    # a cache that holds them all keeps the documented size
+    assert litdata_chunk_for_cache(100 << 30, 4, 64 << 20) == 64 << 20
+    assert packed_files_for_cache(cache, 110_000, 0.05) == 15  # 1.65 MB, 3/4 of 5% of 44 MB
+    assert packed_files_for_cache(int(full * 0.2), 110_000, 0.05) == 64  # Brand's size fits
+    assert packed_files_for_cache(1_000, 110_000, 0.05) == 1
 
 
 def test_a_file_removed_behind_the_servers_back_leaves_the_listing(tmp_path):

@@ -12,6 +12,8 @@ from a default, and why):
 ``qfs-shim``          the same mount and ``ImageFolder``, ``QuiverBatchSampler`` (docs/shim.md)
 ``qfs-direct``        ``DirectDataset.of(ImageFolder(mount))`` + ``QuiverBatchSampler`` (docs/shim.md
                       "Direct reads")
+``qfs-packed``        as ``qfs-direct`` on a packed copy (``digests pack``: Brand's shuffled tar chunks,
+                      one ranged GET per chunk; docs/substitutable-reads.md "Packed datasets")
 ``s3tc-map``          s3torchconnector ``S3MapDataset.from_prefix`` (AWS CRT client), shuffled
 ``s3tc-iter``         s3torchconnector ``S3IterableDataset.from_prefix(enable_sharding=True)``: listing
                       order, no shuffle (the iterable has none of its own)
@@ -67,6 +69,9 @@ CONTENDERS: dict[str, Contender] = {c.name: c for c in (
     Contender("qfs-direct", ("torchvision",),
               "DirectDataset.of(ImageFolder(mount)) + QuiverBatchSampler (store files read directly)",
               quiverfs=True, cache_limit=True, setup="digests build"),
+    Contender("qfs-packed", ("torchvision",),
+              "digests pack -> DirectDataset.of(ImageFolder(mount)) + QuiverBatchSampler on the packed digest",
+              quiverfs=True, cache_limit=True, setup="digests pack"),
     Contender("s3tc-map", ("s3torchconnector",), "S3MapDataset.from_prefix, DataLoader(shuffle=True)"),
     Contender("s3tc-iter", ("s3torchconnector",),
               "S3IterableDataset.from_prefix(enable_sharding=True), listing order", shuffles=False),
@@ -158,6 +163,34 @@ def chunk_bytes_for(dataset_bytes: int) -> int:
     return max(1 << 20, min(64 << 20, dataset_bytes // 32))
 
 
+#: litdata's chunks a worker may hold on disk at once: up to ``max(4, max_pre_download)`` it
+#: keeps (``StreamingDataset`` ``keep``) and at least 4 it downloads ahead (its async prefetch
+#: raises ``max_pre_download`` to 4: ``litdata/streaming/async_prefetch.py``).
+LITDATA_CHUNKS_PER_WORKER = 8
+
+
+def litdata_chunk_for_cache(cache_bytes: int, workers: int, default: int) -> int:
+    """litdata's chunk size for a cache of ``cache_bytes`` (scenario b): ``default`` unless
+    ``workers`` x :data:`LITDATA_CHUNKS_PER_WORKER` chunks of it would not fit, then the
+    largest that fits. litdata's own warning puts its peak cache at workers x
+    max_pre_download x chunk; its documented 64 MB chunks (and the bench's dataset / 32 at
+    ``--quick``) break that at a 20% cache, and its workers then wait for chunks until they
+    time out (``ChunkWaitTimeoutError``): every (b) run failed so, until 2026-12-01. A user
+    limiting the cache would size the chunks for it; at 1.6 MB chunks (``--quick``, 8.7
+    chunks a worker) litdata ran, at 2.57 MB (4.3) it still timed out."""
+    return max(64 << 10, min(default, cache_bytes // (workers * LITDATA_CHUNKS_PER_WORKER)))
+
+
+def packed_files_for_cache(cache_bytes: int, mean_file_bytes: float, warn_share: float) -> int:
+    """Files per packed chunk for ``digests pack``: Brand's 64, fewer where a chunk would pass
+    ``warn_share`` of the cache (mountd warns at registration about such chunks:
+    docs/operations.md, "warnings"), so that the packed row of (b) is configured as our docs
+    tell a user with that cache to configure it. A quarter below what the mean file size
+    allows: a chunk is a random draw of files, and at ``--quick`` the largest of 105 chunks
+    sized by the mean was 1.27x it (6% of the cache)."""
+    return max(1, min(64, int(0.75 * warn_share * cache_bytes / max(1.0, mean_file_bytes))))
+
+
 def _fetch_item(job: tuple[str, str, str, int]) -> dict[str, Any]:
     """litdata's ``fn``: one source JPEG from the bucket (a client per worker process)."""
     endpoint, bucket, key, label = job
@@ -193,8 +226,10 @@ def setup_litdata(endpoint: str, bucket: str, keys: list[str], labels: list[int]
 
     litdata_allow_http()
     started = time.perf_counter()
-    os.environ.setdefault("DATA_OPTIMIZER_CACHE_FOLDER", os.path.join(workdir, "litdata-optimize-cache"))
-    os.environ.setdefault("DATA_OPTIMIZER_DATA_CACHE_FOLDER", os.path.join(workdir, "litdata-optimize-data"))
+    # its work folders come from the environment; each conversion gets its own (a second one
+    # in the same folders could pick up the first one's chunks)
+    os.environ["DATA_OPTIMIZER_CACHE_FOLDER"] = os.path.join(workdir, "litdata-optimize-cache")
+    os.environ["DATA_OPTIMIZER_DATA_CACHE_FOLDER"] = os.path.join(workdir, "litdata-optimize-data")
     litdata.optimize(
         fn=_fetch_item,
         inputs=[(endpoint, bucket, k, label) for k, label in zip(keys, labels, strict=True)],
@@ -266,7 +301,7 @@ def _quiverfs(spec: dict[str, Any]) -> Built:
     if kind == "qfs-mount":
         loader = DataLoader(folder, batch_size=spec["batch_size"], shuffle=True, **_dataloader_kwargs(spec))
         return Built(loader)
-    dataset = DirectDataset.of(folder) if kind == "qfs-direct" else folder
+    dataset = DirectDataset.of(folder) if kind in ("qfs-direct", "qfs-packed") else folder
     # report_lag: num_workers x prefetch_factor (DataLoader's default 2), as docs/shim.md says
     sampler = QuiverBatchSampler(dataset, batch_size=spec["batch_size"], seed=spec["seed"],
                                  report_lag=spec["workers"] * 2)
@@ -384,6 +419,6 @@ def _boto3(spec: dict[str, Any]) -> Built:
 
 
 _BUILDERS: dict[str, Callable[[dict[str, Any]], Built]] = {
-    "qfs-mount": _quiverfs, "qfs-shim": _quiverfs, "qfs-direct": _quiverfs,
+    "qfs-mount": _quiverfs, "qfs-shim": _quiverfs, "qfs-direct": _quiverfs, "qfs-packed": _quiverfs,
     "s3tc-map": _s3tc, "s3tc-iter": _s3tc, "litdata": _litdata, "mosaic": _mosaic, "boto3": _boto3,
 }
