@@ -169,15 +169,6 @@ class DatasetState:
         (:attr:`mountd.coop.chunks.ChunkState.pinned`); never for a dataset without chunks."""
         return self.manager is not None and self.manager.state(self.plan.chunk_of(file_id)).pinned
 
-    def needed_by_some(self) -> Callable[[int], bool] | None:
-        """Whether some live pool has still to be given a file (by compact id), or None when
-        no pool is open (then every file is wanted). The per-file form of
-        :meth:`demand`'s ``by_some``, for the few members of one packed chunk."""
-        givens = [pool.given for pool in self.pools]
-        if not givens:
-            return None
-        return lambda file_id: not all(given[file_id] for given in givens)
-
     def demand(self, requester: object | None) -> Needs | None:
         """Which files the live pools still need (:class:`mountd.coop.draws.Needs`; None:
         no pool, every file is wanted): the chunk manager draws the files every reader still

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from urllib.parse import quote
 
 import trio
@@ -90,13 +90,10 @@ class DatasetView:
         """:meth:`item` of each id."""
         return [self.item(i) for i in ids]
 
-    def chunk_members(self, content_hash: bytes, location: Location,
-                      needed: Callable[[int], bool] | None = None) -> list[Member] | None:
+    def chunk_members(self, content_hash: bytes, location: Location) -> list[Member] | None:
         """The members of the packed chunk that holds ``content_hash`` at ``location``, in
         offset order (:class:`mountd.store.span.ChunkMembers`), or None: a loose dataset or
-        file, or no chunk with that content at that offset. ``needed(compact id)``: leave out
-        the other members it says no to (no reader needs them this epoch; the span does not
-        store them).
+        file, or no chunk with that content at that offset.
 
         Locations come from the packing's offsets and ``location``'s object (every member
         shares it), so this reads the digest only when one content sits at this offset in
@@ -116,11 +113,10 @@ class DatasetView:
             matches = [(cid, chunk) for cid, chunk in matches if self._in_object(cid, location)]
         if len(matches) != 1:
             return None
-        cid, chunk = matches[0]
+        chunk = matches[0][1]
         sizes = self.sizes
         return [Member(self.hash_of(m), sizes[m], Location(location.url, location.key, off, sizes[m]))
-                for m, off in zip(packing.members_of(chunk), packing.member_offsets(chunk), strict=True)
-                if needed is None or m == cid or needed(m)]
+                for m, off in zip(packing.members_of(chunk), packing.member_offsets(chunk), strict=True)]
 
     def _in_object(self, cid: int, location: Location) -> bool:
         """Whether the digest places ``cid`` in ``location``'s object (one digest read)."""

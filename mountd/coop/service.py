@@ -413,17 +413,9 @@ class CoopService:
                       location: Location) -> list[Member] | None:
         """The members of the chunk that holds ``content_hash`` at ``location`` in
         ``dataset`` (:meth:`DatasetView.chunk_members`), or None: no view of ``dataset``
-        (unknown, not loaded yet, no digest), a loose dataset or file.
-
-        Only members some reader still needs in its epoch (:meth:`DatasetState.needed_by_some`)
-        go with the requested one: a member every job has read this epoch, brought along,
-        waits in the cache until the next epoch and is mostly evicted before it. With them,
-        ``packed_training.py`` (c) fetched 1.28 datasets an epoch against 1.08 once spans
-        could cover whole packed chunks (2026-12-01)."""
+        (unknown, not loaded yet, no digest), a loose dataset or file."""
         view = self.views.get(dataset) if dataset is not None else None
-        if view is None:
-            return None
-        return view.chunk_members(content_hash, location, self.registry.dataset(dataset).needed_by_some())
+        return None if view is None else view.chunk_members(content_hash, location)
 
     # -- cache events (CacheListener) ----------------------------------------------------------
 

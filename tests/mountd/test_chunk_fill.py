@@ -390,21 +390,6 @@ async def test_a_loading_chunks_members_join_its_spans_without_protection_room(t
         assert w.backends.gets() == 2 and sum(w.stored(f) is not None for f in other) == 1
 
 
-async def test_members_no_reader_needs_are_left_out_of_the_chunk(tmp_path: Path, moto):
-    """The session layer names only the members some reader still needs this epoch
-    (DatasetView.chunk_members ``needed``); the requested one always."""
-    async with world(tmp_path, moto) as w:
-        view = w.coop.views[w.dataset]
-        target = w.files[7]
-        every = view.chunk_members(target.hash, w.location(target))
-        assert every is not None and [m.hash for m in every] == [f.hash for f in w.files]
-        alone = view.chunk_members(target.hash, w.location(target), lambda cid: False)
-        assert [m.hash for m in alone] == [target.hash]
-        even = {view.ids_of(f.hash)[0] for f in w.files[::2]}
-        some = view.chunk_members(target.hash, w.location(target), even.__contains__)
-        assert [m.hash for m in some] == [f.hash for i, f in enumerate(w.files) if i % 2 == 0 or i == 7]
-
-
 async def test_packed_chunks_large_for_the_cache_are_warned_about(tmp_path: Path, moto):
     (tmp_path / "small").mkdir()
     (tmp_path / "large").mkdir()

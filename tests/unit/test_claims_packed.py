@@ -595,21 +595,3 @@ def test_claims_bring_only_what_the_protection_share_has_room_for():
     assert 0 < max(brought) <= share // mean
     for j in range(4):  # still exactly once per epoch
         assert sorted(out["order"][(f"job{j}", 0)]) == list(range(1600))
-
-
-def test_needed_by_some_is_what_a_live_pool_has_still_to_be_given():
-    """A chunk fill brings only the members some reader still needs this epoch
-    (CoopService.chunk_members): a file every pool was given is needed by none."""
-    sim = Sim(n=320, per_pack=16, mode="off")
-    reg, state = sim.reg, sim.state
-    assert state.needed_by_some() is None  # no reader: every file is wanted
-    reg.open_session("ds", "a", seed=1)
-    given = set(reg.claim("ds", "a", 0, 8).ids)
-    assert len(given) == 8
-    needed = state.needed_by_some()
-    assert [i for i in range(320) if not needed(i)] == sorted(given)
-    reg.open_session("ds", "b", seed=2)  # a second job has been given nothing yet
-    needed = state.needed_by_some()
-    assert all(needed(i) for i in range(320))
-    reg.close_session("ds", "b", 0)
-    assert [i for i in range(320) if not state.needed_by_some()(i)] == sorted(given)
