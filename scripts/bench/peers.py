@@ -171,6 +171,8 @@ class Bench:
         return int(data.total_bytes * self.args.cache_fraction)
 
     def packed_files(self, data) -> int:
+        """Files per packed chunk for ``qfs-packed``: sized for the (b) cache by the share
+        mountd warns above (contenders.packed_files_for_cache)."""
         from mountd.coop.service import PACKED_CHUNK_WARN_SHARE
 
         return packed_files_for_cache(self.cache_b(data), data.total_bytes / data.spec.files,
