@@ -185,6 +185,10 @@ class DatasetDemand:
     #: the chunk the dataset shrinks to when it keeps files across epochs (pass 4 of
     #: :func:`allocate`, :func:`lean_chunk_bytes`); 0: it does not shrink
     lean_chunk_bytes: int = 0
+    #: the most bytes its chunks (or, ``full``, the whole dataset) may pin: the cache less
+    #: the room its one job's look-ahead needs (``SessionRegistry._max_pinned``); None: no
+    #: bound. Below two chunks of ``min_chunk_bytes`` the dataset is ``off``.
+    max_pinned: int | None = None
 
 
 @dataclass(frozen=True)
@@ -307,6 +311,13 @@ def allocate(
     def two_chunks(d: DatasetDemand) -> int:
         return min(d.total_bytes, slots * d.chunk_bytes)
 
+    def pinnable(d: DatasetDemand, cost: int) -> int:
+        """``cost`` within the dataset's ``max_pinned``."""
+        return cost if d.max_pinned is None else min(cost, d.max_pinned)
+
+    def too_little(d: DatasetDemand, cost: int) -> bool:
+        return cost <= 0 or (cost < d.total_bytes and cost < slots * d.min_chunk_bytes)
+
     places = {name: len(holding) - i for i, name in enumerate(holding)}
 
     def kept(d: DatasetDemand) -> float:
@@ -316,8 +327,15 @@ def allocate(
     order = sorted(candidates, key=lambda c: (-c[1] * kept(c[0]) / max(1, two_chunks(c[0])),
                                               c[0].dataset))
     for rank, (d, g) in enumerate(order, 1):
-        cost = two_chunks(d)
+        cost = pinnable(d, two_chunks(d))
         why = f"G={g:.2f}, #{rank} by G per byte"
+        if cost < two_chunks(d):
+            if too_little(d, cost):
+                out[d.dataset] = Allocation(
+                    d.dataset, Mode.OFF, 0, g, f"{why}: no room beside its job's look-ahead "
+                    f"(files held ahead of its reads; its chunks may pin {_mb(cost)})")
+                continue
+            why += f", chunks sized to leave room for its job's look-ahead ({_mb(cost)})"
         if cost >= d.total_bytes and cost <= left:
             out[d.dataset] = Allocation(d.dataset, Mode.FULL, d.total_bytes, g,
                                         f"{why}: fits whole ({_mb(d.total_bytes)})")
@@ -335,7 +353,7 @@ def allocate(
                                 c[0].dataset))
     for d, g in chunked:
         extra = d.total_bytes - out[d.dataset].budget
-        if extra <= left:
+        if extra <= left and pinnable(d, d.total_bytes) == d.total_bytes:
             left -= extra
             out[d.dataset] = Allocation(d.dataset, Mode.FULL, d.total_bytes, g,
                                         f"G={g:.2f}: upgraded to full ({_mb(d.total_bytes)}), "
@@ -343,11 +361,12 @@ def allocate(
     # Pass 3: what is left goes, as smaller chunks (still >= min_chunk_bytes each), to the
     # datasets that got nothing, best G per byte first.
     for rank, (d, g) in enumerate(order, 1):
-        if out[d.dataset].mode is Mode.OFF and d.min_chunk_bytes and left >= slots * d.min_chunk_bytes:
-            out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, left, g,
+        cost = pinnable(d, left)
+        if out[d.dataset].mode is Mode.OFF and d.min_chunk_bytes and cost >= slots * d.min_chunk_bytes:
+            out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, cost, g,
                                         f"G={g:.2f}, #{rank} by G per byte: smaller chunks in "
-                                        f"what was left ({_mb(left)})")
-            left = 0
+                                        f"what was left ({_mb(cost)})")
+            left -= cost
     # Pass 4: a chunked dataset's chunks shrink to its lean size, the bytes freed joining
     # what is left. Chunk slots are emptied and fetched again every epoch; bytes kept across
     # epochs are hits every epoch without a fetch. With datasets of 1200, 600 and 60 files

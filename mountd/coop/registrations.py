@@ -76,10 +76,11 @@ class Registration:
             return min(self.budget or 0, slots * self.chunk_bytes())
         return 0
 
-    def demand(self, name: str, mode: Mode, jobs: Sequence[JobBenefit]) -> DatasetDemand:
+    def demand(self, name: str, mode: Mode, jobs: Sequence[JobBenefit],
+               max_pinned: int | None = None) -> DatasetDemand:
         """The dataset ``name`` (in ``mode`` now, read by ``jobs``) as
-        :func:`mountd.coop.benefit.allocate` sees it: sizes, its jobs' measured times, and
-        its manual mode if it was registered with one."""
+        :func:`mountd.coop.benefit.allocate` sees it: sizes, its jobs' measured times, its
+        manual mode if it was registered with one, and the most its chunks may pin."""
         chunk, floor = self.chunk_bytes(), int(MIN_FRACTION * self.total)
         return DatasetDemand(
             name, self.total, chunk, floor,
@@ -88,6 +89,7 @@ class Registration:
             # Packed: chunks are unions of whole packed chunks, which a lean target could
             # undercut (the dataset then goes off: ``plan``); they keep their size.
             lean_chunk_bytes(self.total, len(self.sizes), chunk, floor) if self.packing is None else 0,
+            max_pinned,
         )
 
     def plan(self, dataset: str, chosen: Mode, budget: int | None,

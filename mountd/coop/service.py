@@ -161,6 +161,9 @@ class CoopService:
         self.registry.benefit_aware = self.mode is None
         config = cache.config
         self.budget = budget if budget is not None else int(config.cache_size * budget_fraction)
+        # a dataset read by one job leaves room for its look-ahead (SessionRegistry._max_pinned)
+        self.registry.cache_bytes = config.cache_size
+        self.registry.protect_share = config.protect_share
         self.preload_window = preload_window or max(2, config.fill_concurrency // 2)
         self.tick_interval = tick_interval
         self.views: dict[str, DatasetView] = {}

@@ -89,6 +89,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+def _ahead_moved(before: int | None, now: int | None) -> bool:
+    """Whether a job's look-ahead (:attr:`JobTimings.ahead_files`) became known or grew by
+    half since it was last seen: its dataset's allocation may then change."""
+    return now is not None and (before is None or now > 1.5 * before)
+
+
 class SessionRegistry:
     """Datasets, job sessions, claims, timing reports and chunk decisions of one mountd.
 
@@ -143,6 +149,11 @@ class SessionRegistry:
         #: cache's :meth:`~mountd.store.protection.Protection.protect_pending`; set by the
         #: service), None: unknown: claims then bound misses by the room alone.
         self.protect_pending = protect_pending
+        #: Cache bytes that a dataset's pins and the room its job's look-ahead needs share,
+        #: and the share of the unpinned room that protections may take (set by the
+        #: service from the cache's config); None: the look-ahead is not weighed.
+        self.cache_bytes: int | None = None
+        self.protect_share = 0.5
         self._datasets: dict[str, DatasetState] = {}
         self._modes: dict[str, Mode] = {}
         self._jobs: dict[tuple[str, str], Job] = {}
@@ -324,10 +335,31 @@ class SessionRegistry:
         """Every dataset as :func:`mountd.coop.benefit.allocate` sees it: sizes, its open
         jobs' measured times, and its manual mode if it was registered with one."""
         jobs: dict[str, list[JobBenefit]] = {name: [] for name in self._datasets}
+        ahead: dict[str, list[int | None]] = {name: [] for name in self._datasets}
         for dataset, job in self._jobs:
-            jobs[dataset].append(self._timings_of((dataset, job), touch=False).benefit(job))
-        return [reg.demand(name, self._modes[name], jobs[name])
+            timings = self._timings_of((dataset, job), touch=False)
+            jobs[dataset].append(timings.benefit(job))
+            ahead[dataset].append(timings.ahead_files)
+        return [reg.demand(name, self._modes[name], jobs[name], self._max_pinned(reg, ahead[name]))
                 for name, reg in self._registrations.items()]  # registration order
+
+    def _max_pinned(self, reg: Registration, ahead: list[int | None]) -> int | None:
+        """The most bytes a dataset read by one job may pin so that the files the job holds
+        ahead of its training step (``ahead``: one entry per job) still fit the protection
+        room the pins leave; None: no bound (several jobs, or the look-ahead not known).
+
+        Why (issue 37, ``peers.py`` (b), 2026-12-01): a DataLoader holds ``num_workers x
+        prefetch_factor`` batches ahead, 512 files with 4 workers and batches of 64. Chunks
+        pinning 80% of a 20% cache left protection room for ~40 of them: the claims' other
+        misses were read on demand, one bucket latency each, and the job trained at 140-293
+        img/s where the same job with its dataset ``off`` made 291-376. Jobs that share a
+        dataset keep their chunks whatever their look-ahead: reading each chunk once for
+        all of them is what keeps their traffic near one dataset an epoch
+        (``scripts/bench/shim_vs_lru.py``)."""
+        if self.cache_bytes is None or len(ahead) != 1 or ahead[0] is None or not reg.sizes:
+            return None
+        ahead_bytes = ahead[0] * reg.total / len(reg.sizes)
+        return max(0, int(self.cache_bytes - ahead_bytes / max(self.protect_share, 1e-9)))
 
     @property
     def watches_the_store(self) -> bool:
@@ -676,10 +708,14 @@ class SessionRegistry:
         timings.batches += 1
         timings.recent.append(value)
         mode = self._modes[dataset]
+        ahead = timings.ahead_files
         if timings.on_batch(value, now, None if files is None else (files, misses),
                             cached=mode.holds_cache, off=mode is Mode.OFF):
             log.info("dataset %s: job %s measured: t_hit %s, t_miss %s", dataset, job,
                      timings.t_hit, timings.t_miss)
+        if self.benefit_aware and self.cache_bytes is not None \
+                and _ahead_moved(ahead, timings.ahead_files):
+            self._allocate_due = True  # known now, or half as large again: may change the pins
         if self.benefit_aware and benefit_moved(timings.allocated_b, timings.benefit(job).b):
             # its first b, or one that moved since the last allocation: allocate now, not at
             # the next interval (an early b from a few noisy samples must not stick for 30 s)

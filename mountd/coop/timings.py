@@ -133,6 +133,16 @@ class JobTimings:
     batch_files: int = 0
     #: Reports still to skip since the dataset's mode changed (:meth:`settle`).
     settling: int = 0
+    #: Files the job's claims gave, and files its batch reports said they read (reports
+    #: that say): the difference is what the job holds ahead of its training step.
+    given_files: int = 0
+    reported_files: int = 0
+    #: The most files the job held ahead of its training step when a report came in:
+    #: claimed, not yet reported read (the shim's buffer, the DataLoader's ``num_workers x
+    #: prefetch_factor`` batches, the reports' lag). None until a report says how many files
+    #: its batch read. The misses among them must fit the cache's protection room to be
+    #: fetched ahead (:class:`mountd.coop.benefit.DatasetDemand` ``max_pinned``).
+    ahead_files: int | None = None
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.ring)
@@ -149,6 +159,7 @@ class JobTimings:
         """A claim gave the job ``hits`` cached and ``misses`` uncached files."""
         if hits or misses:
             self.given.append((hits, misses))
+        self.given_files += hits + misses
         if self.probe is not None:
             self.probe.claims += 1
 
@@ -191,6 +202,9 @@ class JobTimings:
         kind = self.classify() if read is None else classify_batch(*read)
         if read is not None:
             self.batch_files = max(self.batch_files, read[0])
+            self.reported_files += read[0]
+            ahead = max(0, self.given_files - self.reported_files)
+            self.ahead_files = ahead if self.ahead_files is None else max(self.ahead_files, ahead)
         if self.settling:
             self.settling -= 1
             return False

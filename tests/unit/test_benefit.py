@@ -781,3 +781,56 @@ def test_budget_only_deals_one_budget_in_registration_order() -> None:
     out = allocate_in_order([demand("l", 100 * MB, fixed=Mode.LRU),
                              demand("k", 100 * MB, fixed=Mode.CHUNKED)], 12 * MB)
     assert out["l"].budget == 0 and out["k"].mode is Mode.CHUNKED and out["k"].budget == 12 * MB
+
+
+# -- room for a single job's look-ahead (issue 37 (b)) ------------------------------------------
+
+
+def test_a_datasets_pins_leave_room_for_its_jobs_look_ahead() -> None:
+    """``max_pinned`` bounds what a dataset's chunks (or, full, the whole dataset) may pin:
+    below two of its smallest chunks it is off, above that its chunks shrink to fit, and a
+    dataset that would fit whole is not upgraded past it."""
+    d = demand("a", 100 * MB, job("a1", 3.0))
+    assert allocate([d], 50 * MB)["a"].mode is Mode.CHUNKED  # no bound: two 10 MB chunks
+    out = allocate([replace(d, max_pinned=1 * MB)], 50 * MB)["a"]  # under two 1 MB chunks
+    assert (out.mode, out.budget) == (Mode.OFF, 0)
+    assert "look-ahead" in out.reason
+    out = allocate([replace(d, max_pinned=8 * MB)], 50 * MB)["a"]
+    assert (out.mode, out.budget) == (Mode.CHUNKED, 8 * MB)
+    assert "look-ahead" in out.reason
+    small = demand("s", 30 * MB, job("s1", 3.0))
+    assert allocate([small], 50 * MB)["s"].mode is Mode.FULL
+    out = allocate([replace(small, max_pinned=20 * MB)], 50 * MB)["s"]
+    assert (out.mode, out.budget) == (Mode.CHUNKED, 6 * MB)  # two 3 MB chunks: not upgraded
+    assert allocate([replace(small, max_pinned=0)], 50 * MB)["s"].mode is Mode.OFF
+
+
+def test_a_jobs_look_ahead_is_what_its_claims_gave_beyond_what_its_reports_read() -> None:
+    timings = JobTimings(ring=8)
+    timings.on_claim(30, 34)
+    timings.on_batch(0.1, 0.0)  # a report that does not say what it read
+    assert timings.ahead_files is None
+    timings.on_batch(0.1, 0.1, (16, 0))
+    assert timings.ahead_files == 48
+    timings.on_claim(16, 0)
+    timings.on_batch(0.1, 0.2, (16, 0))
+    timings.on_batch(0.1, 0.3, (16, 0))
+    assert timings.ahead_files == 48  # the most it held ahead
+
+
+def test_only_a_dataset_read_by_one_job_leaves_room_for_its_look_ahead() -> None:
+    """The registry bounds a dataset's pins by its one job's look-ahead (files x the mean
+    size, over the protection share); two jobs share its chunks whatever their look-ahead,
+    and a registry that does not know the cache's size bounds nothing."""
+    clock = FakeClock()
+    reg = registry(clock)
+    reg.add_dataset("d", [1000] * 400, budget=200_000)
+    reg.open_session("d", "a")
+    claim = reg.claim("d", "a", 0, 40)
+    reg.report_batch("d", "a", 0, 0.1, files=10, misses=0)
+    assert reg.demands()[0].max_pinned is None  # the cache's size unknown
+    reg.cache_bytes, reg.protect_share = 100_000, 0.5
+    (d,) = reg.demands()
+    assert d.max_pinned == 100_000 - (len(claim.ids) - 10) * 1000 * 2
+    reg.open_session("d", "b")
+    assert reg.demands()[0].max_pinned is None
