@@ -70,6 +70,7 @@ from harness.world import Dataset as WorldDataset  # noqa: E402
 from harness.world import DatasetSpec, MountdConfig, World, sigterm_as_interrupt  # noqa: E402
 from peers.contenders import (  # noqa: E402
     CONTENDERS,
+    LITDATA_CHUNKS_PER_WORKER,
     SetupResult,
     chunk_bytes_for,
     litdata_chunk_for_cache,
@@ -150,7 +151,7 @@ class Bench:
                 source.endpoint, BUCKET, keys, labels, LITDATA_PREFIX, chunk, self.args.convert_workers,
                 str(WORK / "convert")), stored=LITDATA_PREFIX)
         if "litdata" in wanted and "b" in scenarios:
-            b_chunk = litdata_chunk_for_cache(self.cache_b(data), self.args.workers, chunk)
+            b_chunk = self.litdata_b_chunk(data)
             self._measured(source, "litdata (b)", lambda: setup_litdata(
                 source.endpoint, BUCKET, keys, labels, LITDATA_B_PREFIX, b_chunk, self.args.convert_workers,
                 str(WORK / "convert-b")), stored=LITDATA_B_PREFIX)
@@ -169,6 +170,10 @@ class Bench:
     def cache_b(self, data) -> int:
         """Every cache's limit in scenario b."""
         return int(data.total_bytes * self.args.cache_fraction)
+
+    def litdata_b_chunk(self, data) -> int:
+        """litdata's chunk size for its (b) conversion (contenders.litdata_chunk_for_cache)."""
+        return litdata_chunk_for_cache(self.cache_b(data), self.args.workers, chunk_bytes_for(data.total_bytes))
 
     def packed_files(self, data) -> int:
         """Files per packed chunk for ``qfs-packed``: sized for the (b) cache by the share
@@ -418,7 +423,7 @@ def configurations(args: argparse.Namespace, bench: Bench, data, names: list[str
     loader = f"batch {args.batch_size}, {args.workers} workers"
     limit = bench.cache_b(data)
     chunk = getattr(bench, "chunk_bytes", chunk_bytes_for(data.total_bytes))
-    b_chunk = litdata_chunk_for_cache(limit, args.workers, chunk)
+    b_chunk = bench.litdata_b_chunk(data)
     lines = {
         "qfs-mount": f"quiverfs mount (defaults), ImageFolder, DataLoader(shuffle=True, {loader}, persistent); "
                      f"mountd --cache-size 2x dataset, (b) {limit:,} B; digest of s3://{BUCKET}/{PREFIX}",
@@ -431,7 +436,7 @@ def configurations(args: argparse.Namespace, bench: Bench, data, names: list[str
         "s3tc-iter": "S3IterableDataset.from_prefix(..., enable_sharding=True), same client config, "
                      f"DataLoader({loader}), no shuffle",
         "litdata": f"optimize(chunk_bytes={chunk:,}, {args.convert_workers} workers) to s3://{BUCKET}/{LITDATA_PREFIX}, "
-                   f"for (b) chunk_bytes={b_chunk:,} ({args.workers} workers x 8 chunks fit its cache) to "
+                   f"for (b) chunk_bytes={b_chunk:,} ({args.workers} workers x {LITDATA_CHUNKS_PER_WORKER} chunks fit its cache) to "
                    f"s3://{BUCKET}/{LITDATA_B_PREFIX}; StreamingDataset(shuffle=True, cache_dir shared by the jobs, "
                    f"max_cache_size default / (b) {limit:,} B, max_pre_download 2), StreamingDataLoader({loader})",
         "mosaic": f"MDSWriter(size_limit={chunk:,}, no compression) to s3://{BUCKET}/{MDS_PREFIX}; "
