@@ -280,122 +280,152 @@ def allocate(
     Deterministic: ties in the ratio are broken by dataset name.
     """
     demands = sorted(demands, key=lambda d: d.dataset)
-    out: dict[str, Allocation] = {}
-    left = budget
+    plan = _GreedyPlan(budget, slots, holding)
     # Manual modes first: they are not ours to change, but they use the budget.
     for d in demands:
-        if d.fixed is None:
-            continue
-        cost = {Mode.FULL: d.total_bytes, Mode.CHUNKED: min(d.total_bytes, slots * d.chunk_bytes)}.get(d.fixed, 0)
-        left -= cost
-        out[d.dataset] = Allocation(d.dataset, d.fixed, cost, dataset_benefit(d, assumed=assumed),
-                                    "fixed by --dataset-mode")
+        if d.fixed is not None:
+            plan.fix(d, dataset_benefit(d, assumed=assumed))
     candidates: list[tuple[DatasetDemand, float]] = []
     for d in demands:
-        if d.fixed is not None:
-            continue
-        g = dataset_benefit(d, assumed=assumed)
-        threshold = min_benefit + (RETURN_MARGIN if d.dataset in resting else 0.0)
-        insensitive = _insensitive(d, threshold)
-        if insensitive is not None:
-            top, unmeasured = insensitive
-            note = (f" ({unmeasured} not measured yet: counted at the median of the measured)"
-                    if unmeasured else "")
-            why = f"insensitive: every job has b <= {top:.2f} < {threshold:.2f}"
-            if d.dataset in resting:
-                why += f" (off already: {min_benefit:.2f} + {RETURN_MARGIN:.2f} to come back)"
-            out[d.dataset] = Allocation(d.dataset, Mode.OFF, 0, g, why + note, insensitive=True)
-            continue
-        candidates.append((d, g))
-
-    def two_chunks(d: DatasetDemand) -> int:
-        return min(d.total_bytes, slots * d.chunk_bytes)
-
-    def pinnable(d: DatasetDemand, cost: int) -> int:
-        """``cost`` within the dataset's ``max_pinned``."""
-        return cost if d.max_pinned is None else min(cost, d.max_pinned)
-
-    def too_little(d: DatasetDemand, cost: int) -> bool:
-        return cost <= 0 or (cost < d.total_bytes and cost < slots * d.min_chunk_bytes)
-
-    places = {name: len(holding) - i for i, name in enumerate(holding)}
-
-    def kept(d: DatasetDemand) -> float:
-        return KEEP_FACTOR ** places.get(d.dataset, 0)
-
-    # Pass 1: two chunks each (or the whole dataset when that is no bigger), best G per byte first.
-    order = sorted(candidates, key=lambda c: (-c[1] * kept(c[0]) / max(1, two_chunks(c[0])),
+        if d.fixed is None:
+            g = dataset_benefit(d, assumed=assumed)
+            if not plan.turned_off_insensitive(d, g, min_benefit, d.dataset in resting):
+                candidates.append((d, g))
+    order = sorted(candidates, key=lambda c: (-c[1] * plan.kept(c[0]) / max(1, plan.two_chunks(c[0])),
                                               c[0].dataset))
     for rank, (d, g) in enumerate(order, 1):
-        cost = pinnable(d, two_chunks(d))
-        why = f"G={g:.2f}, #{rank} by G per byte"
-        if cost < two_chunks(d):
-            if too_little(d, cost):
-                out[d.dataset] = Allocation(
-                    d.dataset, Mode.OFF, 0, g, f"{why}: no room beside its job's look-ahead "
-                    f"(files held ahead of its reads; its chunks may pin {_mb(cost)})")
-                continue
-            why += f", chunks sized to leave room for its job's look-ahead ({_mb(cost)})"
-        if cost >= d.total_bytes and cost <= left:
-            out[d.dataset] = Allocation(d.dataset, Mode.FULL, d.total_bytes, g,
-                                        f"{why}: fits whole ({_mb(d.total_bytes)})")
-        elif cost < d.total_bytes and cost <= left:
-            out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, cost, g,
-                                        f"{why}: two chunks ({_mb(cost)})")
-        else:
-            out[d.dataset] = Allocation(d.dataset, Mode.OFF, 0, g,
-                                        f"{why}: no room (needs {_mb(cost)}, {_mb(max(0, left))} left)")
-            continue
-        left -= out[d.dataset].budget
-    # Pass 2: upgrade to full, best G per extra byte first, while the rest of the budget allows.
-    chunked = [(d, g) for d, g in candidates if out[d.dataset].mode is Mode.CHUNKED]
-    chunked.sort(key=lambda c: (-c[1] * kept(c[0]) / max(1, c[0].total_bytes - out[c[0].dataset].budget),
-                                c[0].dataset))
-    for d, g in chunked:
-        extra = d.total_bytes - out[d.dataset].budget
-        if extra <= left and pinnable(d, d.total_bytes) == d.total_bytes:
-            left -= extra
-            out[d.dataset] = Allocation(d.dataset, Mode.FULL, d.total_bytes, g,
-                                        f"G={g:.2f}: upgraded to full ({_mb(d.total_bytes)}), "
-                                        f"best G per extra byte that fits")
-    # Pass 3: what is left goes, as smaller chunks (still >= min_chunk_bytes each), to the
-    # datasets that got nothing, best G per byte first.
+        plan.give_two_chunks(d, g, rank)
+    plan.upgrade_to_full(candidates)
     for rank, (d, g) in enumerate(order, 1):
-        cost = pinnable(d, left)
-        if out[d.dataset].mode is Mode.OFF and d.min_chunk_bytes and cost >= slots * d.min_chunk_bytes:
-            out[d.dataset] = Allocation(d.dataset, Mode.CHUNKED, cost, g,
-                                        f"G={g:.2f}, #{rank} by G per byte: smaller chunks in "
-                                        f"what was left ({_mb(cost)})")
-            left -= cost
-    # Pass 4: a chunked dataset's chunks shrink to its lean size, the bytes freed joining
-    # what is left. Chunk slots are emptied and fetched again every epoch; bytes kept across
-    # epochs are hits every epoch without a fetch. With datasets of 1200, 600 and 60 files
-    # at a 30% cache, the sensitive one in two 10% chunks kept 1.4 MB and fetched 93% of
-    # itself each epoch (LRU, keeping what it last read, led it); in lean chunks it kept
-    # 4.7 MB and led LRU, 4.85 / 4.81 against 4.61 / 4.84 (benefit_aware.py, 2026-11-28).
+        plan.give_smaller_chunks(d, g, rank)
     for d, _ in order:
-        a = out[d.dataset]
-        if a.mode is Mode.CHUNKED and d.lean_chunk_bytes and a.budget > slots * d.lean_chunk_bytes:
-            lean = slots * d.lean_chunk_bytes
-            left += a.budget - lean
-            out[d.dataset] = Allocation(d.dataset, a.mode, lean, a.benefit,
-                                        f"{a.reason}; chunks shrunk to {_mb(d.lean_chunk_bytes)} "
-                                        f"to keep files across epochs")
-    # Pass 5: what is still left is kept by the chunked datasets across epochs (retained
-    # files), best G per byte first, each up to what its chunks do not hold.
+        plan.shrink_to_lean(d)
     for d, g in order:
-        a = out[d.dataset]
-        if left <= 0:
-            break
-        if a.mode is not Mode.CHUNKED:
-            continue
-        retain = min(left, d.total_bytes - a.budget)
+        plan.retain(d, g)
+    return plan.out
+
+
+def _pinnable(d: DatasetDemand, cost: int) -> int:
+    """``cost`` within the dataset's ``max_pinned`` (room for a single job's look-ahead)."""
+    return cost if d.max_pinned is None else min(cost, d.max_pinned)
+
+
+class _GreedyPlan:
+    """One run of :func:`allocate`: the allocations made so far and the bytes left, with one
+    method per pass of the greedy (the module docstring), each called per dataset in the
+    pass's order."""
+
+    def __init__(self, budget: int, slots: int, holding: Sequence[str]) -> None:
+        self.out: dict[str, Allocation] = {}
+        self.left = budget
+        self.slots = slots
+        self._places = {name: len(holding) - i for i, name in enumerate(holding)}
+
+    def kept(self, d: DatasetDemand) -> float:
+        """How much more the dataset's G per byte counts for holding cache now."""
+        return KEEP_FACTOR ** self._places.get(d.dataset, 0)
+
+    def two_chunks(self, d: DatasetDemand) -> int:
+        return min(d.total_bytes, self.slots * d.chunk_bytes)
+
+    def _too_little(self, d: DatasetDemand, cost: int) -> bool:
+        return cost <= 0 or (cost < d.total_bytes and cost < self.slots * d.min_chunk_bytes)
+
+    def _set(self, d: DatasetDemand, mode: Mode, cost: int, g: float, why: str, *,
+             retain: int = 0, insensitive: bool = False) -> None:
+        self.out[d.dataset] = Allocation(d.dataset, mode, cost, g, why, retain, insensitive)
+
+    def fix(self, d: DatasetDemand, g: float) -> None:
+        """A manual mode: charged what it pins (a manual ``full`` its whole size)."""
+        cost = {Mode.FULL: d.total_bytes, Mode.CHUNKED: self.two_chunks(d)}.get(d.fixed, 0)
+        self.left -= cost
+        self._set(d, d.fixed, cost, g, "fixed by --dataset-mode")
+
+    def turned_off_insensitive(self, d: DatasetDemand, g: float, min_benefit: float,
+                               resting: bool) -> bool:
+        """``off`` when every job of the dataset is insensitive (a dataset ``resting`` off
+        needs :data:`RETURN_MARGIN` more to come back); True when so."""
+        threshold = min_benefit + (RETURN_MARGIN if resting else 0.0)
+        insensitive = _insensitive(d, threshold)
+        if insensitive is None:
+            return False
+        top, unmeasured = insensitive
+        why = f"insensitive: every job has b <= {top:.2f} < {threshold:.2f}"
+        if resting:
+            why += f" (off already: {min_benefit:.2f} + {RETURN_MARGIN:.2f} to come back)"
+        if unmeasured:
+            why += f" ({unmeasured} not measured yet: counted at the median of the measured)"
+        self._set(d, Mode.OFF, 0, g, why, insensitive=True)
+        return True
+
+    def give_two_chunks(self, d: DatasetDemand, g: float, rank: int) -> None:
+        """Pass 1: two chunks (or the whole dataset when that is no bigger), within the room
+        its job's look-ahead leaves; ``off`` when they do not fit."""
+        cost = _pinnable(d, self.two_chunks(d))
+        why = f"G={g:.2f}, #{rank} by G per byte"
+        if cost < self.two_chunks(d):
+            if self._too_little(d, cost):
+                self._set(d, Mode.OFF, 0, g, f"{why}: no room beside its job's look-ahead "
+                          f"(files held ahead of its reads; its chunks may pin {_mb(cost)})")
+                return
+            why += f", chunks sized to leave room for its job's look-ahead ({_mb(cost)})"
+        if cost > self.left:
+            self._set(d, Mode.OFF, 0, g, f"{why}: no room (needs {_mb(cost)}, {_mb(max(0, self.left))} left)")
+        elif cost >= d.total_bytes:
+            self._set(d, Mode.FULL, d.total_bytes, g, f"{why}: fits whole ({_mb(d.total_bytes)})")
+            self.left -= d.total_bytes
+        else:
+            self._set(d, Mode.CHUNKED, cost, g, f"{why}: two chunks ({_mb(cost)})")
+            self.left -= cost
+
+    def upgrade_to_full(self, candidates: Iterable[tuple[DatasetDemand, float]]) -> None:
+        """Pass 2: ``chunked`` datasets become ``full``, best G per extra byte first, while
+        the budget left allows and their look-ahead bound does."""
+        chunked = [(d, g) for d, g in candidates if self.out[d.dataset].mode is Mode.CHUNKED]
+        chunked.sort(key=lambda c: (-c[1] * self.kept(c[0]) / max(1, c[0].total_bytes - self.out[c[0].dataset].budget),
+                                    c[0].dataset))
+        for d, g in chunked:
+            extra = d.total_bytes - self.out[d.dataset].budget
+            if extra <= self.left and _pinnable(d, d.total_bytes) == d.total_bytes:
+                self.left -= extra
+                self._set(d, Mode.FULL, d.total_bytes, g, f"G={g:.2f}: upgraded to full "
+                          f"({_mb(d.total_bytes)}), best G per extra byte that fits")
+
+    def give_smaller_chunks(self, d: DatasetDemand, g: float, rank: int) -> None:
+        """Pass 3: what is left goes, as smaller chunks (still >= ``min_chunk_bytes`` each),
+        to a dataset that got nothing."""
+        cost = _pinnable(d, self.left)
+        if self.out[d.dataset].mode is Mode.OFF and d.min_chunk_bytes and cost >= self.slots * d.min_chunk_bytes:
+            self._set(d, Mode.CHUNKED, cost, g,
+                      f"G={g:.2f}, #{rank} by G per byte: smaller chunks in what was left ({_mb(cost)})")
+            self.left -= cost
+
+    def shrink_to_lean(self, d: DatasetDemand) -> None:
+        """Pass 4: a ``chunked`` dataset's chunks shrink to its lean size, the bytes freed
+        joining what is left. Chunk slots are emptied and fetched again every epoch; bytes
+        kept across epochs are hits every epoch without a fetch. With datasets of 1200, 600
+        and 60 files at a 30% cache, the sensitive one in two 10% chunks kept 1.4 MB and
+        fetched 93% of itself each epoch (LRU, keeping what it last read, led it); in lean
+        chunks it kept 4.7 MB and led LRU, 4.85 / 4.81 against 4.61 / 4.84
+        (benefit_aware.py, 2026-11-28)."""
+        a = self.out[d.dataset]
+        if a.mode is Mode.CHUNKED and d.lean_chunk_bytes and a.budget > self.slots * d.lean_chunk_bytes:
+            lean = self.slots * d.lean_chunk_bytes
+            self.left += a.budget - lean
+            self._set(d, a.mode, lean, a.benefit,
+                      f"{a.reason}; chunks shrunk to {_mb(d.lean_chunk_bytes)} to keep files across epochs")
+
+    def retain(self, d: DatasetDemand, g: float) -> None:
+        """Pass 5: what is still left is kept by a ``chunked`` dataset across epochs
+        (retained files), up to what its chunks do not hold."""
+        a = self.out[d.dataset]
+        if self.left <= 0 or a.mode is not Mode.CHUNKED:
+            return
+        retain = min(self.left, d.total_bytes - a.budget)
         if retain > 0:
-            left -= retain
-            out[d.dataset] = Allocation(d.dataset, a.mode, a.budget, g,
-                                        f"{a.reason}; keeps {_mb(retain)} of its files across "
-                                        f"epochs in the budget left", retain)
-    return out
+            self.left -= retain
+            self._set(d, a.mode, a.budget, g, f"{a.reason}; keeps {_mb(retain)} of its files "
+                      f"across epochs in the budget left", retain=retain)
 
 
 #: ``t_miss / t_hit`` that :func:`could_be_full` gives a dataset's jobs: more than any
