@@ -138,6 +138,11 @@ class ChunkFills:
         self._span_bytes += span.length
         return span, flights
 
+    @property
+    def span_bytes_in_flight(self) -> int:
+        """Bytes the chunk fills in flight cover together (see "Spans in flight" above)."""
+        return self._span_bytes
+
     def _span_room(self) -> int:
         """The most bytes a new span may cover (see "Spans in flight" above): what the
         budget has left, and never less than an equal share of it per request in flight.

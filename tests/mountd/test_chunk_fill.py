@@ -266,7 +266,7 @@ async def test_a_small_cache_with_many_requests_allowed_still_fetches_whole_chun
         assert w.backends.gets() == 1
         assert all(w.stored(f) == f.data for f in w.files)
         assert (w.cache.counters.total.chunk_fills, w.cache.counters.total.chunk_members) == (1, MEMBERS)
-        assert w.cache._span_bytes == 0
+        assert w.cache.span_bytes_in_flight == 0
 
 
 async def test_spans_in_flight_share_a_quarter_of_the_cache(tmp_path: Path, moto):
@@ -279,16 +279,16 @@ async def test_spans_in_flight_share_a_quarter_of_the_cache(tmp_path: Path, moto
         async with trio.open_nursery() as nursery:
             nursery.start_soon(w.ensure, first)
             with trio.fail_after(5):  # until its span is open (its GET takes milliseconds)
-                while w.cache._span_bytes == 0:
+                while w.cache.span_bytes_in_flight == 0:
                     await trio.sleep(0)
-            assert w.cache._span_bytes > 3 * chunk // 4
+            assert w.cache.span_bytes_in_flight > 3 * chunk // 4
             nursery.start_soon(w.ensure, second)
         assert w.stored(first) == first.data and w.stored(second) == second.data
         assert w.backends.gets() == 2
         total = w.cache.counters.total
         assert (total.chunk_fills, total.chunk_members) == (1, MEMBERS)
         assert total.remote_bytes == chunk - 512 + SIZE  # one chunk's span + the second miss alone
-        assert w.cache._span_bytes == 0
+        assert w.cache.span_bytes_in_flight == 0
 
 
 async def test_claims_preloads_and_prefetches_fetch_chunks(tmp_path: Path, moto):
