@@ -337,9 +337,11 @@ class _GreedyPlan:
 
     def fix(self, d: DatasetDemand, g: float) -> None:
         """A manual mode: charged what it pins (a manual ``full`` its whole size)."""
-        cost = {Mode.FULL: d.total_bytes, Mode.CHUNKED: self.two_chunks(d)}.get(d.fixed, 0)
+        mode = d.fixed
+        assert mode is not None
+        cost = {Mode.FULL: d.total_bytes, Mode.CHUNKED: self.two_chunks(d)}.get(mode, 0)
         self.left -= cost
-        self._set(d, d.fixed, cost, g, "fixed by --dataset-mode")
+        self._set(d, mode, cost, g, "fixed by --dataset-mode")
 
     def turned_off_insensitive(self, d: DatasetDemand, g: float, min_benefit: float,
                                resting: bool) -> bool:
