@@ -65,7 +65,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from harness.cachefs import IMAGE_BYTES, add_cache_on_root, dedicated_cache_fs  # noqa: E402
-from harness.report import parameters, table  # noqa: E402
+from harness.report import BucketAccount, parameters, table  # noqa: E402
 from harness.world import Dataset as WorldDataset  # noqa: E402
 from harness.world import DatasetSpec, MountdConfig, World, sigterm_as_interrupt  # noqa: E402
 from peers.contenders import (  # noqa: E402
@@ -82,7 +82,7 @@ from peers.contenders import (  # noqa: E402
 from peers.images import ImageSpec, make_images  # noqa: E402
 from peers.job import JobFailed, run_jobs  # noqa: E402
 from peers.monitor import Monitor  # noqa: E402
-from peers.report import Row, markdown, markdown_table, scenario_table, verdicts  # noqa: E402
+from peers.report import Row, markdown, markdown_table, modes_of, scenario_table, verdicts  # noqa: E402
 from peers.source import Source, count, nginx_available, probe  # noqa: E402
 
 WORK = REPO / ".bench" / "peers"
@@ -309,6 +309,7 @@ class Bench:
             peaks = monitor.stop()
             say(f"({scenario}) {c.name}: the monitor took {peaks.monitor_cpu:.1f} s of CPU")
             records = source.requests(mark)
+            account = None if world is None else mountd_account(world, data.spec.files)
         finally:
             if monitor._thread.is_alive():
                 monitor.stop()
@@ -316,9 +317,12 @@ class Bench:
                 world.stop()
             # Its peak is measured: the next contender starts on an empty filesystem.
             shutil.rmtree(caches, ignore_errors=True)
-        self._score(row, results, records, peaks, data, cache_bytes)
+        better = self._score(row, results, records, peaks, data, cache_bytes)
+        if better and account is not None:
+            row.mountd = account
 
-    def _score(self, row: Row, results: list[dict[str, Any]], records, peaks, data, cache_bytes) -> None:
+    def _score(self, row: Row, results: list[dict[str, Any]], records, peaks, data, cache_bytes) -> bool:
+        """Score a round into ``row``; True when it is the row's best so far (its figures kept)."""
         epochs = self.args.epochs
         starts = [min(r["epochs"][e]["start"] for r in results) for e in range(epochs)]
         ends = [max(r["epochs"][e]["end"] for r in results) for e in range(epochs)]
@@ -357,6 +361,7 @@ class Bench:
         short = [n for n in images if n != expected]
         if short:
             row.note = f"(images per epoch {images}, expected {expected})"
+        return better
 
     def _limit(self, gets_s: float, bytes_s: float, busy: float | None, server: float | None, gets: int) -> str:
         cap = self.capacity
@@ -369,6 +374,20 @@ class Bench:
         if gets:
             return f"bucket latency ({gets_s:,.0f} GET/s; {cpu})"
         return f"loader ({cpu}, no GETs)"
+
+
+def mountd_account(world: World, files: int) -> str:
+    """What mountd says of a quiverfs row's run: its bucket reads in datasets (on demand,
+    chunk loads, fetched ahead and what of that was read or dropped unread) and the modes
+    its dataset went through (docs/substitutable-reads.md), e.g. ``1.96 = on demand 0.16 +
+    ...; modes chunked, off``."""
+    account = BucketAccount.between(ZERO_COUNTERS, world.counters(), {}, world.protection())
+    modes = modes_of(world.mountd_log_lines(": mode "))
+    return account.line(files) + ("; modes " + ", ".join(modes) if modes else "")
+
+
+#: mountd's counters when it starts (each quiverfs row's world is fresh)
+ZERO_COUNTERS = {"remote_requests": {"GET": 0}, "prefetches": 0}
 
 
 # -- main ------------------------------------------------------------------------------------------
@@ -563,9 +582,17 @@ def report(args, bench: Bench, data, scenarios: list[str], delayed, elapsed: flo
         title = f"({scenario}) {SCENARIOS[scenario]}"
         out.append(title)
         out.append(scenario_table(rows, dataset, data.spec.files))
+        accounts = [f"  {row.contender}: {row.mountd}" for row in rows if row.mountd]
+        if accounts:
+            out.append("mountd's account of its bucket reads, datasets over the whole run:")
+            out.extend(accounts)
         md.append(f"**{title}**\n")
         md.append(markdown_table(rows, dataset, data.spec.files))
         md.append("")
+        if accounts:
+            md.append("mountd's account of its bucket reads, datasets over the whole run:\n")
+            md.extend(f"- {line.strip()}" for line in accounts)
+            md.append("")
         lines_verdicts += verdicts(scenario, rows, dataset, args.epochs)
     out.append("")
     out.append("targets (issue 37), each quiverfs row against the best other row:")

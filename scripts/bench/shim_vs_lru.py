@@ -51,7 +51,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from harness.cachefs import add_cache_on_root, dedicated_cache_fs  # noqa: E402
 from harness.cli import add_workload_args, bucket_limits, dataset_spec, preflight  # noqa: E402
 from harness.jobs import JobSpec, run_jobs, write_rels  # noqa: E402
-from harness.report import RemoteDelta, epoch_means, parameters, summarize, table, verdict  # noqa: E402
+from harness.report import (  # noqa: E402
+    BucketAccount,
+    RemoteDelta,
+    epoch_means,
+    parameters,
+    summarize,
+    table,
+    verdict,
+)
 from harness.world import (  # noqa: E402
     BENCH,
     MountdConfig,
@@ -164,13 +172,18 @@ def bench(args: argparse.Namespace, caches: Path) -> list:
         with World(dataset, f"shim_vs_lru-{name}", config, cache_dir=cache_dir) as world:
             if warm:
                 world.warm()
-            before = world.counters()
+            before, protection = world.counters(), world.protection()
             results = run_jobs(jobs(reader, str(world.mountpoint)), work / name)
-            remote = RemoteDelta.between(before, world.counters())
+            after = world.counters()
+            remote = RemoteDelta.between(before, after)
+            account = BucketAccount.between(before, after, protection, world.protection())
             notes = [line.split("INFO ", 1)[-1] for line in world.mountd_log_lines("mountd.coop.service")
                      if "mode" in line]
             notes.append(f"{len(world.mountd_log_lines('evicted chunk'))} chunk evictions, "
                          f"{len(world.mountd_log_lines('loading chunk'))} chunk loads")
+            if name != "all-hit":
+                notes.append("bucket reads, datasets per epoch: "
+                             + account.line(spec.files * args.epochs))
         shutil.rmtree(cache_dir, ignore_errors=True)
         runs[name] = (results, remote, config, notes)
 

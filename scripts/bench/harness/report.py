@@ -28,6 +28,65 @@ class RemoteDelta:
         )
 
 
+@dataclass(frozen=True)
+class BucketAccount:
+    """Where mountd's bucket reads of a run went, from its counters and its protection
+    figures (``stats`` and ``usage.protection``, what ``quiverfs stats`` prints) taken
+    before and after: the breakdown that says where fetches beyond one dataset an epoch
+    come from (issue 35, item 2).
+
+    Every GET is a fill for a reader that waits (``on_demand``) or a prefetch fill.
+    Prefetches are files fetched ahead for a reader (``fetched_ahead``: a claim's misses,
+    the mounts' read-ahead and sweep, a displaced file fetched again, the members a chunk
+    fill adds), which are protected until read (docs/store-layout.md "Holds and
+    protection"), and chunk preloads, which the chunk's pin keeps instead (``preloads``:
+    the prefetches that started no protection). Of the files fetched ahead, those whose
+    protection ended other than by a read were dropped unread, by reason: ``released``
+    (their job's epoch closed first), ``timeout``, ``demand`` (a reader's miss took their
+    room: fetched again), ``removed``."""
+
+    gets: int
+    prefetches: int
+    fetched_ahead: int
+    read: int
+    dropped: dict[str, int]
+
+    @classmethod
+    def between(cls, before: dict[str, Any], after: dict[str, Any],
+                protection_before: dict[str, Any], protection_after: dict[str, Any]) -> BucketAccount:
+        ended_before = protection_before.get("ended") or {}
+        ended = {reason: n - ended_before.get(reason, 0)
+                 for reason, n in (protection_after.get("ended") or {}).items()}
+        return cls(
+            gets=after["remote_requests"]["GET"] - before["remote_requests"]["GET"],
+            prefetches=after["prefetches"] - before["prefetches"],
+            fetched_ahead=protection_after.get("started", 0) - protection_before.get("started", 0),
+            read=ended.pop("read", 0),
+            dropped={reason: n for reason, n in ended.items() if n},
+        )
+
+    @property
+    def on_demand(self) -> int:
+        return max(0, self.gets - self.prefetches)
+
+    @property
+    def preloads(self) -> int:
+        return max(0, self.prefetches - self.fetched_ahead)
+
+    def line(self, files: int) -> str:
+        """The account in datasets (``files`` GETs: one file each for a loose dataset),
+        e.g. ``1.21 = on demand 0.31 + chunk loads 0.52 + fetched ahead 0.38 (read 0.33,
+        dropped unread 0.05: released 0.02, demand 0.03)``."""
+        def share(n: int) -> str:
+            return f"{n / files:.2f}"
+
+        dropped = sum(self.dropped.values())
+        why = ", ".join(f"{reason} {share(n)}" for reason, n in self.dropped.items())
+        return (f"{share(self.gets)} = on demand {share(self.on_demand)} + chunk loads "
+                f"{share(self.preloads)} + fetched ahead {share(self.fetched_ahead)} (read "
+                f"{share(self.read)}, dropped unread {share(dropped)}{': ' + why if why else ''})")
+
+
 def mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 

@@ -346,6 +346,14 @@ class World:
         with SyncClient.connect(self.cache_dir, timeout=10.0) as client:
             return client.stats()
 
+    def protection(self) -> dict[str, Any]:
+        """The cache's ``usage.protection``: files fetched ahead, read and dropped unread
+        (mountd/store/holds.py; ``quiverfs stats``'s "fetched ahead" line)."""
+        from mountd.rpc.client import SyncClient
+
+        with SyncClient.connect(self.cache_dir, timeout=10.0) as client:
+            return (client.ls().get("usage") or {}).get("protection") or {}
+
     def counters(self) -> dict[str, Any]:
         """mountd's total counters: remote_bytes, remote_requests, hits, misses, ..."""
         return self.stats()["counters"]["total"]

@@ -10,6 +10,7 @@ targets use the whole run's total, which nothing can shift.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,9 @@ class Row:
     limits: list[str] = field(default_factory=list)
     error: str | None = None
     note: str = ""
+    #: a quiverfs row's bucket reads as mountd accounts for them, whole run (best round):
+    #: harness.report.BucketAccount.line, and the dataset's modes in order
+    mountd: str = ""
 
 
 def _mb(n: int | float) -> str:
@@ -184,3 +188,22 @@ def verdicts(scenario: str, rows: list[Row], dataset_bytes: int, epochs: int) ->
                              f"{_ratio(q.overall / value, 1.0)} x best other ({who.contender} {value:,.0f}); "
                              f"target >= 1.0"))
     return out
+
+
+#: mountd's log line of a dataset's mode change (mountd/coop/service.py)
+MODE_CHANGE = re.compile(r": mode (?P<old>\w+) -> (?P<new>\w+) \(")
+
+
+def modes_of(lines: list[str]) -> list[str]:
+    """The modes a dataset went through, in order, from mountd's log lines of its mode
+    changes (a change to the same mode, a new budget, is not a new mode)."""
+    modes: list[str] = []
+    for line in lines:
+        change = MODE_CHANGE.search(line)
+        if change is None:
+            continue
+        if not modes:
+            modes.append(change["old"])
+        if change["new"] != modes[-1]:
+            modes.append(change["new"])
+    return modes
