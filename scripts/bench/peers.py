@@ -65,7 +65,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
 from harness.cachefs import IMAGE_BYTES, add_cache_on_root, dedicated_cache_fs  # noqa: E402
-from harness.report import BucketAccount, parameters, table  # noqa: E402
+from harness.report import BucketAccount, RemoteDelta, parameters, table  # noqa: E402
 from harness.world import Dataset as WorldDataset  # noqa: E402
 from harness.world import DatasetSpec, MountdConfig, World, sigterm_as_interrupt  # noqa: E402
 from peers.contenders import (  # noqa: E402
@@ -381,13 +381,9 @@ def mountd_account(world: World, files: int) -> str:
     chunk loads, fetched ahead and what of that was read or dropped unread) and the modes
     its dataset went through (docs/substitutable-reads.md), e.g. ``1.96 = on demand 0.16 +
     ...; modes chunked, off``."""
-    account = BucketAccount.between(ZERO_COUNTERS, world.counters(), {}, world.protection())
+    account = BucketAccount.of(RemoteDelta.since_start(world.counters()), {}, world.protection())
     modes = modes_of(world.mountd_log_lines(": mode "))
     return account.line(files) + ("; modes " + ", ".join(modes) if modes else "")
-
-
-#: mountd's counters when it starts (each quiverfs row's world is fresh)
-ZERO_COUNTERS = {"remote_requests": {"GET": 0}, "prefetches": 0}
 
 
 # -- main ------------------------------------------------------------------------------------------

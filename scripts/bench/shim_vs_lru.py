@@ -174,9 +174,8 @@ def bench(args: argparse.Namespace, caches: Path) -> list:
                 world.warm()
             before, protection = world.counters(), world.protection()
             results = run_jobs(jobs(reader, str(world.mountpoint)), work / name)
-            after = world.counters()
-            remote = RemoteDelta.between(before, after)
-            account = BucketAccount.between(before, after, protection, world.protection())
+            remote = RemoteDelta.between(before, world.counters())
+            account = BucketAccount.of(remote, protection, world.protection())
             notes = [line.split("INFO ", 1)[-1] for line in world.mountd_log_lines("mountd.coop.service")
                      if "mode" in line]
             notes.append(f"{len(world.mountd_log_lines('evicted chunk'))} chunk evictions, "

@@ -9,12 +9,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "bench"))
 
-from harness.report import BucketAccount  # noqa: E402
+from harness.report import BucketAccount, RemoteDelta  # noqa: E402
 from peers.report import modes_of  # noqa: E402
 
 
 def counters(gets: int, prefetches: int) -> dict:
-    return {"remote_requests": {"GET": gets, "HEAD": 0, "LIST": 0}, "prefetches": prefetches}
+    return {"remote_requests": {"GET": gets, "HEAD": 0, "LIST": 0}, "prefetches": prefetches,
+            "remote_bytes": 1000 * gets, "hits": 0, "misses": 0}
+
+
+def account(before: dict, after: dict, protection_before: dict,
+            protection_after: dict) -> BucketAccount:
+    return BucketAccount.of(RemoteDelta.between(before, after), protection_before,
+                            protection_after)
 
 
 def protection(started: int, **ended: int) -> dict:
@@ -23,36 +30,36 @@ def protection(started: int, **ended: int) -> dict:
 
 
 def test_account_splits_the_gets_of_the_run_only():
-    before = BucketAccount.between(counters(0, 0), counters(100, 60), protection(0),
-                                   protection(40, read=30))
+    before = account(counters(0, 0), counters(100, 60), protection(0),
+                     protection(40, read=30))
     assert before.gets == 100
-    account = BucketAccount.between(
+    run = account(
         counters(100, 60), counters(1_300, 960),
         protection(40, read=30, released=2),
         protection(740, read=630, released=32, timeout=2, demand=18))
-    assert account.gets == 1_200
-    assert account.prefetches == 900
-    assert account.on_demand == 300  # GETs no prefetch made: fills readers waited for
-    assert account.fetched_ahead == 700
-    assert account.preloads == 200  # prefetches that started no protection: chunk loads
-    assert account.on_demand + account.preloads + account.fetched_ahead == account.gets
-    assert account.read == 600
-    assert account.dropped == {"released": 30, "timeout": 2, "demand": 18}  # zeros left out
+    assert run.gets == 1_200
+    assert run.prefetches == 900
+    assert run.on_demand == 300  # GETs no prefetch made: fills readers waited for
+    assert run.fetched_ahead == 700
+    assert run.preloads == 200  # prefetches that started no protection: chunk loads
+    assert run.on_demand + run.preloads + run.fetched_ahead == run.gets
+    assert run.read == 600
+    assert run.dropped == {"released": 30, "timeout": 2, "demand": 18}  # zeros left out
 
 
 def test_account_line_is_in_datasets():
-    account = BucketAccount.between(
+    run = account(
         counters(0, 0), counters(1_200, 900), protection(0),
         protection(700, read=600, released=30, demand=20))
-    assert account.line(1_000) == (
+    assert run.line(1_000) == (
         "1.20 = on demand 0.30 + chunk loads 0.20 + fetched ahead 0.70 "
         "(read 0.60, dropped unread 0.05: released 0.03, demand 0.02)")
 
 
 def test_account_line_without_drops_or_prefetches():
-    account = BucketAccount.between(counters(0, 0), counters(500, 0), {}, {})
-    assert account.on_demand == 500 and account.preloads == 0 and account.dropped == {}
-    assert account.line(500) == (
+    run = account(counters(0, 0), counters(500, 0), {}, {})
+    assert run.on_demand == 500 and run.preloads == 0 and run.dropped == {}
+    assert run.line(500) == (
         "1.00 = on demand 1.00 + chunk loads 0.00 + fetched ahead 0.00 (read 0.00, "
         "dropped unread 0.00)")
 
@@ -60,9 +67,9 @@ def test_account_line_without_drops_or_prefetches():
 def test_account_never_counts_negative_parts():
     # A protection started for a file already in flight (a claim of a file a chunk load
     # fetches) makes no prefetch of its own: more protections than prefetches.
-    account = BucketAccount.between(counters(0, 0), counters(100, 50), {}, protection(70, read=70))
-    assert account.preloads == 0
-    assert account.on_demand == 50
+    run = account(counters(0, 0), counters(100, 50), {}, protection(70, read=70))
+    assert run.preloads == 0
+    assert run.on_demand == 50
 
 
 LOG = [
@@ -82,3 +89,10 @@ def test_modes_in_order_without_repeats():
     assert modes_of(LOG[:2]) == ["chunked"]  # a new budget for the same mode
     assert modes_of(LOG[:1]) == []  # the registration line is not a change
     assert modes_of([]) == []
+
+
+def test_account_of_a_fresh_mountd():
+    after = counters(300, 120)
+    fresh = BucketAccount.of(RemoteDelta.since_start(after), {}, protection(100, read=90))
+    assert fresh == account(counters(0, 0), after, {}, protection(100, read=90))
+    assert RemoteDelta.since_start(after).bytes == 300_000

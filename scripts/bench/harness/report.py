@@ -27,6 +27,12 @@ class RemoteDelta:
             prefetches=after["prefetches"] - before["prefetches"],
         )
 
+    @classmethod
+    def since_start(cls, after: dict[str, Any]) -> RemoteDelta:
+        """Everything a mountd asked of the bucket since it started."""
+        return cls(bytes=after["remote_bytes"], gets=after["remote_requests"]["GET"],
+                   hits=after["hits"], misses=after["misses"], prefetches=after["prefetches"])
+
 
 @dataclass(frozen=True)
 class BucketAccount:
@@ -52,14 +58,16 @@ class BucketAccount:
     dropped: dict[str, int]
 
     @classmethod
-    def between(cls, before: dict[str, Any], after: dict[str, Any],
-                protection_before: dict[str, Any], protection_after: dict[str, Any]) -> BucketAccount:
+    def of(cls, remote: RemoteDelta, protection_before: dict[str, Any],
+           protection_after: dict[str, Any]) -> BucketAccount:
+        """The account of a run whose bucket requests were ``remote``, from the cache's
+        ``usage.protection`` before and after it (``{}``: a mountd just started)."""
         ended_before = protection_before.get("ended") or {}
         ended = {reason: n - ended_before.get(reason, 0)
                  for reason, n in (protection_after.get("ended") or {}).items()}
         return cls(
-            gets=after["remote_requests"]["GET"] - before["remote_requests"]["GET"],
-            prefetches=after["prefetches"] - before["prefetches"],
+            gets=remote.gets,
+            prefetches=remote.prefetches,
             fetched_ahead=protection_after.get("started", 0) - protection_before.get("started", 0),
             read=ended.pop("read", 0),
             dropped={reason: n for reason, n in ended.items() if n},
