@@ -228,14 +228,14 @@ class BatchFills:
                 # how many do: one request slot each), no more than run at once in a job.
                 most = min(len(flights), self.fills.batch_parallel) - 1
                 extra = self._fill_slots.take_more(url, most, background) \
-                    if self.fills.parallel_batches else []
+                    if self.fills.parallel_batches else 0
                 try:
                     await self._reserve(total, uid,
                                         demand=lambda: any(f.demanded() for f in flights))
                     try:
                         targets = tuple(Target.of(f.hash, f.size, f.location) for f in flights)
                         results = await self._filler.fill_batch(
-                            targets, url, dataset, since=start, parallel=1 + len(extra),
+                            targets, url, dataset, since=start, parallel=1 + extra,
                             background=background)
                         self._land(flights, results, start)
                         left.clear()

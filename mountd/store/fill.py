@@ -110,7 +110,7 @@ class Filler:
             extra = limits.concurrency.take_more(url, min(parallel, len(targets)) - 1,
                                                  background)
             try:
-                job = BatchJob(url, targets, self.chunk_size, 1 + len(extra))
+                job = BatchJob(url, targets, self.chunk_size, 1 + extra)
                 outcome = await self._run(job, None, since)
             finally:
                 limits.concurrency.give_back(url, extra, background)

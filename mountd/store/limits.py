@@ -20,6 +20,7 @@ of slots, and a quarter more are there for the others.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 
 import trio
 
@@ -142,6 +143,59 @@ def spare_slots(per_source: int) -> int:
     return max(2, per_source // 4)
 
 
+class Slots:
+    """``size`` interchangeable slots, taken one at a time by waiting tasks (in the order they
+    came) or several at once without waiting (:meth:`take_free`), and given back by number.
+
+    What :class:`trio.CapacityLimiter` does for one token per task, without its borrower
+    bookkeeping: a fill takes a slot of its source, of every source and, for background work,
+    of its share, plus one more of each for every file of its batch that runs at once; with
+    a limiter that was a ``set`` insertion, a parking-lot check and on release a wake-up
+    pass per slot, a fifth of mountd's main process's CPU per cold fill (issue 34, measured
+    with cProfile on 2026-12-02). Code between awaits is atomic in trio: no lock."""
+
+    __slots__ = ("size", "held", "_waiting")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        #: slots taken and not given back
+        self.held = 0
+        #: tasks waiting for a slot, first come first served
+        self._waiting: deque[trio.lowlevel.Task] = deque()
+
+    def free(self) -> int:
+        """Slots a caller may take now without waiting: none while anyone waits in line."""
+        return 0 if self._waiting else self.size - self.held
+
+    def take_free(self, n: int) -> None:
+        """Take ``n`` of the :meth:`free` slots (the caller checked that there are)."""
+        self.held += n
+
+    async def take(self) -> None:
+        """One slot: at once (no trip through trio's scheduler) when one is free and nobody
+        waits, else in line. A waiter cancelled before its turn takes nothing; once handed a
+        slot it is no longer cancellable here, so a slot is never lost."""
+        if not self._waiting and self.held < self.size:
+            self.held += 1
+            return
+        task = trio.lowlevel.current_task()
+        self._waiting.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            self._waiting.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)  # woken holding its slot (give)
+
+    def give(self, n: int = 1) -> None:
+        """Give back ``n`` slots, handing each to the longest waiter, if any."""
+        self.held -= n
+        waiting = self._waiting
+        while waiting and self.held < self.size:
+            self.held += 1
+            trio.lowlevel.reschedule(waiting.popleft())
+
+
 class SourceSlots:
     """``per_source`` slots for each source, and ``per_source + spare`` in all (``spare``
     default: a quarter of ``per_source``, at least 2): what one source's work can hold, when
@@ -155,8 +209,7 @@ class SourceSlots:
     waited in line behind them: a ResNet-50 cold epoch on 16 cores (2026-11-30) missed
     13% of its files at 32 ms a miss (p50) and ran at 0.67 of a local directory.
 
-    :meth:`take` and :meth:`release` are called by the same task (trio's limiters require
-    it); a source's limiters are dropped when nothing holds or waits for them."""
+    A source's :class:`Slots` are dropped when nothing holds or waits for them."""
 
     def __init__(self, per_source: int, spare: int | None = None) -> None:
         if per_source < 1:
@@ -165,87 +218,76 @@ class SourceSlots:
         self.spare = spare_slots(per_source) if spare is None else spare
         #: the most slots of one source that background work holds (at least one)
         self.background = max(1, per_source - self.spare)
-        self.total = trio.CapacityLimiter(per_source + self.spare)
-        self._sources: dict[str, trio.CapacityLimiter] = {}
-        self._background: dict[str, trio.CapacityLimiter] = {}
+        self.total = Slots(per_source + self.spare)
+        self._sources: dict[str, Slots] = {}
+        self._background: dict[str, Slots] = {}
 
     async def take(self, source: str, background: bool = False) -> None:
         """A slot of ``source`` and one of the total, in that order (always: no two tasks
         can each hold what the other waits for); for ``background`` work one of the
         source's background share before them."""
         if background:
-            await take(self._limiter(self._background, source, self.background))
+            await self._slots(self._background, source, self.background).take()
         try:
-            await take(self._limiter(self._sources, source, self.per_source))
+            await self._slots(self._sources, source, self.per_source).take()
             try:
-                await take(self.total)
+                await self.total.take()
             except BaseException:
-                self._give_back(self._sources, source)
+                self._give_back(self._sources, source, 1)
                 raise
         except BaseException:
             if background:
-                self._give_back(self._background, source)
+                self._give_back(self._background, source, 1)
             raise
 
     def release(self, source: str, background: bool = False) -> None:
-        self.total.release()
-        self._give_back(self._sources, source)
+        self.total.give()
+        self._give_back(self._sources, source, 1)
         if background:
-            self._give_back(self._background, source)
+            self._give_back(self._background, source, 1)
 
     @staticmethod
-    def _limiter(limiters: dict[str, trio.CapacityLimiter], source: str,
-                 size: int) -> trio.CapacityLimiter:
-        limiter = limiters.get(source)
-        if limiter is None:
-            limiter = limiters[source] = trio.CapacityLimiter(size)
-        return limiter
+    def _slots(slots: dict[str, Slots], source: str, size: int) -> Slots:
+        mine = slots.get(source)
+        if mine is None:
+            mine = slots[source] = Slots(size)
+        return mine
 
     @staticmethod
-    def _give_back(limiters: dict[str, trio.CapacityLimiter], source: str) -> None:
-        limiter = limiters[source]
-        limiter.release()
-        # A release hands its token straight to the next waiter, so none borrowed means
-        # none waiting (and ``statistics()`` would copy the borrowers on every fill).
-        if not limiter.borrowed_tokens:
-            del limiters[source]
+    def _give_back(slots: dict[str, Slots], source: str, n: int) -> None:
+        mine = slots[source]
+        mine.give(n)
+        if not mine.held:  # a give hands its slot to the next waiter: none held, none waiting
+            del slots[source]
 
-    def take_more(self, source: str, most: int, background: bool = False) -> list[object]:
+    def take_more(self, source: str, most: int, background: bool = False) -> int:
         """Up to ``most`` more slots of ``source`` (and of the total; for ``background``
         work, of its share too) that are free now, for a holder of one that runs several
         reads side by side (a batch of files); never waits, and takes none while anyone
-        waits in line. Returns one token per slot, for :meth:`give_back`."""
-        limiter = self._sources.get(source)
+        waits in line. Returns how many it took, for :meth:`give_back`."""
+        mine = self._sources.get(source)
         share = self._background.get(source) if background else None
-        if limiter is None or (background and share is None):
-            return []  # the caller holds no slot of it
-        tokens: list[object] = []
-        for _ in range(most):
-            token = object()
-            taken: list[trio.CapacityLimiter] = []
-            for needed in (share, limiter, self.total):
-                if needed is None:
-                    continue
-                try:
-                    needed.acquire_on_behalf_of_nowait(token)
-                except trio.WouldBlock:
-                    break
-                taken.append(needed)
-            else:
-                tokens.append(token)
-                continue
-            for held in taken:
-                held.release_on_behalf_of(token)
-            break
-        return tokens
+        if mine is None or (background and share is None) or most <= 0:
+            return 0  # the caller holds no slot of it
+        n = min(most, mine.free(), self.total.free())
+        if share is not None:
+            n = min(n, share.free())
+        if n <= 0:
+            return 0
+        mine.take_free(n)
+        self.total.take_free(n)
+        if share is not None:
+            share.take_free(n)
+        return n
 
-    def give_back(self, source: str, tokens: list[object], background: bool = False) -> None:
-        """The slots :meth:`take_more` took (the caller still holds its own)."""
-        for token in tokens:
-            self.total.release_on_behalf_of(token)
-            self._sources[source].release_on_behalf_of(token)
-            if background:
-                self._background[source].release_on_behalf_of(token)
+    def give_back(self, source: str, n: int, background: bool = False) -> None:
+        """The ``n`` slots :meth:`take_more` took (the caller still holds its own)."""
+        if n <= 0:
+            return
+        self.total.give(n)
+        self._sources[source].give(n)
+        if background:
+            self._background[source].give(n)
 
     def slot(self, source: str) -> _Slot:
         """``async with slots.slot(source):`` :meth:`take`, then :meth:`release` at the end."""
@@ -253,8 +295,8 @@ class SourceSlots:
 
     def held(self, source: str) -> int:
         """Slots ``source`` holds now."""
-        limiter = self._sources.get(source)
-        return 0 if limiter is None else limiter.statistics().borrowed_tokens
+        mine = self._sources.get(source)
+        return 0 if mine is None else mine.held
 
 
 class _Slot:
@@ -295,16 +337,6 @@ class Request:
 
     async def __aexit__(self, *exc_info: object) -> None:
         self.limits.concurrency.release(self.source, self.background)
-
-
-async def take(limiter: trio.CapacityLimiter) -> None:
-    """Acquire ``limiter`` for the current task: at once (no trip through trio's scheduler)
-    when a token is free, else by waiting in line. mountd takes two limiters per fill, and
-    ``acquire``'s unconditional checkpoints were a tenth of its main process's CPU per fill."""
-    try:
-        limiter.acquire_nowait()
-    except trio.WouldBlock:
-        await limiter.acquire()
 
 
 class RemoteLimits:

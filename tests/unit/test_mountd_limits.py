@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from mountd.store.limits import RemoteLimits, SourceSlots, TokenBucket, Turns
+from mountd.store.limits import RemoteLimits, Slots, SourceSlots, TokenBucket, Turns
 from quiverfs.testing.clock import FakeClock
 
 
@@ -223,9 +223,59 @@ async def test_a_cancelled_arrival_leaves_its_place():
         await turns.arrive(third)  # second left when cancelled: third goes at once
 
 
+async def test_slots_go_to_waiters_in_the_order_they_came_and_a_cancelled_one_takes_none():
+    slots = Slots(2)
+    slots.take_free(slots.free())  # both taken
+    assert (slots.held, slots.free()) == (2, 0)
+    order: list[str] = []
+
+    async def wait(name: str) -> None:
+        await slots.take()
+        order.append(name)
+
+    async with trio.open_nursery() as nursery:
+        for name in ("a", "b", "c"):
+            nursery.start_soon(wait, name)
+            await trio.testing.wait_all_tasks_blocked()
+        with trio.CancelScope() as cancelled:
+            cancelled.cancel()
+            await slots.take()  # cancelled while it waits: takes nothing
+        assert slots.free() == 0  # nothing free while anyone waits in line
+        slots.give(1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == ["a"] and slots.held == 2  # handed straight to the first waiter
+        slots.give(2)
+        await trio.testing.wait_all_tasks_blocked()
+        assert order == ["a", "b", "c"] and slots.held == 2
+    slots.give(2)
+    assert (slots.held, slots.free()) == (0, 2)
+
+
+async def test_take_more_takes_what_is_free_and_nothing_while_anyone_waits():
+    slots = SourceSlots(4)  # 2 spare: 6 in all
+    await slots.take("s3://a")
+    assert slots.take_more("s3://a", 8) == 3  # the source's share: 4
+    assert slots.take_more("s3://b", 1) == 0  # holds no slot of its own
+    assert slots.held("s3://a") == 4 and slots.total.held == 4
+
+    async def wait() -> None:
+        await slots.take("s3://a")
+        slots.release("s3://a")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(wait)
+        await trio.testing.wait_all_tasks_blocked()
+        slots.give_back("s3://a", 1)  # to the waiter, who runs and gives it back
+        await trio.testing.wait_all_tasks_blocked()
+    assert slots.held("s3://a") == 3 and slots.take_more("s3://a", 5) == 1
+    slots.give_back("s3://a", 3)
+    slots.release("s3://a")
+    assert slots._sources == {} and slots.total.held == 0
+
+
 async def test_one_source_holds_its_share_and_the_spare_slots_are_the_others():
     slots = SourceSlots(4)  # a quarter more for other sources: 2
-    assert (slots.spare, slots.total.total_tokens) == (2, 6)
+    assert (slots.spare, slots.total.size) == (2, 6)
     held: list[str] = []
     done = trio.Event()
 
@@ -247,7 +297,7 @@ async def test_one_source_holds_its_share_and_the_spare_slots_are_the_others():
         done.set()
     assert held.count("s3://a") == 6 and held.count("file:///b") == 3
     assert slots.held("s3://a") == 0 and slots._sources == {}  # idle sources are forgotten
-    assert slots.total.borrowed_tokens == 0
+    assert slots.total.held == 0
 
 
 async def test_background_work_leaves_a_sources_last_slots_to_readers():
@@ -263,7 +313,7 @@ async def test_background_work_leaves_a_sources_last_slots_to_readers():
         background = kind == "prefetch"
         await slots.take("s3://a", background)
         extra = slots.take_more("s3://a", 3, background)
-        held.extend([kind] * (1 + len(extra)))
+        held.extend([kind] * (1 + extra))
         await done.wait()
         slots.give_back("s3://a", extra, background)
         slots.release("s3://a", background)
@@ -279,7 +329,7 @@ async def test_background_work_leaves_a_sources_last_slots_to_readers():
         done.set()
     assert held.count("prefetch") >= 4 + 2 and slots.held("s3://a") == 0  # the two waiters ran
     assert slots._sources == {} and slots._background == {}
-    assert slots.total.borrowed_tokens == 0
+    assert slots.total.held == 0
 
 
 def test_one_slot_is_background_works_too():
