@@ -234,21 +234,30 @@ async def test_slots_go_to_waiters_in_the_order_they_came_and_a_cancelled_one_ta
         order.append(name)
 
     async with trio.open_nursery() as nursery:
-        for name in ("a", "b", "c"):
+        nursery.start_soon(wait, "a")
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.CancelScope() as gave_up:
+            nursery.start_soon(_cancel_soon, gave_up)
+            await slots.take()  # second in line, cancelled while it waits: takes nothing
+        assert gave_up.cancelled_caught and slots.held == 2
+        for name in ("b", "c"):
             nursery.start_soon(wait, name)
             await trio.testing.wait_all_tasks_blocked()
-        with trio.CancelScope() as cancelled:
-            cancelled.cancel()
-            await slots.take()  # cancelled while it waits: takes nothing
         assert slots.free() == 0  # nothing free while anyone waits in line
-        slots.give(1)
-        await trio.testing.wait_all_tasks_blocked()
-        assert order == ["a"] and slots.held == 2  # handed straight to the first waiter
-        slots.give(2)
-        await trio.testing.wait_all_tasks_blocked()
-        assert order == ["a", "b", "c"] and slots.held == 2
+        for expected in (["a"], ["a", "b"], ["a", "b", "c"]):
+            slots.give(1)  # handed straight to the longest waiter
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == expected and slots.held == 2
+        slots.give(2)  # nobody waits: both free
+        assert (slots.held, slots.free()) == (0, 2)
+        slots.take_free(2)
     slots.give(2)
     assert (slots.held, slots.free()) == (0, 2)
+
+
+async def _cancel_soon(scope: trio.CancelScope) -> None:
+    await trio.testing.wait_all_tasks_blocked()
+    scope.cancel()
 
 
 async def test_take_more_takes_what_is_free_and_nothing_while_anyone_waits():
