@@ -492,10 +492,14 @@ class CoopService:
               batch: int | None = None) -> dict[str, Any]:
         """``claim``: the registry's claim; its misses start filling now."""
         claim = self.registry.claim(dataset, job, rank, n, epoch=epoch, batch=batch)
-        if claim.fetch and dataset in self.mountd_fills:
+        if (claim.fetch or claim.hits) and dataset in self.mountd_fills:
             view = self.views[dataset]
-            self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,
-                                 owner=protection_owner(dataset, job, claim.epoch))
+            owner = protection_owner(dataset, job, claim.epoch)
+            if claim.hits:
+                self.cache.protect_hits(view.items(claim.hits), dataset, owner=owner)
+            if claim.fetch:
+                self.cache.fetch_now(view.items(claim.fetch + claim.brought), dataset,
+                                     owner=owner)
         self.wake()
         answer = {
             "epoch": claim.epoch, "hits": list(claim.hits), "fetch": list(claim.fetch),

@@ -339,14 +339,18 @@ class AsyncClient:
         return (await self.call("prefetch", args))["queued"]
 
     async def hits(self, dataset: str | None, hashes: Sequence[bytes], nbytes: int,
-                   done: Sequence[bytes] = ()) -> None:
+                   done: Sequence[bytes] = (), opened: Sequence[bytes] = ()) -> None:
         """Report reads served straight from the store (a notification: no answer awaited).
-        ``done``: files (hits or not) the reader will not read again until its next epoch."""
+        ``done``: files (hits or not) the reader will not read again until its next epoch;
+        ``opened``: files a reader opened, whoever served their bytes (the kernel's pages,
+        with no READ to count: not hits, but read as far as protections go)."""
         args: dict[str, Any] = {"packed": b"".join(bytes(h) for h in hashes).hex(), "bytes": nbytes}
         if dataset is not None:
             args["dataset"] = dataset
         if done:
             args["done"] = b"".join(bytes(h) for h in done).hex()
+        if opened:
+            args["opened"] = b"".join(bytes(h) for h in opened).hex()
         await self.notify("hits", args)
 
     async def register(self, dataset: str, *, digest: str | None = None, mountpoint: str | None = None,

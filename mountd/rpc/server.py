@@ -397,6 +397,8 @@ class Server:
         self.cache.record_hits(dataset, hashes, nbytes)
         if "done" in request.args:  # read for this epoch (after the hits: they touch them)
             self.cache.record_read_done(check_packed_hashes(request.args, "done"))
+        if "opened" in request.args:
+            self.cache.record_opened(dataset, check_packed_hashes(request.args, "opened"))
         user = self.users[conn.peer.uid]
         user.reported_hits += len(hashes)
         user.reported_hit_bytes += nbytes

@@ -85,11 +85,13 @@ ENDINGS = ("read", "released", "timeout", "demand", "removed")
 
 
 class _Protection:
-    __slots__ = ("deadline", "owners", "size", "source")
+    __slots__ = ("deadline", "kept", "owners", "size", "source")
 
-    def __init__(self, deadline: float, size: int) -> None:
+    def __init__(self, deadline: float, size: int, kept: bool = False) -> None:
         self.deadline = deadline
         self.size = size
+        #: a cached file kept for the job it was handed to (a claim's hit), not fetched ahead
+        self.kept = kept
         self.owners: set[Hashable] = set()
         #: What the cache needs to fetch the file again (opaque here), or None.
         self.source: object = None
@@ -130,14 +132,18 @@ class Holds:
         #: end before their place in ``_protected`` says, so :meth:`expire` looks here too
         self._shortened: deque[tuple[float, bytes]] = deque()
         self.protected_bytes = 0
-        #: Protections started, and ended by reason (:data:`ENDINGS`), in files and in bytes:
-        #: ``started == sum(ended) + protected now`` (files and bytes alike), so what was
-        #: fetched ahead and never read is ``started`` less ``ended["read"]`` and what is
-        #: protected now.
+        #: Protections of files fetched ahead started, and ended by reason (:data:`ENDINGS`),
+        #: in files and in bytes: ``started == sum(ended) + protected now`` (files and bytes
+        #: alike), so what was fetched ahead and never read is ``started`` less
+        #: ``ended["read"]`` and what is protected now.
         self.started = 0
         self.started_bytes = 0
         self.ended = dict.fromkeys(ENDINGS, 0)
         self.ended_bytes = dict.fromkeys(ENDINGS, 0)
+        #: The same for the cached files kept for their readers (``kept``: a claim's hits),
+        #: which fetched nothing; both kinds count against :attr:`protect_bytes`.
+        self.kept = {"files": 0, "bytes": 0, "started": 0, "started_bytes": 0,
+                     "ended": dict.fromkeys(ENDINGS, 0), "ended_bytes": dict.fromkeys(ENDINGS, 0)}
 
     # -- answer holds ---------------------------------------------------------------------------
 
@@ -212,18 +218,27 @@ class Holds:
         return max(0, self.protect_bytes - self.protected_bytes)
 
     def protect(self, content_hash: bytes, size: int, owner: Hashable = None,
-                source: object = None) -> None:
+                source: object = None, *, kept: bool = False) -> None:
         """Protect ``content_hash`` (``size`` bytes) for ``owner`` (None: nobody in
         particular) for :attr:`protect_seconds` from now; ``source`` is what the cache
-        needs to fetch it again should an on-demand miss take its room (:meth:`displace`).
-        Does not check :meth:`fits`: the caller decided (an overshoot is bounded by what
-        one decision admits)."""
+        needs to fetch it again should an on-demand miss take its room (:meth:`displace`);
+        ``kept``: a cached file kept for its reader rather than one fetched ahead (counted
+        apart, :attr:`kept`; a protection keeps the kind it started with). Does not check
+        :meth:`fits`: the caller decided (an overshoot is bounded by what one decision
+        admits)."""
         protection = self._protected.pop(content_hash, None)
         if protection is None:
-            protection = _Protection(0.0, size)
+            protection = _Protection(0.0, size, kept)
             self.protected_bytes += size
-            self.started += 1
-            self.started_bytes += size
+            if kept:
+                tally = self.kept
+                tally["files"] += 1
+                tally["bytes"] += size
+                tally["started"] += 1
+                tally["started_bytes"] += size
+            else:
+                self.started += 1
+                self.started_bytes += size
         protection.deadline = trio.current_time() + self.protect_seconds
         self._protected[content_hash] = protection
         if source is not None:
@@ -322,8 +337,15 @@ class Holds:
     def _end(self, content_hash: bytes, reason: str) -> None:
         protection = self._protected.pop(content_hash)
         self.protected_bytes -= protection.size
-        self.ended[reason] += 1
-        self.ended_bytes[reason] += protection.size
+        if protection.kept:
+            tally = self.kept
+            tally["files"] -= 1
+            tally["bytes"] -= protection.size
+            tally["ended"][reason] += 1
+            tally["ended_bytes"][reason] += protection.size
+        else:
+            self.ended[reason] += 1
+            self.ended_bytes[reason] += protection.size
         for owner in protection.owners:
             mine = self._by_owner.get(owner)
             if mine is not None:
@@ -332,13 +354,18 @@ class Holds:
                     del self._by_owner[owner]
 
     def snapshot(self) -> dict:
-        """``usage``'s ``protection``: files and bytes protected now, the budget, the
-        protections started and why they ended (files, and bytes in ``*_bytes``)."""
+        """``usage``'s ``protection``: files and bytes fetched ahead and protected now, the
+        budget, the protections started and why they ended (files, and bytes in
+        ``*_bytes``); under ``kept`` the same for the cached files kept for their readers
+        (both kinds count against ``cap_bytes``)."""
         self.expire()
+        kept = self.kept
         return {
-            "files": len(self._protected), "bytes": self.protected_bytes,
+            "files": len(self._protected) - kept["files"],
+            "bytes": self.protected_bytes - kept["bytes"],
             "cap_bytes": self.protect_bytes, "sweep_cap_bytes": self.sweep_cap,
             "seconds": self.protect_seconds,
             "started": self.started, "started_bytes": self.started_bytes,
             "ended": dict(self.ended), "ended_bytes": dict(self.ended_bytes),
+            "kept": {**kept, "ended": dict(kept["ended"]), "ended_bytes": dict(kept["ended_bytes"])},
         }

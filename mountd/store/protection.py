@@ -5,7 +5,8 @@
 :mod:`mountd.store.holds`. Pins (the session layer's chunks) never leave by eviction, and
 size the share of the cache that protections may take (:meth:`Protection._cap_protection`);
 files fetched ahead (a claim's misses, :meth:`Protection.fetch_now`, and the mounts'
-prefetch queue, :meth:`Protection.prefetch`) are protected until read, and wait (oldest
+prefetch queue, :meth:`Protection.prefetch`) and a claim's hits
+(:meth:`Protection.protect_hits`) are protected until read, and wait (oldest
 first) for that share to have room instead of evicting other protected files. Every method
 runs in the trio thread, atomic between awaits as the cache's own; what it uses of the rest
 of the cache is listed on the class.
@@ -30,6 +31,12 @@ from mountd.store.index import Index
 from mountd.store.limits import Turns
 from quiverfs.base.backends.base import Location
 from quiverfs.base.errors import QuiverError
+
+#: Seconds after a dataset's mounts last reported an open (:meth:`Protection.record_opened`)
+#: during which a claim's hits are protected until read (:meth:`Protection.protect_hits`).
+#: A mount reports every open its readers' ``open()`` makes (quiverfs/fuse/worker.py);
+#: readers that send none (``os.open``, the pyfuse3 front end) leave their hits unprotected.
+OPENS_SEEN_SECONDS = 60.0
 
 #: A prefetch waiting for protection room: (size, location, dataset, owner, trio time queued).
 WaitingFetch = tuple[int, Location, str | None, Hashable, float]
@@ -116,6 +123,8 @@ class Protection:
         #: is the sweep's share, Holds.fits)
         self._queued: dict[bytes, bool] = {}
         self._prefetch_idle = trio.lowlevel.ParkingLot()
+        #: dataset -> when its mounts last reported opens (:meth:`record_opened`)
+        self._opens_seen: dict[str | None, float] = {}
 
     def pin(self, hashes: Sequence[bytes]) -> int:
         """Never evict these (indexed) hashes until :meth:`unpin`; returns entries pinned."""
@@ -214,6 +223,48 @@ class Protection:
             chosen.append((hash, size, location, dataset, None))
         self._start_claimed(chosen)
         return len(started)
+
+    def record_opened(self, dataset: str | None, hashes: Sequence[bytes]) -> None:
+        """Files of ``dataset`` a reader opened (its mount saw the open, whether the kernel's
+        pages or the store served the bytes): read, so their protections end. Not hits (a
+        hit report counts those that reached the store) and no change of recency."""
+        self._opens_seen[dataset] = trio.current_time()
+        if self.holds.consumed(hashes):
+            self._notify_protect()
+
+    def protect_hits(self, items: Sequence[tuple[bytes, int, Location]],
+                     dataset: str | None = None, *, owner: Hashable = None) -> int:
+        """Keep a claim's hits (cached files handed to a job to read next) until they are
+        read, like its misses once fetched: the same protection, for ``owner``, ended by the
+        read, the owner's release or ``protect_seconds``. Only for a dataset whose mounts
+        report opens (:meth:`record_opened`, within :data:`OPENS_SEEN_SECONDS`): a hit is
+        usually read from the kernel's pages, which only the open reveals; without it the
+        protection would outlive the read and hold its room until the epoch's end. Pinned
+        files (a chunk's) need none. Not gated by the protection share (nothing is fetched;
+        a claim's hits are never held back), but counted in it, so the claim's misses wait
+        for the room its hits leave. Returns how many were protected.
+
+        Why: a job's DataLoader asks for more files than a small cache holds (4 workers ×
+        2 batches of 64 against 400 files at a 20% cache), so the misses a new epoch's
+        claims fetch made room by evicting the hits the same claims had just handed out,
+        least recently used, and the loader read those on demand: its second epoch ran at
+        0.77 of its first (`peers.py` (b), docs/benchmark-history.md)."""
+        seen = self._opens_seen.get(dataset)
+        if seen is None or trio.current_time() - seen > OPENS_SEEN_SECONDS:
+            return 0
+        index = self._require_open()
+        holds = self.holds
+        stored = [(h, size, location) for h, size, location in items
+                  if index.size_of(h) is not None]
+        if not stored:
+            return 0
+        pinned = index.pinned_of([h for h, _, _ in stored])
+        kept = 0
+        for h, size, location in stored:
+            if h not in pinned:
+                holds.protect(h, size, owner, (location, dataset), kept=True)
+                kept += 1
+        return kept
 
     def _start_claimed(self, items: list[Prefetch]) -> None:
         """Start the fills of a claim's misses, each with a turn in the order asked: in fill

@@ -213,12 +213,13 @@ class Space:
             if self.holds.protected_bytes and demand is not None and not demand():
                 raise PrefetchNoRoom(
                     f"no room to prefetch {size} bytes: the rest of the cache is pinned or "
-                    f"protected ({self.holds.protected_bytes} bytes fetched ahead, not read yet)")
+                    f"protected ({self.holds.protected_bytes} bytes fetched ahead or kept for "
+                    "their readers, not read yet)")
             pinned = self._require_open().pinned_bytes
             raise CacheFull(
                 f"cannot make room for {size} bytes: the cache holds {self.used} of {cap} "
-                f"bytes, {pinned} pinned and {self.holds.protected_bytes} fetched ahead and "
-                "protected, none evictable; unpin datasets or raise --cache-size"
+                f"bytes, {pinned} pinned and {self.holds.protected_bytes} protected until read, "
+                "none evictable; unpin datasets or raise --cache-size"
             )
 
     def _evict_own(self, uid: int, need: int) -> None:

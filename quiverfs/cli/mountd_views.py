@@ -260,20 +260,32 @@ def print_fetched_ahead(protection: Mapping[str, Any], console: Console | None =
 
         fetched ahead 120 files (52.9 MiB): read 100 files (2.4 MiB), unread now 4 files
         (96.0 KiB), dropped unread 16 files (50.4 MiB: timeout 15, demand 1)
+
+    and, when claims kept cached files for the jobs they handed them to (``kept``), a second
+    line of the same form, ``kept for their readers ...``.
     """
-    ended = protection.get("ended") or {}
-    ended_bytes = protection.get("ended_bytes")  # absent from an older mountd
+    console = console or _console()
+    console.print(_protection_line("fetched ahead", protection))
+    kept = protection.get("kept")  # absent from an older mountd
+    if kept and kept.get("started"):
+        console.print(_protection_line("kept for their readers", kept))
+
+
+def _protection_line(what: str, tally: Mapping[str, Any]) -> str:
+    """``WHAT N files (B): read ..., unread now ..., dropped unread ...`` of one kind of
+    protection (files fetched ahead, or cached files a claim handed out and keeps)."""
+    ended = tally.get("ended") or {}
+    ended_bytes = tally.get("ended_bytes")  # absent from an older mountd
 
     def nbytes(reasons: list[str]) -> int | None:
         return None if ended_bytes is None else sum(ended_bytes.get(r, 0) for r in reasons)
 
     dropped = [reason for reason in ended if reason != "read"]
     why = ", ".join(f"{reason} {ended[reason]}" for reason in dropped if ended[reason])
-    (console or _console()).print(
-        f"fetched ahead {_files_bytes(protection.get('started', 0), protection.get('started_bytes'))}: "
-        f"read {_files_bytes(ended.get('read', 0), nbytes(['read']))}, "
-        f"unread now {_files_bytes(protection.get('files', 0), protection.get('bytes'))}, "
-        f"dropped unread {_files_bytes(sum(ended[r] for r in dropped), nbytes(dropped), why)}")
+    return (f"{what} {_files_bytes(tally.get('started', 0), tally.get('started_bytes'))}: "
+            f"read {_files_bytes(ended.get('read', 0), nbytes(['read']))}, "
+            f"unread now {_files_bytes(tally.get('files', 0), tally.get('bytes'))}, "
+            f"dropped unread {_files_bytes(sum(ended[r] for r in dropped), nbytes(dropped), why)}")
 
 
 #: Where each stage of ``fill_stages`` runs (the rest run in mountd's main process, its

@@ -256,6 +256,8 @@ class QuiverOperations:
         self._to_invalidate: list[int] = []
         #: hashes read for this epoch, for mountd to evict first (a bounded sweep's reader)
         self._pending_done: list[bytes] = []
+        #: Files the workers saw opened since the last report (:meth:`add_opened`).
+        self._pending_opened: list[bytes] = []
 
     def close(self) -> None:
         """Release what the operations hold (not the digest: its owner closes it)."""
@@ -286,6 +288,16 @@ class QuiverOperations:
                 self._pending_done.extend(content_hash for content_hash, _ in records)
             if readahead is None or not readahead.sequential:
                 self._sweep_ahead(sweep)
+
+    def add_opened(self, message: bytes) -> None:
+        """Queue a worker's report of files opened (``u64 0``, then hash + inode records):
+        sent to mountd with the hits (:meth:`take_opened`), for the protections they end."""
+        self._pending_opened.extend(h for h, _ in HIT_RECORD.iter_unpack(message[8:]))
+
+    def take_opened(self) -> list[bytes]:
+        """The hashes of the files opened since the last call; clears them."""
+        opened, self._pending_opened = self._pending_opened, []
+        return opened
 
     def _epoch_reads(self) -> bool:
         """Whether the reads here are one shuffled reader's epochs over a dataset larger than

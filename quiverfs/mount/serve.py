@@ -216,14 +216,16 @@ async def _report_hits(ops, client, dataset: str) -> None:
         await trio.sleep(HITS_INTERVAL)
         hashes, nbytes = ops.take_hits()
         done = ops.take_read_done()  # a bounded sweep's reads: mountd evicts these first
-        if not hashes and not done:
+        opened = ops.take_opened()  # files opened, read from the kernel's pages or not
+        if not hashes and not done and not opened:
             continue
         try:
-            for start in range(0, max(len(hashes), len(done)), HITS_BATCH):
+            for start in range(0, max(len(hashes), len(done), len(opened)), HITS_BATCH):
                 batch = hashes[start:start + HITS_BATCH]
                 # Bytes go with the first batch; mountd only sums them.
                 await client.hits(dataset, batch, nbytes if start == 0 else 0,
-                                  done[start:start + HITS_BATCH])
+                                  done[start:start + HITS_BATCH],
+                                  opened[start:start + HITS_BATCH])
         except (MountdUnavailable, QuiverError, OSError) as exc:
             # Hit reports are advisory (they feed mountd's recency and statistics).
             log.debug("dropped %d hit reports: %s", len(hashes), exc)
@@ -538,6 +540,8 @@ async def _serve_forwarded(ops, sock, pool: WorkerPool, backing: passthrough.Bac
                 ops.add_hits(body)
             elif kind == worker_messages.SERVED:
                 ops.add_hits(body, report=False)
+            elif kind == worker_messages.OPENED:
+                ops.add_opened(body)
             elif kind == worker_messages.FORWARD:
                 channel = pool.channel_of(_sender(ancillary))
                 if channel is not None:  # else its worker died, and the request with it

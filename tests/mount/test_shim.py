@@ -28,6 +28,7 @@ torchvision = pytest.importorskip("torchvision", reason="torchvision is not inst
 torch = pytest.importorskip("torch")
 
 from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
+from tests.mount.raw_files import RawFiles  # noqa: E402
 
 FILES = 4 * 30
 
@@ -275,19 +276,7 @@ def test_claims_wait_for_room_and_every_file_still_comes_once(small_cache_mount)
     epoch, with the right bytes. Before, each such claim got one more miss, and the sampler
     claimed miss after miss into a cache that had no room for them."""
     mnt, files = small_cache_mount
-
-    class Raw(torch.utils.data.Dataset):
-        def __init__(self) -> None:
-            self.samples = [(str(mnt / rel), 0) for rel in sorted(files)]
-
-        def __len__(self) -> int:
-            return len(self.samples)
-
-        def __getitem__(self, i: int):
-            with open(self.samples[i][0], "rb") as f:
-                return i, f.read() == files[os.path.relpath(self.samples[i][0], mnt)]
-
-    dataset = Raw()
+    dataset = RawFiles(mnt, files)
     sampler = QuiverBatchSampler(dataset, batch_size=8, job="small", seed=3, report=False)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
                                          collate_fn=lambda items: items)

@@ -475,3 +475,63 @@ async def test_a_sweeps_prefetches_wait_for_the_sweeps_share_not_protect_share(
         await landed(cache, swept)  # up to the sweep's 8 K: 2 K + 5 K
         assert all(cache.holds.protected(o.hash) for o in swept)
         assert sum(cache.contains(o.hash) for o in plain) == 2
+
+
+def test_kept_hits_are_counted_apart_from_files_fetched_ahead_but_share_the_cap() -> None:
+    """A claim's hits kept for their reader (``kept``) fetched nothing: ``quiverfs stats``
+    shows them on a line of their own, while both kinds fill the protection share."""
+
+    async def main() -> None:
+        holds = Holds(max_bytes=100, protect_bytes=30, protect_seconds=10.0)
+        fetched, hit, other = (bytes([n]) * 32 for n in b"fho")
+        holds.protect(fetched, 10, "job")
+        holds.protect(hit, 15, "job", kept=True)
+        holds.protect(hit, 15, "job2")  # protected again: keeps the kind it started with
+        assert holds.protected_bytes == 25 and not holds.fits(10) and holds.fits(5)
+        snap = holds.snapshot()
+        assert (snap["started"], snap["files"], snap["bytes"]) == (1, 1, 10)
+        kept = snap["kept"]
+        assert (kept["started"], kept["started_bytes"], kept["files"], kept["bytes"]) == (1, 15, 1, 15)
+        assert holds.consumed([hit, other]) == 1
+        assert holds.release("job") == 1  # the fetched one: its only owner let go
+        snap = holds.snapshot()
+        assert snap["ended"]["released"] == 1 and snap["ended"]["read"] == 0
+        assert snap["kept"]["ended"]["read"] == 1 and snap["kept"]["ended_bytes"]["read"] == 15
+        assert (snap["kept"]["files"], snap["files"], holds.protected_bytes) == (0, 0, 0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def test_a_claims_hits_are_kept_until_opened_once_the_mounts_report_opens(
+    tmp_path: Path, source: Source, backends: Backends
+) -> None:
+    """``protect_hits`` keeps cached, unpinned files for their owner, but only for a dataset
+    whose mounts report opens (nothing else would end it: a hit is read from the kernel's
+    pages); an open ends it, and policy eviction passes over it until then."""
+    hits = source.many(3, K, "hit")
+    others = source.many(4, K, "other")
+    async with running(config(tmp_path / "c", size=5 * K), backends) as cache:
+        cache.holds.seconds = 0.01  # answer holds out of the way
+        for o in hits:
+            await cache.ensure(o.hash, o.size, o.location, "ds")
+        cache.pin([hits[2].hash])
+        owner = ("ds", "job", 1)
+        assert cache.protect_hits(items(hits), "ds", owner=owner) == 0  # no opens seen yet
+        cache.record_opened("other-ds", [])  # another dataset's mounts: not this one's
+        assert cache.protect_hits(items(hits), "ds", owner=owner) == 0
+        cache.record_opened("ds", [])
+        uncached = source.add("uncached", b"u" * K)
+        assert cache.protect_hits(items(hits) + items([uncached]), "ds", owner=owner) == 2
+        assert cache.usage()["protection"]["kept"]["files"] == 2  # not the pinned one
+        await trio.sleep(0.02)
+        for o in others:  # four misses through a cache of five: LRU took the hits first
+            assert Path(await cache.ensure(o.hash, o.size, o.location, "ds")).read_bytes() == o.data
+            await trio.sleep(0.02)
+        assert all(cache.contains(o.hash) for o in hits)
+        cache.record_opened("ds", [hits[0].hash])
+        protection = cache.usage()["protection"]
+        assert protection["kept"]["ended"]["read"] == 1 and protection["kept"]["files"] == 1
+        assert protection["started"] == 0  # nothing was fetched ahead
+        extra = source.add("extra", b"x" * K)
+        await cache.ensure(extra.hash, extra.size, extra.location, "ds")
+        assert not cache.contains(hits[0].hash) and cache.contains(hits[1].hash)

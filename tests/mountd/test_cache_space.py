@@ -135,7 +135,7 @@ async def test_pinned_entries_are_never_evicted(tmp_path: Path, source: Source, 
         await cache.ensure(c.hash, c.size, c.location)  # must evict b, not the older a
         assert cache.contains(a.hash) and not cache.contains(b.hash)
         cache.pin([c.hash])
-        with pytest.raises(CacheFull, match="holds 2000 of 2000 bytes, 2000 pinned and 0 fetched ahead"):
+        with pytest.raises(CacheFull, match="holds 2000 of 2000 bytes, 2000 pinned and 0 protected until read"):
             await cache.ensure(d.hash, d.size, d.location)
         assert cache.evict() == (0, 0)  # everything is pinned
         cache.unpin([a.hash, c.hash])

@@ -936,6 +936,27 @@ def test_opens_are_enosys_so_the_kernel_stops_sending_them(env: Env) -> None:
     assert env.forwarded() == []
 
 
+def test_opens_of_files_are_reported_even_when_the_kernels_pages_will_serve_them(env: Env) -> None:
+    """Python's ``open()`` asks every file whether it is a terminal: the ``FUSE_IOCTL`` reaches
+    a worker even when the kernel's pages answer every READ (which then never come). Each
+    open of a non-empty file goes to the main process as an OPENED record (hash, inode), for
+    mountd to end the file's protection; directories, empty files and unknown inodes are
+    not reported, and opens are neither hits nor counted reads."""
+    for name in ("a.txt", "sub", "empty", "sub/b.bin"):
+        assert errno_of(handle(env, request(w.IOCTL, env.ino(name), bytes(32)))) == errno.ENOTTY
+    assert errno_of(handle(env, request(w.IOCTL, 10**9, bytes(32)))) == errno.ENOTTY
+    assert env.forwarded() == []  # batched until the worker's tick
+    env.worker.flush()
+    [message] = env.forwarded()
+    opened = ("a.txt", "sub/b.bin")
+    records = b"".join(worker_messages.HIT_RECORD.pack(b3(env.files[p]), env.ino(p)) for p in opened)
+    assert message == worker_messages.OPENED + struct.pack("<Q", 0) + records
+    env.ops.add_opened(message[1:])
+    assert env.ops.take_opened() == [b3(env.files[p]) for p in opened]
+    assert env.ops.take_opened() == []
+    assert env.ops.take_hits() == ([], 0) and totals(env)["opens"] == 0
+
+
 def test_an_unknown_opcode_is_enosys_and_the_worker_goes_on(env: Env) -> None:
     for opcode in (0, 52, 4000, 2**32 - 1):
         assert errno_of(handle(env, request(opcode, env.ino("a.txt"), bytes(16), unique=opcode)),
