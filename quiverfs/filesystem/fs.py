@@ -216,6 +216,8 @@ class QuiverOperations:
         self.control = ControlChannel(sessions, self.dataset_id, digest)
         self.tree = Tree(digest, cache_dir, uid=uid, gid=gid)
         self.shared = counters
+        #: the workers' switch for open reports (:meth:`refresh_open_reports`)
+        self._report_opens = counters.report_opens()
         self.counters = counters.slot(0)
         self._extra_stats = extra_stats
         self.reads = StoreReads(self.tree, self.counters, max_files=OPEN_FILES,
@@ -293,6 +295,14 @@ class QuiverOperations:
         """Queue a worker's report of files opened (``u64 0``, then hash + inode records):
         sent to mountd with the hits (:meth:`take_opened`), for the protections they end."""
         self._pending_opened.extend(h for h, _ in HIT_RECORD.iter_unpack(message[8:]))
+
+    def refresh_open_reports(self) -> bool:
+        """Have the workers report opens (:meth:`add_opened`) while a sampler uses the
+        control channel (its claims' hits are what mountd keeps until they are opened), and
+        not otherwise; whether they do now."""
+        wanted = self.control.used_within(SAMPLER_QUIET_SECONDS)
+        self._report_opens[0] = int(wanted)
+        return wanted
 
     def take_opened(self) -> list[bytes]:
         """The hashes of the files opened since the last call; clears them."""

@@ -80,22 +80,31 @@ class SharedCounters:
     """``slots`` rows of :data:`COUNTERS` (u64) in anonymous shared memory, made before fork,
     then one u64 per slot: the unique id of the request that slot's worker is handling (0:
     none), which the main process answers if the worker dies (quiverfs/fuse/worker_pool.py),
-    then one byte per inode below ``inodes``: the marks of misses counted past offset 0 (see
-    the module docstring; pages of it are only allocated where an inode is marked)."""
+    then one u64 the main process sets while the workers are to report opens
+    (:meth:`report_opens`), then one byte per inode below ``inodes``: the marks of misses
+    counted past offset 0 (see the module docstring; pages of it are only allocated where an
+    inode is marked)."""
 
     def __init__(self, slots: int, inodes: int = 0) -> None:
         self.slots = slots
         self.inodes = inodes
         self._width = 8 * len(COUNTERS)
-        self._map = mmap.mmap(-1, (self._width + 8) * slots + inodes)
+        self._map = mmap.mmap(-1, (self._width + 8) * slots + 8 + inodes)
 
     def misses_past_start(self) -> memoryview | None:
         """The shared mark bytes, indexed by inode (None when made without ``inodes``: each
         process then keeps its own, which serves a mount of one process)."""
         if not self.inodes:
             return None
-        start = (self._width + 8) * self.slots
+        start = (self._width + 8) * self.slots + 8
         return memoryview(self._map)[start:start + self.inodes]
+
+    def report_opens(self) -> memoryview:
+        """One u64, non-zero while the workers are to report each open of a file to the main
+        process (quiverfs/fuse/worker.py: a sampler reads through the mount, and mountd keeps
+        its claims' hits until they are opened); the main process writes it."""
+        start = (self._width + 8) * self.slots
+        return memoryview(self._map)[start:start + 8].cast("Q")
 
     def in_flight(self, index: int) -> memoryview:
         """Slot ``index``'s request in hand, as a writable array of one u64 (its worker writes

@@ -214,6 +214,7 @@ async def _report_hits(ops, client, dataset: str) -> None:
 
     while True:
         await trio.sleep(HITS_INTERVAL)
+        ops.refresh_open_reports()
         hashes, nbytes = ops.take_hits()
         done = ops.take_read_done()  # a bounded sweep's reads: mountd evicts these first
         opened = ops.take_opened()  # files opened, read from the kernel's pages or not
@@ -519,7 +520,8 @@ def _worker_main(digest, cache_dir: Path, counters, kept: int, backing: passthro
     with digest.reopen() as own:
         tree = Tree(own, cache_dir)
         fuse_worker.Worker(fuse_fd, tree, theirs, counters.slot(slot), counters.in_flight(slot),
-                           kept, counters.misses_past_start(), backing).run()
+                           kept, counters.misses_past_start(), backing,
+                           counters.report_opens()).run()
 
 
 #: Ancillary space for the sender's credentials (SO_PASSCRED: pid, uid, gid).

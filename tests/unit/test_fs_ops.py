@@ -150,7 +150,7 @@ def _env(tmp_path: Path, files: dict[str, bytes], rows: list[NewFile]):
     counters = SharedCounters(2, digest.dir_count + digest.file_count + 1)
     main_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     worker = Worker(-1, Tree(digest, cache, uid=UID, gid=GID), worker_end, counters.slot(1),
-                    marks=counters.misses_past_start())
+                    marks=counters.misses_past_start(), report_opens=counters.report_opens())
     ops = QuiverOperations(digest, cache, fetcher, counters, uid=UID, gid=GID)
     yield Env(digest, files, fetcher, counters, worker, ops, main_end, cache)
     ops.close()
@@ -941,7 +941,15 @@ def test_opens_of_files_are_reported_even_when_the_kernels_pages_will_serve_them
     a worker even when the kernel's pages answer every READ (which then never come). Each
     open of a non-empty file goes to the main process as an OPENED record (hash, inode), for
     mountd to end the file's protection; directories, empty files and unknown inodes are
-    not reported, and opens are neither hits nor counted reads."""
+    not reported, and opens are neither hits nor counted reads. Only while a sampler uses
+    the mount's control channel (the main process's switch, shared with the workers)."""
+    ioctl = request(w.IOCTL, env.ino("a.txt"), bytes(32))
+    assert errno_of(handle(env, ioctl)) == errno.ENOTTY
+    assert not env.ops.refresh_open_reports()  # no sampler: opens are not reported
+    env.worker.flush()
+    assert env.forwarded() == []
+    env.ops.control.last_request = env.ops.control.clock()  # a sampler's claim, say
+    assert env.ops.refresh_open_reports()
     for name in ("a.txt", "sub", "empty", "sub/b.bin"):
         assert errno_of(handle(env, request(w.IOCTL, env.ino(name), bytes(32)))) == errno.ENOTTY
     assert errno_of(handle(env, request(w.IOCTL, 10**9, bytes(32)))) == errno.ENOTTY
