@@ -39,6 +39,25 @@ def test_nothing_dropped_shows_no_reasons() -> None:
         "dropped unread 0 files (0 B)")
 
 
+def test_a_claims_hits_kept_for_their_readers_get_a_line_of_their_own() -> None:
+    """Kept hits fetched nothing: not in the fetched-ahead figures, a second line once any
+    was kept, none before (or from a mountd that does not keep them)."""
+    protection = {
+        "files": 0, "bytes": 0, "started": 2, "started_bytes": 2000,
+        "ended": {"read": 2, "timeout": 0}, "ended_bytes": {"read": 2000, "timeout": 0},
+        "kept": {"files": 1, "bytes": MIB, "started": 40, "started_bytes": 40 * MIB,
+                 "ended": {"read": 37, "released": 2, "timeout": 0},
+                 "ended_bytes": {"read": 37 * MIB, "released": 2 * MIB, "timeout": 0}},
+    }
+    assert shown(print_fetched_ahead, protection).strip().splitlines() == [
+        "fetched ahead 2 files (2.0 KiB): read 2 files (2.0 KiB), unread now 0 files (0 B), "
+        "dropped unread 0 files (0 B)",
+        "kept for their readers 40 files (40.0 MiB): read 37 files (37.0 MiB), unread now 1 "
+        "file (1.0 MiB), dropped unread 2 files (2.0 MiB: released 2)"]
+    none_kept = {**protection, "kept": {**protection["kept"], "started": 0}}
+    assert len(shown(print_fetched_ahead, none_kept).strip().splitlines()) == 1
+
+
 def test_an_older_mountd_without_bytes_shows_files() -> None:
     protection = {"files": 1, "bytes": 10, "started": 5,
                   "ended": {"read": 2, "released": 0, "timeout": 2, "demand": 0, "removed": 0}}
