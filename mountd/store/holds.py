@@ -97,6 +97,37 @@ class _Protection:
         self.source: object = None
 
 
+class _Tally:
+    """One kind of protection counted: files and bytes protected now, protections started,
+    and ended by reason (:data:`ENDINGS`), in files and in bytes. ``started == sum(ended) +
+    protected now`` (files and bytes alike), so what was protected and never read is
+    ``started`` less ``ended["read"]`` and what is protected now."""
+
+    __slots__ = ("bytes", "ended", "ended_bytes", "files", "started", "started_bytes")
+
+    def __init__(self) -> None:
+        self.files = self.bytes = self.started = self.started_bytes = 0
+        self.ended = dict.fromkeys(ENDINGS, 0)
+        self.ended_bytes = dict.fromkeys(ENDINGS, 0)
+
+    def start(self, size: int) -> None:
+        self.files += 1
+        self.bytes += size
+        self.started += 1
+        self.started_bytes += size
+
+    def end(self, reason: str, size: int) -> None:
+        self.files -= 1
+        self.bytes -= size
+        self.ended[reason] += 1
+        self.ended_bytes[reason] += size
+
+    def snapshot(self) -> dict:
+        return {"files": self.files, "bytes": self.bytes,
+                "started": self.started, "started_bytes": self.started_bytes,
+                "ended": dict(self.ended), "ended_bytes": dict(self.ended_bytes)}
+
+
 class Displaced(NamedTuple):
     """A protection an on-demand miss ended (:meth:`Holds.displace`): what the cache needs
     to fetch the file again for its owners."""
@@ -132,18 +163,11 @@ class Holds:
         #: end before their place in ``_protected`` says, so :meth:`expire` looks here too
         self._shortened: deque[tuple[float, bytes]] = deque()
         self.protected_bytes = 0
-        #: Protections of files fetched ahead started, and ended by reason (:data:`ENDINGS`),
-        #: in files and in bytes: ``started == sum(ended) + protected now`` (files and bytes
-        #: alike), so what was fetched ahead and never read is ``started`` less
-        #: ``ended["read"]`` and what is protected now.
-        self.started = 0
-        self.started_bytes = 0
-        self.ended = dict.fromkeys(ENDINGS, 0)
-        self.ended_bytes = dict.fromkeys(ENDINGS, 0)
-        #: The same for the cached files kept for their readers (``kept``: a claim's hits),
-        #: which fetched nothing; both kinds count against :attr:`protect_bytes`.
-        self.kept = {"files": 0, "bytes": 0, "started": 0, "started_bytes": 0,
-                     "ended": dict.fromkeys(ENDINGS, 0), "ended_bytes": dict.fromkeys(ENDINGS, 0)}
+        #: The protections of files fetched ahead, and apart those of cached files kept for
+        #: their readers (``kept``: a claim's hits), which fetched nothing; both kinds count
+        #: against :attr:`protect_bytes`.
+        self._fetched = _Tally()
+        self._kept = _Tally()
 
     # -- answer holds ---------------------------------------------------------------------------
 
@@ -217,28 +241,25 @@ class Holds:
         self.expire()
         return max(0, self.protect_bytes - self.protected_bytes)
 
+    @property
+    def ended(self) -> dict[str, int]:
+        """Protections of files fetched ahead ended so far, by reason (:data:`ENDINGS`)."""
+        return self._fetched.ended
+
     def protect(self, content_hash: bytes, size: int, owner: Hashable = None,
                 source: object = None, *, kept: bool = False) -> None:
         """Protect ``content_hash`` (``size`` bytes) for ``owner`` (None: nobody in
         particular) for :attr:`protect_seconds` from now; ``source`` is what the cache
         needs to fetch it again should an on-demand miss take its room (:meth:`displace`);
         ``kept``: a cached file kept for its reader rather than one fetched ahead (counted
-        apart, :attr:`kept`; a protection keeps the kind it started with). Does not check
+        apart; a protection keeps the kind it started with). Does not check
         :meth:`fits`: the caller decided (an overshoot is bounded by what one decision
         admits)."""
         protection = self._protected.pop(content_hash, None)
         if protection is None:
             protection = _Protection(0.0, size, kept)
             self.protected_bytes += size
-            if kept:
-                tally = self.kept
-                tally["files"] += 1
-                tally["bytes"] += size
-                tally["started"] += 1
-                tally["started_bytes"] += size
-            else:
-                self.started += 1
-                self.started_bytes += size
+            (self._kept if kept else self._fetched).start(size)
         protection.deadline = trio.current_time() + self.protect_seconds
         self._protected[content_hash] = protection
         if source is not None:
@@ -337,15 +358,7 @@ class Holds:
     def _end(self, content_hash: bytes, reason: str) -> None:
         protection = self._protected.pop(content_hash)
         self.protected_bytes -= protection.size
-        if protection.kept:
-            tally = self.kept
-            tally["files"] -= 1
-            tally["bytes"] -= protection.size
-            tally["ended"][reason] += 1
-            tally["ended_bytes"][reason] += protection.size
-        else:
-            self.ended[reason] += 1
-            self.ended_bytes[reason] += protection.size
+        (self._kept if protection.kept else self._fetched).end(reason, protection.size)
         for owner in protection.owners:
             mine = self._by_owner.get(owner)
             if mine is not None:
@@ -359,13 +372,9 @@ class Holds:
         ``*_bytes``); under ``kept`` the same for the cached files kept for their readers
         (both kinds count against ``cap_bytes``)."""
         self.expire()
-        kept = self.kept
         return {
-            "files": len(self._protected) - kept["files"],
-            "bytes": self.protected_bytes - kept["bytes"],
+            **self._fetched.snapshot(),
             "cap_bytes": self.protect_bytes, "sweep_cap_bytes": self.sweep_cap,
             "seconds": self.protect_seconds,
-            "started": self.started, "started_bytes": self.started_bytes,
-            "ended": dict(self.ended), "ended_bytes": dict(self.ended_bytes),
-            "kept": {**kept, "ended": dict(kept["ended"]), "ended_bytes": dict(kept["ended_bytes"])},
+            "kept": self._kept.snapshot(),
         }
