@@ -401,6 +401,7 @@ class EpochPool:
         self.given[i] = 1
         self.given_total += 1
         self.given_per_chunk[self.dataset.plan.chunk_of(i)] += 1
+        self.dataset.given(i)
 
     def claim_uncached(self, rank: int, n: int, rng: random.Random, now: float,
                        draws: int = 64) -> Claim | None:
@@ -626,16 +627,27 @@ class EpochPool:
         assert self.chunk is not None
         done = self.chunk
         if self.dataset.manager is not None:
-            self.dataset.manager.finished(self, done, now, self._drained())
+            self.dataset.manager.finished(self, done, now, self._drained(done))
         self.chunk = None
         self.unread = None
         self.fill = None
         if self.remaining:
             self._enter_next(self.generation)
 
-    def _drained(self) -> Drained | None:
+    def _drained(self, chunk: int) -> Drained | None:
         """Whether the job's reads have passed what it holds claimed now, as a test for
-        later: each rank that claimed was given a window more since (None: no rank claimed).
+        later (None: it cannot tell).
+
+        Where the dataset's mounts report opens, the test is the truth: every file given
+        out of ``chunk`` (to this job or another) has been opened (mountd/coop/unopened.py).
+        The window below is the guess it replaces; it failed both ways: a rank whose share
+        of the next chunk is smaller than its window cannot be given a window more until
+        that chunk loads, which waits for this one's eviction, so the grace's whole second
+        passed; and "handed to the DataLoader" is not "read" when its workers are the slow
+        side (docs/benchmark-history.md, `shim_vs_lru.py` and `peers.py` (b)).
+
+        Otherwise: each rank that claimed was given a window more since (None: no rank
+        claimed).
 
         A sampler claims again only when the files it holds fall below its threshold, so a
         rank given ``window`` more files has read everything it held at this moment
@@ -643,6 +655,9 @@ class EpochPool:
         given out) never passes: the grace's time decides then. The DataLoader's own queue
         is not counted: its workers read a batch as soon as they are sent it, unless they
         are all busy."""
+        dataset = self.dataset
+        if dataset.reports_opens():
+            return lambda: dataset.chunk_opened(chunk)
         given = self.given_by_rank
         marks = [(rank, given[rank] + window) for rank, window in enumerate(self.windows) if window]
         if not marks:

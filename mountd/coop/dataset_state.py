@@ -20,6 +20,7 @@ from mountd.coop.chunks import ChunkManager
 from mountd.coop.draws import INVERT, Needs
 from mountd.coop.packing import Packing
 from mountd.coop.plans import ChunkPlan, Moves
+from mountd.coop.unopened import Unopened
 
 __all__ = ["DatasetState", "Reader", "protection_owner"]
 
@@ -84,6 +85,7 @@ class DatasetState:
         reserve: bool = True,
         protect_room: Callable[[], int] | None = None,
         protect_pending: Callable[[Hashable], int] | None = None,
+        reports_opens: Callable[[str], bool] | None = None,
         mean_size: int = 1,
     ) -> None:
         self.name = name
@@ -113,6 +115,11 @@ class DatasetState:
         self.pools: set[Reader] = set()
         self.manager: ChunkManager | None = None
         self.manager_options = manager_options or {}
+        #: Chunked datasets: the files given out and not opened yet, per chunk (None
+        #: without chunks); what ends a marked chunk's grace once its mounts report opens.
+        self.unopened: Unopened | None = None
+        #: Whether the dataset's mounts report opens (by name; None: they never do).
+        self._reports_opens = reports_opens
         if plan.chunks > 1:
             self.manager = self._new_manager(plan)
         #: 1 for a file another mountd of the cluster stores (as last asked: it may have
@@ -149,6 +156,7 @@ class DatasetState:
                     held.extend(self.plan.ids_of(c))
         self.plan = plan
         self.manager = None
+        self.unopened = None
         if plan.chunks > 1:
             self.manager = self._new_manager(plan)
         for pool in self.pools:
@@ -156,9 +164,43 @@ class DatasetState:
         return held
 
     def _new_manager(self, plan: ChunkPlan) -> ChunkManager:
+        self.unopened = Unopened(plan.chunk_of, plan.chunks)
         # The bitmap's own getter: the manager asks it once per moved file.
         return ChunkManager(self.name, plan, self.cached.__getitem__, demand=self.demand,
                             on_moved=self._moved, **self.manager_options)
+
+    # -- opens (mountd/coop/unopened.py) ---------------------------------------------------
+
+    def given(self, file_id: int) -> None:
+        """A claim gave ``file_id`` to a job: its chunk waits for one more open of it."""
+        if self.unopened is not None:
+            self.unopened.given(file_id)
+
+    def opened(self, ids: Iterable[int]) -> int:
+        """The dataset's mounts saw readers open ``ids``; returns how many opens a chunk
+        waited for."""
+        return 0 if self.unopened is None else self.unopened.opened(ids)
+
+    def reports_opens(self) -> bool:
+        """Whether the dataset's mounts report opens now: only then can
+        :meth:`chunk_opened` be trusted, since a reader that sends none never opens."""
+        return self._reports_opens is not None and self._reports_opens(self.name)
+
+    def chunk_opened(self, chunk: int) -> bool:
+        """Whether every file given out of ``chunk`` has been opened as often as given."""
+        return self.unopened is None or self.unopened.all_opened(chunk)
+
+    def unopened_total(self) -> int | None:
+        """Gives not matched by an open yet, over every chunk (None: not counted, the
+        dataset has no chunks or its mounts report no opens)."""
+        if self.unopened is None or not self.reports_opens():
+            return None
+        return self.unopened.total()
+
+    def chunk_evicted(self, members: Iterable[int]) -> None:
+        """A chunk with ``members`` was evicted: stop waiting for their opens."""
+        if self.unopened is not None:
+            self.unopened.forget(members)
 
     def is_cached(self, file_id: int) -> bool:
         """Whether ``file_id`` is cached (as reported)."""
@@ -214,7 +256,9 @@ class DatasetState:
         )
 
     def _moved(self, moves: Moves) -> None:
-        """The chunk manager re-drew free chunks: the pools' per-chunk counts follow."""
+        """The chunk manager re-drew free chunks: the per-chunk counts follow."""
+        if self.unopened is not None:
+            self.unopened.moved(moves)
         for pool in self.pools:
             pool.on_moved(moves)
 

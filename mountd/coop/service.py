@@ -157,6 +157,8 @@ class CoopService:
             self.registry.protect_room = cache.protect_room
         if self.registry.protect_pending is None:
             self.registry.protect_pending = cache.protect_pending
+        if self.registry.reports_opens is None:
+            self.registry.reports_opens = cache.reports_opens
         self.mode = Mode(mode) if mode is not None else None
         self.registry.benefit_aware = self.mode is None
         config = cache.config
@@ -434,6 +436,21 @@ class CoopService:
     def fill_failed(self, hash: bytes) -> None:
         self._forward("fill_failed", hash)
 
+    def record_opened(self, dataset: str | None, hashes: Sequence[bytes]) -> None:
+        """Readers of ``dataset`` opened ``hashes`` (its mounts' reports, ``hits.opened``,
+        told after the cache's :meth:`~mountd.store.protection.Protection.record_opened`):
+        a marked chunk whose given files are all opened ends its grace
+        (mountd/coop/unopened.py), so tick now."""
+        view = self.views.get(dataset) if dataset is not None else None
+        if view is None:
+            return
+        try:
+            state = self.registry.dataset(dataset)
+        except UnknownDataset:  # unregistered meanwhile
+            return
+        if state.opened([i for h in hashes for i in view.ids_of(h)]):
+            self.wake()
+
     def _forward(self, event: str, arg: Any, only: str | None = None) -> None:
         for pending in self._pending.values():
             pending.append((event, arg))
@@ -614,6 +631,7 @@ class CoopService:
                 "jobs": jobs,
                 "out_of_phase": None if widest is None or widest[2] <= OUT_OF_PHASE else {
                     "jobs": [widest[0], widest[1]], "epochs": round(widest[2], 3)},
+                "unopened": reg.dataset(name).unopened_total(),
             }
         return {"policy": self.policy, "benefit_aware": reg.benefit_aware, "budget": self.budget,
                 "datasets": out}
@@ -631,6 +649,7 @@ class CoopService:
         return any(any(map(state.pinned, ids)) for _, state, ids in self._holding(content_hash))
 
     def _evict(self, view: DatasetView, action: Evict) -> None:
+        self.registry.dataset(action.dataset).chunk_evicted(action.members)
         self._retain(action.dataset, view, action.ids)
         self._unpin(view.hashes_of(action.members))
 

@@ -127,6 +127,7 @@ class SessionRegistry:
         idle_timeout: float | None = 3600.0,
         protect_room: Callable[[], int] | None = None,
         protect_pending: Callable[[Hashable], int] | None = None,
+        reports_opens: Callable[[str], bool] | None = None,
     ) -> None:
         if chunk_slots not in (2, 3):
             raise ValueError("chunk_slots must be 2 or 3")
@@ -149,6 +150,10 @@ class SessionRegistry:
         #: cache's :meth:`~mountd.store.protection.Protection.protect_pending`; set by the
         #: service), None: unknown: claims then bound misses by the room alone.
         self.protect_pending = protect_pending
+        #: Whether a dataset's mounts report their readers' opens (the cache's
+        #: :meth:`~mountd.store.protection.Protection.reports_opens`; set by the service),
+        #: None: never: a finished chunk's grace then ends by the window, not by opens.
+        self.reports_opens = reports_opens
         #: Cache bytes that a dataset's pins and the room its job's look-ahead needs share,
         #: and the share of the unpinned room that protections may take (set by the
         #: service from the cache's config); None: the look-ahead is not weighed.
@@ -246,6 +251,7 @@ class SessionRegistry:
             reserve=chosen is not Mode.LRU,
             protect_room=self.protect_room,
             protect_pending=self.protect_pending,
+            reports_opens=self.reports_opens,
             mean_size=sum(sizes) // len(sizes),
         )
         cached_ids = check_ids(state, cached)

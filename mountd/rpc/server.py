@@ -398,7 +398,10 @@ class Server:
         if "done" in request.args:  # read for this epoch (after the hits: they touch them)
             self.cache.record_read_done(check_packed_hashes(request.args, "done"))
         if "opened" in request.args:
-            self.cache.record_opened(dataset, check_packed_hashes(request.args, "opened"))
+            opened = check_packed_hashes(request.args, "opened")
+            self.cache.record_opened(dataset, opened)
+            if self.coop is not None:
+                self.coop.record_opened(dataset, opened)
         user = self.users[conn.peer.uid]
         user.reported_hits += len(hashes)
         user.reported_hit_bytes += nbytes

@@ -232,12 +232,19 @@ class Protection:
         if self.holds.consumed(hashes):
             self._notify_protect()
 
+    def reports_opens(self, dataset: str | None) -> bool:
+        """Whether ``dataset``'s mounts report opens: one came within
+        :data:`OPENS_SEEN_SECONDS` (:meth:`record_opened`). Only then does a file's missing
+        open mean that nobody read it (a reader that sends none reads without one)."""
+        seen = self._opens_seen.get(dataset)
+        return seen is not None and trio.current_time() - seen <= OPENS_SEEN_SECONDS
+
     def protect_hits(self, items: Sequence[tuple[bytes, int, Location]],
                      dataset: str | None = None, *, owner: Hashable = None) -> int:
         """Keep a claim's hits (cached files handed to a job to read next) until they are
         read, like its misses once fetched: the same protection, for ``owner``, ended by the
         read, the owner's release or ``protect_seconds``. Only for a dataset whose mounts
-        report opens (:meth:`record_opened`, within :data:`OPENS_SEEN_SECONDS`): a hit is
+        report opens (:meth:`reports_opens`): a hit is
         usually read from the kernel's pages, which only the open reveals; without it the
         protection would outlive the read and hold its room until the epoch's end. Pinned
         files (a chunk's) need none. Not gated by the protection share (nothing is fetched;
@@ -249,8 +256,7 @@ class Protection:
         claims fetch made room by evicting the hits the same claims had just handed out,
         least recently used, and the loader read those on demand: its second epoch ran at
         0.77 of its first (`peers.py` (b), docs/benchmark-history.md)."""
-        seen = self._opens_seen.get(dataset)
-        if seen is None or trio.current_time() - seen > OPENS_SEEN_SECONDS:
+        if not self.reports_opens(dataset):
             return 0
         index = self._require_open()
         holds = self.holds

@@ -413,6 +413,40 @@ async def test_chunk_grace_keeps_a_finished_chunk_in_the_store_until_it_passes(t
         assert [e[1:] for e in env.server.coop.evictions] == [(0, len(chunk0) - len(kept), False)]
 
 
+async def test_a_finished_chunks_grace_ends_once_its_given_files_are_opened(tmp_path: Path) -> None:
+    # Issue 35: where the mount reports opens (hits.opened), a marked chunk goes as soon as
+    # every file given out of it was opened, not after the grace's seconds (10 here).
+    async with mountd_env(tmp_path, files=300, size=1000, cache_size=100_000,
+                          chunk_grace=10.0) as env:
+        await env.client.session_open(env.dataset, "job", seed=1)
+        state = env.server.coop.registry.dataset(env.dataset)
+        manager = state.manager
+        assert manager is not None
+        given: list[int] = []
+        claim = await env.client.claim(env.dataset, "job", 0, 1)
+        given += claim["hits"] + claim["fetch"]
+        await env.client.hits(env.dataset, [], 0, opened=[env.view.item(given[0])[0]])
+        await wait_until(lambda: state.reports_opens(), WAIT, "opens reported")
+        await wait_until(lambda: manager.newest == 1, WAIT, "chunk 1 loaded")
+        pool = env.server.coop.registry.pool(env.dataset, "job", 0)
+        while pool.chunk == 0:  # the job is given the rest of chunk 0
+            claim = await env.client.claim(env.dataset, "job", 0, 10)
+            given += claim["hits"] + claim["fetch"]
+            await read_claimed(env, claim["hits"] + claim["fetch"])
+        finished = trio.current_time()
+        of_chunk0 = [i for i in given if state.plan.chunk_of(i) == 0]
+        assert len(of_chunk0) > 2
+        # All but the last given file of chunk 0 opened (the first one was, above).
+        await env.client.hits(env.dataset, [], 0,
+                              opened=[env.view.item(i)[0] for i in of_chunk0[1:-1]])
+        await trio.sleep(0.3)
+        assert manager.state(0) is ChunkState.MARKED  # one given file is still unopened
+        await env.client.hits(env.dataset, [], 0, opened=[env.view.item(of_chunk0[-1])[0]])
+        await wait_until(lambda: manager.state(0) is ChunkState.IDLE, WAIT, "chunk 0 evicted")
+        assert trio.current_time() - finished < 5.0  # not the 10 s grace
+        assert state.unopened is not None and state.unopened.waiting(0) == 0
+
+
 def test_chunk_grace_must_not_be_negative(tmp_path: Path, capsys) -> None:
     from quiverfs.base.console import run_app
     from quiverfs.cli.main import app
