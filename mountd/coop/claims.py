@@ -635,26 +635,25 @@ class EpochPool:
             self._enter_next(self.generation)
 
     def _drained(self, chunk: int) -> Drained | None:
-        """Whether the job's reads have passed what it holds claimed now, as a test for
+        """Whether the job's reads have passed what it was given of ``chunk``, as a test for
         later (None: it cannot tell).
 
-        Where the dataset's mounts report opens, the test is the truth: every file given
-        out of ``chunk`` (to this job or another) has been opened (mountd/coop/unopened.py).
-        The window below is the guess it replaces; it failed both ways: a rank whose share
-        of the next chunk is smaller than its window cannot be given a window more until
-        that chunk loads, which waits for this one's eviction, so the grace's whole second
-        passed; and "handed to the DataLoader" is not "read" when its workers are the slow
-        side (docs/benchmark-history.md, `shim_vs_lru.py` and `peers.py` (b)).
+        Where the dataset's mounts report opens, the reads themselves: every file given out
+        of ``chunk`` (to this job or another) has been opened (mountd/coop/unopened.py).
+        The window below is the guess this replaced, and it failed both ways: a rank whose
+        share of the next chunk is smaller than its window cannot be given a window more
+        until that chunk loads, which waits for this one's eviction, so the grace's whole
+        second passed; and a batch handed to a DataLoader whose workers are the slow side
+        is read long after the window says (docs/benchmark-history.md, "Grace ended by
+        opens").
 
-        Otherwise: each rank that claimed was given a window more since (None: no rank
-        claimed).
-
-        A sampler claims again only when the files it holds fall below its threshold, so a
-        rank given ``window`` more files has read everything it held at this moment
-        (docs/substitutable-reads.md "Grace"). A rank that can claim no more (its epoch is
-        given out) never passes: the grace's time decides then. The DataLoader's own queue
-        is not counted: its workers read a batch as soon as they are sent it, unless they
-        are all busy."""
+        Otherwise, the window: each rank that claimed was given a window more since (None:
+        no rank claimed). A sampler claims again only when the files it holds fall below
+        its threshold, so a rank given ``window`` more files has read everything it held at
+        this moment (docs/substitutable-reads.md "Grace"). A rank that can claim no more
+        (its epoch is given out) never passes: the grace's time decides then. The
+        DataLoader's own queue is not counted: its workers read a batch as soon as they are
+        sent it, unless they are all busy."""
         dataset = self.dataset
         if dataset.reports_opens():
             return lambda: dataset.chunk_opened(chunk)

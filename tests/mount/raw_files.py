@@ -10,6 +10,21 @@ from pathlib import Path
 
 import torch
 
+from quiverfs.torch import QuiverBatchSampler
+
+
+def shim_loader(mnt: Path, files: dict[str, bytes], job: str, seed: int,
+                prefetch_factor: int) -> tuple:
+    """``(sampler, loader)``: a ``QuiverBatchSampler`` (batches of 8, no timing reports) over
+    :class:`RawFiles` of ``files`` under ``mnt``, and a ``DataLoader`` with two workers that
+    yields each batch's ``(index, bytes match)`` items."""
+    dataset = RawFiles(mnt, files)
+    sampler = QuiverBatchSampler(dataset, batch_size=8, job=job, seed=seed, report=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
+                                         prefetch_factor=prefetch_factor,
+                                         collate_fn=lambda items: items)
+    return sampler, loader
+
 
 class RawFiles(torch.utils.data.Dataset):
     """``(index, bytes match)`` for each of ``files`` (relative path -> bytes) under ``mnt``,

@@ -24,10 +24,9 @@ from tests.mount.conftest import serving
 
 pytestmark = pytest.mark.mount
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
-from tests.mount.raw_files import RawFiles  # noqa: E402
+from tests.mount.raw_files import shim_loader  # noqa: E402  (after the importorskip)
 
 FILES = 4 * 50
 GRACE = 30.0
@@ -54,10 +53,7 @@ def unopened_of(cache: Path) -> list:
 
 def test_every_give_of_an_epoch_is_matched_by_an_open_of_the_real_pipeline(chunked_mount) -> None:
     mnt, files, cache = chunked_mount
-    dataset = RawFiles(mnt, files)
-    sampler = QuiverBatchSampler(dataset, batch_size=8, job="graced", seed=3, report=False)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
-                                         prefetch_factor=2, collate_fn=lambda items: items)
+    sampler, loader = shim_loader(mnt, files, "graced", seed=3, prefetch_factor=2)
     sampler.set_epoch(0)
     started = time.monotonic()
     read = [item for batch in loader for item in batch]

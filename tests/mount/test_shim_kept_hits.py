@@ -24,10 +24,9 @@ from tests.mount.conftest import serving
 
 pytestmark = pytest.mark.mount
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 
-from quiverfs.torch import QuiverBatchSampler  # noqa: E402  (after the importorskip)
-from tests.mount.raw_files import RawFiles  # noqa: E402
+from tests.mount.raw_files import shim_loader  # noqa: E402  (after the importorskip)
 
 FILES = 4 * 40
 
@@ -51,10 +50,7 @@ def kept_of(cache: Path) -> dict:
 
 def test_a_new_epochs_hits_are_kept_until_the_loader_opens_them(small_mount) -> None:
     mnt, files, cache = small_mount
-    dataset = RawFiles(mnt, files)
-    sampler = QuiverBatchSampler(dataset, batch_size=8, job="kept", seed=5, report=False)
-    loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=2,
-                                         prefetch_factor=4, collate_fn=lambda items: items)
+    sampler, loader = shim_loader(mnt, files, "kept", seed=5, prefetch_factor=4)
     for epoch in range(3):
         sampler.set_epoch(epoch)
         read = [item for batch in loader for item in batch]
