@@ -448,6 +448,8 @@ class CoopService:
             state = self.registry.dataset(dataset)
         except UnknownDataset:  # unregistered meanwhile
             return
+        if state.unopened is None:  # no chunks: nothing waits for opens, no ids to look up
+            return
         if state.opened([i for h in hashes for i in view.ids_of(h)]):
             self.wake()
 
