@@ -634,9 +634,9 @@ class EpochPool:
         if self.remaining:
             self._enter_next(self.generation)
 
-    def _drained(self, chunk: int) -> Drained | None:
+    def _drained(self, chunk: int) -> Drained:
         """Whether the job's reads have passed what it was given of ``chunk``, as a test for
-        later (None: it cannot tell).
+        later (False while it cannot tell: the grace's time decides then).
 
         Where the dataset's mounts report opens, the reads themselves: every file given out
         of ``chunk`` (to this job or another) has been opened (mountd/coop/unopened.py).
@@ -647,21 +647,28 @@ class EpochPool:
         is read long after the window says (docs/benchmark-history.md, "Grace ended by
         opens").
 
-        Otherwise, the window: each rank that claimed was given a window more since (None:
-        no rank claimed). A sampler claims again only when the files it holds fall below
+        Otherwise, the window: each rank that claimed was given a window more since (never,
+        where no rank claimed). A sampler claims again only when the files it holds fall below
         its threshold, so a rank given ``window`` more files has read everything it held at
         this moment (docs/substitutable-reads.md "Grace"). A rank that can claim no more
         (its epoch is given out) never passes: the grace's time decides then. The
         DataLoader's own queue is not counted: its workers read a batch as soon as they are
         sent it, unless they are all busy."""
         dataset = self.dataset
-        if dataset.reports_opens():
-            return lambda: dataset.chunk_opened(chunk)
         given = self.given_by_rank
         marks = [(rank, given[rank] + window) for rank, window in enumerate(self.windows) if window]
-        if not marks:
-            return None
-        return lambda: all(given[rank] >= mark for rank, mark in marks)
+
+        def drained() -> bool:
+            # Asked at each tick, not decided here: a job's first chunk is given out within
+            # its first claims, before its mounts' first report of opens has come in (a
+            # tick later); chosen at the finish, its test was the window's, which a
+            # DataLoader never passes while the next chunk waits for this one's slot, and
+            # the grace's whole time passed (tests/mount/test_shim_chunk_grace.py).
+            if dataset.reports_opens():
+                return dataset.chunk_opened(chunk)
+            return bool(marks) and all(given[rank] >= mark for rank, mark in marks)
+
+        return drained
 
     # -- notifications (from DatasetState) -------------------------------------------------
 
