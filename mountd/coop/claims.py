@@ -653,17 +653,18 @@ class EpochPool:
         this moment (docs/substitutable-reads.md "Grace"). A rank that can claim no more
         (its epoch is given out) never passes: the grace's time decides then. The
         DataLoader's own queue is not counted: its workers read a batch as soon as they are
-        sent it, unless they are all busy."""
+        sent it, unless they are all busy.
+
+        Which of the two applies is asked each time, not decided at the finish: a job's
+        first chunk is given out within its first claims, before its mounts' first report
+        of opens comes in (a tick later); decided then, its test was the window's, which a
+        DataLoader does not pass while the next chunk waits for this one's slot, and the
+        grace's whole time passed (tests/mount/test_shim_chunk_grace.py)."""
         dataset = self.dataset
         given = self.given_by_rank
         marks = [(rank, given[rank] + window) for rank, window in enumerate(self.windows) if window]
 
         def drained() -> bool:
-            # Asked at each tick, not decided here: a job's first chunk is given out within
-            # its first claims, before its mounts' first report of opens has come in (a
-            # tick later); chosen at the finish, its test was the window's, which a
-            # DataLoader never passes while the next chunk waits for this one's slot, and
-            # the grace's whole time passed (tests/mount/test_shim_chunk_grace.py).
             if dataset.reports_opens():
                 return dataset.chunk_opened(chunk)
             return bool(marks) and all(given[rank] >= mark for rank, mark in marks)

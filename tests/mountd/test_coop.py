@@ -203,8 +203,9 @@ async def test_chunked_dataset_keeps_at_most_two_chunks_resident(tmp_path: Path)
         max_resident = 0
 
         def held_chunks() -> list[int]:
-            return [c for c in range(len(manager.states())) if manager.state(c) in (
-                ChunkState.LOADING, ChunkState.LOADED, ChunkState.MARKED)]
+            """Chunks holding a slot: resident (loaded or marked) or loading."""
+            loading = [] if manager.loading is None else [manager.loading]
+            return manager.resident() + loading
 
         def others_in_store() -> int:
             """Bytes in the store of chunks that hold no slot: files an evicted chunk left
